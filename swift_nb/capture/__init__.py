@@ -1,0 +1,1 @@
+"""Capture layer: step detection, resource sampling, the scheduled torch profiler."""

@@ -1,0 +1,222 @@
+"""Resource sampler: one background thread reading psutil, NVML and torch's CUDA allocator.
+
+It samples every ``interval_s`` and once more soon after each step boundary (the step hook
+only sets a flag, so the training thread never pays for a sample). Rows are kept in a
+bounded buffer: when it holds ``max_samples`` rows, every second row is dropped and the
+periodic stride doubles, so a run of any length keeps at most ``max_samples`` rows spread
+evenly over the whole run (decimation, not a ring buffer: the start of a long run stays
+visible).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from swift_nb.record import SAMPLE_COLUMNS
+
+DEFAULT_MAX_SAMPLES = 20_000
+
+
+class NvmlReader:
+    """Per-device GPU metrics through NVML (the ``nvidia-ml-py`` package).
+
+    ``open()`` returns None and a reason when NVML is unavailable; a reader that fails
+    mid-run is disabled by its owner, with one note.
+    """
+
+    def __init__(self, nvml: Any, handles: dict[int, Any]) -> None:
+        self._nvml = nvml
+        self._handles = handles
+
+    @classmethod
+    def open(cls, cuda_indices: list[int]) -> tuple[NvmlReader | None, str | None]:
+        if not cuda_indices:
+            return None, None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handles = {i: _nvml_handle(pynvml, i) for i in cuda_indices}
+        except Exception as e:  # NVMLError subclasses, ImportError, missing driver
+            return None, f"NVML unavailable ({type(e).__name__}: {e}); GPU utilisation, clocks, temperature and power are not recorded"
+        return cls(pynvml, handles), None
+
+    def read(self) -> dict[str, float]:
+        nv = self._nvml
+        row: dict[str, float] = {}
+        for i, h in self._handles.items():
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            row[f"gpu{i}_util_pct"] = float(util.gpu)
+            row[f"gpu{i}_mem_util_pct"] = float(util.memory)
+            row[f"gpu{i}_mem_used_bytes"] = float(mem.used)
+            row[f"gpu{i}_mem_total_bytes"] = float(mem.total)
+            row[f"gpu{i}_sm_clock_mhz"] = float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            row[f"gpu{i}_temp_c"] = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+            row[f"gpu{i}_power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        return row
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _nvml_handle(pynvml: Any, cuda_index: int) -> Any:
+    """The NVML handle of torch's CUDA device ``cuda_index`` (matched by UUID: NVML
+    ignores CUDA_VISIBLE_DEVICES, so index i in torch is not index i in NVML)."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+    for j in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(j)
+        nv_uuid = pynvml.nvmlDeviceGetUUID(h)
+        nv_uuid = nv_uuid.decode() if isinstance(nv_uuid, bytes) else nv_uuid
+        if nv_uuid.removeprefix("GPU-") == uuid.removeprefix("GPU-"):
+            return h
+    return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+
+
+def cuda_devices_to_watch() -> list[int]:
+    """torch CUDA device indices this process uses: its current device when running as
+    one rank of a job, otherwise every visible device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or (
+        torch.distributed.is_available() and torch.distributed.is_initialized()
+    ):
+        return [torch.cuda.current_device()]
+    return list(range(torch.cuda.device_count()))
+
+
+class Sampler:
+    """Background sampling of process, machine and device resources.
+
+    ``step_of`` returns the step in progress (called from the sampler thread); ``note``
+    receives a message once when a source fails.
+    """
+
+    def __init__(
+        self,
+        interval_s: float | None,
+        step_of: Callable[[], int],
+        rank: int = 0,
+        monitor_gpu: bool = True,
+        note: Callable[[str], None] = lambda msg: None,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if interval_s is not None and interval_s <= 0:
+            raise ValueError(f"interval must be positive; got {interval_s}")
+        if max_samples < 2:
+            raise ValueError(f"max_samples must be at least 2; got {max_samples}")
+        self.interval_s = interval_s
+        self._step_of = step_of
+        self._rank = rank
+        self._note = note
+        self._max = max_samples
+        self._clock = clock
+        self._t0 = clock()
+        self._rows: list[dict[str, Any]] = []
+        self._stride = 1  # keep one periodic sample in `_stride`
+        self._tick = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._step_pending = False
+        self._thread: threading.Thread | None = None
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)  # prime: the first call always returns 0.0
+        self._cuda = cuda_devices_to_watch() if monitor_gpu else []
+        self._nvml, reason = NvmlReader.open(self._cuda)
+        if reason:
+            note(reason)
+
+    @property
+    def gpu_source(self) -> str | None:
+        return "nvml" if self._nvml is not None else None
+
+    def start(self, t0: float | None = None) -> None:
+        if t0 is not None:
+            self._t0 = t0
+        self._thread = threading.Thread(target=self._loop, name="swift_nb-sampler", daemon=True)
+        self._thread.start()
+
+    def on_step(self) -> None:
+        """Ask for a sample at this step boundary (cheap: sets a flag)."""
+        self._step_pending = True
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread, after one final sample. Safe to call twice."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self._sample("step")
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._rows)
+
+    def _loop(self) -> None:
+        self._sample("periodic")
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._step_pending:
+                self._step_pending = False
+                self._sample("step")
+            else:
+                self._tick += 1
+                if self._tick % self._stride == 0:
+                    self._sample("periodic")
+
+    def _sample(self, kind: str) -> None:
+        row: dict[str, Any] = dict.fromkeys(SAMPLE_COLUMNS)
+        row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
+        try:
+            with self._proc.oneshot():
+                row["cpu_pct"] = self._proc.cpu_percent(None)
+                row["rss_bytes"] = self._proc.memory_info().rss
+            vm = psutil.virtual_memory()
+            row["sys_mem_used_bytes"] = vm.total - vm.available
+            row["sys_mem_pct"] = vm.percent
+        except psutil.Error as e:
+            self._note(f"psutil sampling failed once ({e}); values missing in that sample")
+        if self._cuda:
+            import torch
+
+            for i in self._cuda:
+                row[f"cuda{i}_allocated_bytes"] = torch.cuda.memory_allocated(i)
+                row[f"cuda{i}_reserved_bytes"] = torch.cuda.memory_reserved(i)
+        if self._nvml is not None:
+            try:
+                row.update(self._nvml.read())
+            except Exception as e:
+                self._note(
+                    f"NVML failed mid-run ({type(e).__name__}: {e}); GPU metrics stop at "
+                    f"t={row['t_s']:.1f}s, the run continues without them"
+                )
+                self._nvml.close()
+                self._nvml = None
+        with self._lock:
+            self._rows.append(row)
+            if len(self._rows) >= self._max:
+                self._rows = self._rows[::2]
+                self._stride *= 2

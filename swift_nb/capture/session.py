@@ -1,0 +1,366 @@
+"""One profiling session: step watcher + resource sampler + scheduled torch profiler,
+producing a Run record on disk.
+
+``profile()`` is the public entry point; ``Session`` is shared with ``ResourceMonitor``
+and the notebook magic so that every front uses the same machinery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from swift_nb.capture.sampler import Sampler
+from swift_nb.capture.stderr_filter import StderrFilter
+from swift_nb.capture.steps import StepWatcher
+from swift_nb.capture.torch_profiler import ProfilerConfig, TraceRecorder
+from swift_nb.record import (
+    STEP_COLUMNS,
+    TRACE_FILE,
+    Run,
+    default_keep,
+    default_root,
+    ensure_writable,
+    new_run_id,
+    prune,
+    save,
+    summarize,
+    utc_now_iso,
+)
+
+
+def rank_info() -> tuple[int, int]:
+    """(rank, world size) of this process: torch.distributed if initialised, else
+    torchrun's environment, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def environment() -> dict[str, Any]:
+    rank, world = rank_info()
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "mem_total_bytes": psutil.virtual_memory().total,
+        "rank": rank,
+        "world_size": world,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+    if torch.cuda.is_available():
+        env["cuda"] = torch.version.cuda
+        env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    else:
+        env["devices"] = [platform.processor() or platform.machine()]
+    return env
+
+
+def unique_storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key and key not in seen:
+            seen.add(key)
+            total += st.nbytes()
+    return total
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer):
+    """Parameters, their gradients and the optimizer's state tensors."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            yield p
+            if p.grad is not None:
+                yield p.grad
+    for state in opt.state.values():
+        yield from state.values()
+
+
+class Session:
+    """Captures one run. ``start()``, then step boundaries arrive, then ``finish()``.
+
+    profiler: a ProfilerConfig, or None for resources only.
+    interval_s: periodic sampling period; None samples at step boundaries only.
+    sample_every: take a step-boundary sample every this many steps.
+    use_optimizer_hook: whether optimizer steps mark boundaries (False: explicit only).
+    """
+
+    def __init__(
+        self,
+        profiler: ProfilerConfig | None = None,
+        interval_s: float | None = 0.1,
+        label: str | None = None,
+        out_dir: Path | str | None = None,
+        keep: int | None = None,
+        context: dict[str, Any] | None = None,
+        source: dict[str, Any] | None = None,
+        monitor_gpu: bool = True,
+        sample_every: int = 1,
+        use_optimizer_hook: bool = True,
+    ) -> None:
+        if interval_s is not None and not (interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"interval_ms must be a positive number of milliseconds; got {interval_s * 1000:g}")
+        if sample_every < 1:
+            raise ValueError(f"interval must be at least 1 step; got {sample_every}")
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be at least 1; got {keep}")
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"label must be a string; got {label!r}")
+        self.root = ensure_writable(Path(out_dir) if out_dir is not None else default_root())
+        self.keep = keep if keep is not None else default_keep()
+        self.profiler_cfg = profiler
+        self.interval_s = interval_s
+        self.monitor_gpu = monitor_gpu
+        self.sample_every = sample_every
+        now = datetime.now()
+        self.run = Run(id=new_run_id(label, now), label=label)
+        self.run.context = dict(context or {})
+        self.run.source = {"argv": list(sys.argv), **(source or {})}
+        self._watcher = StepWatcher(self._on_boundary, use_optimizer_hook)
+        self._rows: list[tuple] = []
+        self._step = 0
+        self._step_start = 0.0
+        self._hook_cost = 0.0  # seconds spent in our step hook, all steps
+        self._hook_cost_now = 0.0  # ... at the boundary that began the current step
+        self._resident: dict[int, int] = {}
+        self._sampler: Sampler | None = None
+        self._trace: TraceRecorder | None = None
+        self._stderr = StderrFilter()
+        self._cuda = torch.cuda.is_available()
+        self._t0 = 0.0
+        self._started = False
+        self._finished = False
+        self._rss = psutil.Process().memory_info
+        self.on_step: list[Callable[[int], None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Run:
+        run = self.run
+        run.path = self.root / run.id
+        run.path.mkdir(parents=True)
+        run.status = "running"
+        run.started_at = utc_now_iso()
+        run.pid = os.getpid()
+        run.host = socket.gethostname()
+        run.environment = environment()
+        if self.profiler_cfg is not None:
+            c = self.profiler_cfg
+            run.schedule = {k: getattr(c, k) for k in c.__dataclass_fields__}
+        save(run)  # a crash from here on still leaves a readable, `running` record
+        self._watcher.install()
+        try:
+            self._t0 = time.perf_counter()
+            self._step_start = 0.0
+            if self._cuda:
+                torch.cuda.reset_peak_memory_stats()
+            rank = run.environment["rank"]
+            self._sampler = Sampler(self.interval_s, lambda: self._step, rank, self.monitor_gpu, self.note)
+            self._sampler.start(self._t0)
+            if self.profiler_cfg is not None:
+                self._stderr.start()
+                self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
+                self._trace.start()
+                self._note_resident_if_recorded(None)
+        except BaseException:
+            self.finish("failed")
+            raise
+        self._started = True
+        return run
+
+    def begin_step(self) -> None:
+        """Mark the start of the current step (time before it belongs to no step)."""
+        self._step_start = time.perf_counter() - self._t0
+
+    def end_step(self, trigger: str = "explicit") -> None:
+        self._on_boundary(trigger, None)
+
+    def note(self, msg: str) -> None:
+        if msg not in self.run.notes:
+            self.run.notes.append(msg)
+
+    def finish(self, status: str = "ok", error: BaseException | None = None) -> Run:
+        """Stop everything, write the record and return it. Each part is stopped even if
+        another fails, so nothing already measured is lost."""
+        if self._finished:
+            return self.run
+        self._finished = True
+        run = self.run
+        end_s = time.perf_counter() - self._t0
+        self._watcher.remove()
+        if error is not None:
+            self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
+        trace = None
+        if self._trace is not None:
+            try:
+                self._trace.stop()
+                trace = self._trace.finish()
+            except Exception as e:
+                self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
+        self._stderr.stop()
+        if self._sampler is not None:
+            self._sampler.stop()
+        if not self._rows:
+            self._rows.append(self._row(0, 0.0, end_s, "end", 0.0))
+            self.note(
+                "no step boundary was seen (no optimizer.step() and no swift_nb.step()); "
+                "the cell is recorded as one span"
+            )
+        import pandas as pd
+
+        steps = pd.DataFrame(self._rows, columns=STEP_COLUMNS)
+        if trace is not None and trace.path is not None:
+            run.files["trace"] = TRACE_FILE
+            if not self._cuda and self.profiler_cfg and self.profiler_cfg.profile_memory:
+                rise = pd.Series(trace.cpu_alloc_rise_bytes, dtype="float64")
+                resident = pd.Series(self._resident, dtype="float64")
+                steps["peak_tensor_bytes"] = steps["step"].map(resident + rise)
+            run.summary["trace_events"] = trace.events
+            run.summary["recorded_steps"] = trace.recorded_steps
+        elif self.profiler_cfg is not None:
+            self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
+        run.steps = steps
+        run.samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
+        run.status = status
+        run.wall_s = end_s
+        run.summary.update(summarize(run.steps, run.samples))
+        run.summary["profiler_overhead_s"] = self._hook_cost
+        self._detect_context()
+        save(run)
+        try:
+            prune(self.root, self.keep, spare=run.path)
+        except OSError as e:
+            self.note(f"old runs could not be pruned ({e})")
+        return run
+
+    # -- step boundaries (hot path: keep cheap) -------------------------------------------
+
+    def _on_boundary(self, trigger: str, optimizer: torch.optim.Optimizer | None) -> None:
+        t_in = time.perf_counter()
+        now = t_in - self._t0
+        k = self._step
+        self._rows.append(self._row(k, self._step_start, now, trigger, self._hook_cost_now))
+        if self._sampler is not None and (k + 1) % self.sample_every == 0:
+            self._sampler.on_step()
+        self._step = k + 1
+        if self._trace is not None:
+            self._trace.step()
+            self._note_resident_if_recorded(optimizer)
+        for callback in self.on_step:
+            callback(self._step)
+        self._step_start = time.perf_counter() - self._t0
+        self._hook_cost_now = self._step_start + self._t0 - t_in
+        self._hook_cost += self._hook_cost_now
+
+    def _row(self, k: int, start: float, end: float, trigger: str, overhead: float) -> tuple:
+        peak = reserved = math.nan
+        if self._cuda:
+            peak = torch.cuda.max_memory_allocated()
+            reserved = torch.cuda.memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+        phase = self.profiler_cfg.phase(k) if self.profiler_cfg else "none"
+        return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss().rss)
+
+    def _note_resident_if_recorded(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """On CPU, remember the bytes of parameters, grads and optimizer state at the start
+        of each step the profiler records; the trace gives the rise above that."""
+        if self._cuda or self.profiler_cfg is None or self.profiler_cfg.phase(self._step) != "active":
+            return
+        opts = list(self._watcher.optimizers.values()) or ([optimizer] if optimizer else [])
+        tensors = (t for opt in opts for t in optimizer_tensors(opt))
+        self._resident[self._step] = unique_storage_bytes(tensors)
+
+    def _detect_context(self) -> None:
+        ctx = self.run.context
+        ctx.setdefault("toggles", [])
+        ctx.setdefault("world_size", self.run.environment.get("world_size", 1))
+        for opt in self._watcher.optimizers.values():
+            ctx.setdefault("optimizer", type(opt).__name__)
+            params = [p for g in opt.param_groups for p in g["params"]]
+            if params:
+                ctx.setdefault("dtype", str(params[0].dtype).removeprefix("torch."))
+                ctx.setdefault("params", sum(p.numel() for p in params))
+            break
+
+
+def cell_source(cell: str) -> dict[str, Any]:
+    """How a notebook cell is identified in the record: a hash, never its text."""
+    return {"cell_sha1": hashlib.sha1(cell.encode("utf-8")).hexdigest(), "cell_lines": cell.count("\n") + 1}
+
+
+class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as run:`
+    """Profile the enclosed code; ``as run`` gives the Run record, complete after the block.
+
+    wait/warmup/active/repeat: the profiler schedule, in steps (a step ends at each
+    ``optimizer.step()`` or ``swift_nb.step()``). record_shapes, profile_memory,
+    with_stack: torch.profiler options. interval_ms: resource sampling period.
+    label: a name for the run. out_dir: root folder of run folders (default
+    ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``). keep: runs to retain there (default 20).
+    context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
+    """
+
+    def __init__(
+        self,
+        wait: int = 1,
+        warmup: int = 2,
+        active: int = 3,
+        repeat: int = 1,
+        record_shapes: bool = True,
+        profile_memory: bool = True,
+        with_stack: bool = False,
+        interval_ms: float = 100,
+        label: str | None = None,
+        out_dir: Path | str | None = None,
+        keep: int | None = None,
+        context: dict[str, Any] | None = None,
+        source: dict[str, Any] | None = None,
+    ) -> None:
+        cfg = ProfilerConfig(wait, warmup, active, repeat, record_shapes, profile_memory, with_stack)
+        if not isinstance(interval_ms, (int, float)) or isinstance(interval_ms, bool):
+            raise ValueError(f"interval_ms must be a number of milliseconds; got {interval_ms!r}")
+        self.session = Session(
+            profiler=cfg,
+            interval_s=interval_ms / 1000.0,
+            label=label,
+            out_dir=out_dir,
+            keep=keep,
+            context=context,
+            source=source,
+        )
+
+    @property
+    def run(self) -> Run:
+        return self.session.run
+
+    def __enter__(self) -> Run:
+        return self.session.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.session.finish("ok")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.session.finish("interrupted", exc)
+        else:
+            self.session.finish("failed", exc)
+        return False

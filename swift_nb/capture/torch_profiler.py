@@ -1,0 +1,190 @@
+"""A scheduled ``torch.profiler.profile`` driven by step boundaries, exporting a gzipped
+Chrome/Perfetto trace into the run folder.
+
+Schedule: ``wait`` steps skip start-up noise, ``warmup`` steps let the profiler settle
+(traced, then discarded), ``active`` steps are recorded; the cycle runs ``repeat`` times
+(0 = until the run ends). Step ``k`` of the run is ``ProfilerStep#k`` in the trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity
+
+@dataclass
+class ProfilerConfig:
+    """What to profile and when; validated before any work starts."""
+
+    wait: int = 1
+    warmup: int = 2
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be a whole number ≥ {low}; got {value!r}")
+
+    @property
+    def cycle(self) -> int:
+        return self.wait + self.warmup + self.active
+
+    @property
+    def total_steps(self) -> int | None:
+        """Steps the schedule spans (None when it repeats until the end)."""
+        return self.cycle * self.repeat if self.repeat else None
+
+    def phase(self, step: int) -> str:
+        """The schedule's phase for ``step``: wait, warmup, active, or none once done."""
+        total = self.total_steps
+        if total is not None and step >= total:
+            return "none"
+        pos = step % self.cycle
+        if pos < self.wait:
+            return "wait"
+        return "warmup" if pos < self.wait + self.warmup else "active"
+
+
+@dataclass
+class TraceResult:
+    """What the trace told us: the file and each recorded step's memory rise."""
+
+    path: Path | None
+    recorded_steps: list[int]
+    # step -> (highest rise of the allocation counter within the step, bytes)
+    cpu_alloc_rise_bytes: dict[int, int]
+    events: int
+
+
+class TraceRecorder:
+    """Owns one scheduled torch profiler for a run."""
+
+    def __init__(self, cfg: ProfilerConfig, folder: Path, note: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self._folder = folder
+        self._note = note
+        self._parts: list[Path] = []
+        with warnings.catch_warnings():
+            # warmup=0 is the user's explicit choice; torch warns about it regardless
+            warnings.simplefilter("ignore")
+            schedule = torch.profiler.schedule(
+                wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat
+            )
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self._export,
+            record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory,
+            with_stack=cfg.with_stack,
+        )
+
+    def start(self) -> None:
+        self._prof.start()
+
+    def step(self) -> None:
+        self._prof.step()
+
+    def stop(self) -> None:
+        with warnings.catch_warnings():
+            # "Incorrect schedule: Stop called during warmup" is expected when a cell
+            # ends before the active steps; the run's notes say what was recorded.
+            warnings.simplefilter("ignore")
+            self._prof.stop()
+
+    def _export(self, prof: torch.profiler.profile) -> None:
+        part = self._folder / f".trace-part{len(self._parts)}.json"
+        prof.export_chrome_trace(str(part))
+        self._parts.append(part)
+        _release_results(prof)
+
+    def finish(self) -> TraceResult:
+        """Merge the exported cycles into ``trace.json.gz`` and read the step memory."""
+        parts = [p for p in self._parts if p.exists()]
+        if not parts:
+            return TraceResult(None, [], {}, 0)
+        out = self._folder / "trace.json.gz"
+        try:
+            docs = [json.loads(p.read_bytes()) for p in parts]
+            doc = docs[0]
+            for extra in docs[1:]:
+                doc["traceEvents"].extend(extra["traceEvents"])
+            events = doc["traceEvents"]
+            recorded, rise = _step_memory(events)
+            tmp = out.with_name(f".{out.name}.tmp")
+            if len(parts) == 1:
+                with parts[0].open("rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            else:
+                with gzip.open(tmp, "wt", compresslevel=3, encoding="utf-8") as dst:
+                    json.dump(doc, dst)
+            os.replace(tmp, out)
+        finally:
+            for p in parts:
+                p.unlink(missing_ok=True)
+        return TraceResult(out, recorded, rise, len(events))
+
+
+def _release_results(prof: torch.profiler.profile) -> None:
+    """Drop the profiler's parsed results once exported; they are the bulk of its memory."""
+    inner = getattr(prof, "profiler", None)
+    if inner is not None:
+        for attr in ("kineto_results", "function_events", "_function_events"):
+            if getattr(inner, attr, None) is not None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(inner, attr, None)
+    gc.collect()
+
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def _step_memory(events: list[dict[str, Any]]) -> tuple[list[int], dict[int, int]]:
+    """Recorded step numbers, and per step the highest rise of the CPU allocation counter
+    (``Total Allocated`` of ``[memory]`` events) above its value when the step began."""
+    spans = []
+    for e in events:
+        if e.get("ph") == "X":
+            m = _STEP_NAME.match(e.get("name", ""))
+            if m:
+                spans.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(m.group(1))))
+    spans.sort()
+    mem = sorted(
+        (float(e["ts"]), int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"]))
+        for e in events
+        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+    )
+    rise: dict[int, int] = {}
+    i = 0
+    level = mem[0][1] - mem[0][2] if mem else 0  # the counter before the first event
+    for start, end, step in spans:
+        while i < len(mem) and mem[i][0] < start:
+            level = mem[i][1]
+            i += 1
+        base, top = level, level
+        while i < len(mem) and mem[i][0] <= end:
+            level = mem[i][1]
+            top = max(top, level)
+            i += 1
+        rise[step] = top - base
+    return [s for _, _, s in spans], rise
