@@ -1,8 +1,36 @@
-"""swift_nb: see where each training step's time and memory go, from a notebook or a script."""
+"""swift_nb: see where each training step's time and memory go, from a notebook or a script.
+
+with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook cell
+    train()                          # every optimizer.step() ends a step
+run.summary, run.steps, run.samples  # plain data, also saved in run.path
+"""
 
 from swift_nb.capture.session import profile
 from swift_nb.capture.steps import step
+from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.monitor import Report, ResourceMonitor
 from swift_nb.record import Run, load_run, pin, prune, runs, save
 
-__all__ = ["Run", "load_run", "pin", "profile", "prune", "runs", "save", "step"]
+__all__ = [
+    "ConfigError",
+    "Report",
+    "ResourceMonitor",
+    "Run",
+    "RunDirError",
+    "load_ipython_extension",
+    "load_run",
+    "pin",
+    "profile",
+    "prune",
+    "runs",
+    "save",
+    "step",
+]
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ip) -> None:
+    """``%load_ext swift_nb``: registers ``%%swift_profile`` and ``%swift_runs``."""
+    from swift_nb.notebook.magic import load_ipython_extension as load
+
+    load(ip)

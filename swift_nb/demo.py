@@ -28,9 +28,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.attn_impl not in ("eager", "sdpa"):
             raise ValueError(f"attn_impl must be 'eager' or 'sdpa'; got {self.attn_impl!r}")
 
@@ -90,6 +88,15 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # GPT-2's init: small weights keep the tied head's initial logits near zero.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         t = idx.shape[1]

@@ -30,6 +30,8 @@ from typing import Any
 
 import pandas as pd
 
+from swift_nb.errors import ConfigError, RunDirError
+
 SCHEMA_VERSION = 1
 DEFAULT_KEEP = 20
 ENV_DIR = "SWIFT_NB_DIR"
@@ -165,14 +167,10 @@ def default_keep() -> int:
     try:
         keep = int(raw)
     except ValueError:
-        raise ValueError(f"{ENV_KEEP} must be a whole number of runs to keep; got {raw!r}") from None
+        keep = 0
     if keep < 1:
-        raise ValueError(f"{ENV_KEEP} must be at least 1; got {keep}")
+        raise ConfigError(ENV_KEEP, "must be a whole number of runs to keep, at least 1", raw)
     return keep
-
-
-class RunDirError(OSError):
-    """The run folder cannot be created or written."""
 
 
 def ensure_writable(root: Path) -> Path:
@@ -245,7 +243,9 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     out["peak_mem_bytes"] = _max_or_none(steps["peak_tensor_bytes"]) if len(steps) else None
     rss = [_max_or_none(t["rss_bytes"]) for t in (steps, samples) if "rss_bytes" in t and len(t)]
     out["peak_rss_bytes"] = max((r for r in rss if r is not None), default=None)
-    gpu_cols = [c for c in samples.columns if c.startswith("gpu") and c.endswith("_util_pct") and "mem" not in c]
+    gpu_cols = [
+        c for c in samples.columns if c.startswith("gpu") and c.endswith("_util_pct") and "mem" not in c
+    ]
     if gpu_cols:
         util = samples[gpu_cols].apply(pd.to_numeric, errors="coerce").mean(axis=1).dropna()
         out["util_source"] = "gpu"
@@ -392,7 +392,7 @@ def prune(root: Path | str | None = None, keep: int | None = None, spare: Path |
     root = Path(root) if root is not None else default_root()
     keep = default_keep() if keep is None else keep
     if keep < 1:
-        raise ValueError(f"keep must be at least 1; got {keep}")
+        raise ConfigError("keep", "must be at least 1", keep)
     spare_resolved = Path(spare).resolve() if spare is not None else None
     unpinned = [(folder, meta) for folder, meta in _scan(root) if not (folder / PIN_FILE).exists()]
     doomed = [

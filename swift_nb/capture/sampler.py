@@ -36,15 +36,24 @@ class NvmlReader:
 
     @classmethod
     def open(cls, cuda_indices: list[int]) -> tuple[NvmlReader | None, str | None]:
-        if not cuda_indices:
-            return None, None
+        """A reader for torch's CUDA devices ``cuda_indices``, or, when torch sees no
+        CUDA device, for every NVML device (columns then use NVML's indices)."""
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            handles = {i: _nvml_handle(pynvml, i) for i in cuda_indices}
-        except Exception as e:  # NVMLError subclasses, ImportError, missing driver
-            return None, f"NVML unavailable ({type(e).__name__}: {e}); GPU utilisation, clocks, temperature and power are not recorded"
+            if cuda_indices:
+                handles = {i: _nvml_handle(pynvml, i) for i in cuda_indices}
+            else:
+                handles = {j: pynvml.nvmlDeviceGetHandleByIndex(j) for j in range(pynvml.nvmlDeviceGetCount())}
+        except Exception as e:  # NVMLError_LibraryNotFound and friends, no driver, no GPU
+            return None, (
+                f"NVML unavailable ({type(e).__name__}: {e}): GPU utilisation, clocks, "
+                "temperature and power are not recorded; CPU and memory are"
+            )
+        if not handles:
+            pynvml.nvmlShutdown()
+            return None, None
         return cls(pynvml, handles), None
 
     def read(self) -> dict[str, float]:
@@ -137,7 +146,7 @@ class Sampler:
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # prime: the first call always returns 0.0
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
-        self._nvml, reason = NvmlReader.open(self._cuda)
+        self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
         if reason:
             note(reason)
 
@@ -192,7 +201,9 @@ class Sampler:
         row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
         try:
             with self._proc.oneshot():
-                row["cpu_pct"] = self._proc.cpu_percent(None)
+                cpu = self._proc.cpu_percent(None)
+                # the first reading covers the few µs since priming: meaningless
+                row["cpu_pct"] = cpu if self._rows else None
                 row["rss_bytes"] = self._proc.memory_info().rss
             vm = psutil.virtual_memory()
             row["sys_mem_used_bytes"] = vm.total - vm.available

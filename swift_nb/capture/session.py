@@ -26,6 +26,7 @@ from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
 from swift_nb.capture.torch_profiler import ProfilerConfig, TraceRecorder
+from swift_nb.errors import ConfigError
 from swift_nb.record import (
     STEP_COLUMNS,
     TRACE_FILE,
@@ -120,14 +121,14 @@ class Session:
         use_optimizer_hook: bool = True,
     ) -> None:
         if interval_s is not None and not (interval_s > 0 and math.isfinite(interval_s)):
-            raise ValueError(f"interval_ms must be a positive number of milliseconds; got {interval_s * 1000:g}")
-        if sample_every < 1:
-            raise ValueError(f"interval must be at least 1 step; got {sample_every}")
-        if keep is not None and keep < 1:
-            raise ValueError(f"keep must be at least 1; got {keep}")
+            raise ConfigError("interval_s", "must be a positive number of seconds", interval_s)
+        if not isinstance(sample_every, int) or sample_every < 1:
+            raise ConfigError("interval", "must be a whole number of steps, at least 1", sample_every)
+        if keep is not None and (not isinstance(keep, int) or keep < 1):
+            raise ConfigError("keep", "must be a whole number of runs, at least 1", keep)
         if label is not None and not isinstance(label, str):
-            raise ValueError(f"label must be a string; got {label!r}")
-        self.root = ensure_writable(Path(out_dir) if out_dir is not None else default_root())
+            raise ConfigError("label", "must be a string", label)
+        self.root = ensure_writable(Path(out_dir) if out_dir is not None else default_root()).resolve()
         self.keep = keep if keep is not None else default_keep()
         self.profiler_cfg = profiler
         self.interval_s = interval_s
@@ -304,6 +305,17 @@ class Session:
             break
 
 
+def interval_seconds(interval_ms: float) -> float:
+    """Validate a sampling period given in milliseconds and return it in seconds."""
+    if (
+        not isinstance(interval_ms, (int, float))
+        or isinstance(interval_ms, bool)
+        or not (interval_ms > 0 and math.isfinite(interval_ms))
+    ):
+        raise ConfigError("interval_ms", "must be a positive number of milliseconds", interval_ms)
+    return interval_ms / 1000.0
+
+
 def cell_source(cell: str) -> dict[str, Any]:
     """How a notebook cell is identified in the record: a hash, never its text."""
     return {"cell_sha1": hashlib.sha1(cell.encode("utf-8")).hexdigest(), "cell_lines": cell.count("\n") + 1}
@@ -337,11 +349,9 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         source: dict[str, Any] | None = None,
     ) -> None:
         cfg = ProfilerConfig(wait, warmup, active, repeat, record_shapes, profile_memory, with_stack)
-        if not isinstance(interval_ms, (int, float)) or isinstance(interval_ms, bool):
-            raise ValueError(f"interval_ms must be a number of milliseconds; got {interval_ms!r}")
         self.session = Session(
             profiler=cfg,
-            interval_s=interval_ms / 1000.0,
+            interval_s=interval_seconds(interval_ms),
             label=label,
             out_dir=out_dir,
             keep=keep,

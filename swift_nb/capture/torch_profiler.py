@@ -24,6 +24,9 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
+from swift_nb.errors import ConfigError
+
+
 @dataclass
 class ProfilerConfig:
     """What to profile and when; validated before any work starts."""
@@ -40,7 +43,7 @@ class ProfilerConfig:
         for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be a whole number ≥ {low}; got {value!r}")
+                raise ConfigError(name, f"must be a whole number ≥ {low}", value)
 
     @property
     def cycle(self) -> int:

@@ -1,0 +1,39 @@
+"""``swift-nb``: list runs and print a run's summary from its folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from swift_nb.record import load_run, runs
+from swift_nb.render.tables import runs_text, summary_text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swift-nb", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="recent runs, newest first")
+    p_list.add_argument(
+        "root",
+        nargs="?",
+        default=None,
+        help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)",
+    )
+    p_list.add_argument("-n", type=int, default=20, help="how many runs (default 20)")
+    p_show = sub.add_parser("show", help="summary of one run")
+    p_show.add_argument("run_dir")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        print(runs_text(runs(args.root, limit=args.n)))
+    else:
+        try:
+            run = load_run(args.run_dir)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"swift-nb: {e}", file=sys.stderr)
+            return 2
+        print(summary_text(run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

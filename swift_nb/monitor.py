@@ -1,0 +1,101 @@
+"""``ResourceMonitor``: explicit step hooks and a text report, for training loops that
+want resource tracking without the profiler. Same machinery as ``profile()``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swift_nb.capture.session import Session
+from swift_nb.record import Run
+from swift_nb.render.tables import summary_text
+
+
+@dataclass
+class Report:
+    """What ``generate_report()`` returns: the saved Run and a readable summary."""
+
+    run: Run
+
+    @property
+    def summary(self) -> str:
+        return summary_text(self.run)
+
+    @property
+    def path(self) -> Path | None:
+        return self.run.path
+
+    def __str__(self) -> str:
+        return self.summary
+
+
+class ResourceMonitor:
+    """Sample utilisation and memory every ``interval`` steps.
+
+    interval: take a sample at every ``interval``-th ``step_end`` (10–50 is typical).
+    log_dir: root folder of run folders (default ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``).
+    monitor_gpu: read NVML and the CUDA allocator when a GPU is present.
+    monitor_memory: also sample every ``interval_ms`` in the background (memory spikes
+    between steps); False samples at step ends only.
+    """
+
+    def __init__(
+        self,
+        interval: int = 10,
+        log_dir: str | Path | None = None,
+        monitor_gpu: bool = True,
+        monitor_memory: bool = True,
+        interval_ms: float = 1000.0,
+        label: str | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> None:
+        self._session = Session(
+            profiler=None,
+            interval_s=interval_ms / 1000.0 if monitor_memory else None,
+            label=label,
+            out_dir=log_dir,
+            context=context,
+            monitor_gpu=monitor_gpu,
+            sample_every=interval,
+            use_optimizer_hook=False,
+        )
+        self._report: Report | None = None
+
+    @property
+    def run(self) -> Run:
+        return self._session.run
+
+    def step_begin(self, step: int | None = None) -> None:
+        """Mark the start of a step (starts monitoring on the first call)."""
+        if self._report is not None:
+            raise RuntimeError("this ResourceMonitor already produced its report; create a new one")
+        if self._session.run.path is None:
+            self._session.start()
+        self._session.begin_step()
+
+    def step_end(self, step: int | None = None) -> None:
+        """Mark the end of a step."""
+        if self._session.run.path is None:
+            self.step_begin(step)
+        self._session.end_step("explicit")
+
+    def generate_report(self, status: str = "ok") -> Report:
+        """Stop monitoring, save the run record and return the report (idempotent)."""
+        if self._report is None:
+            if self._session.run.path is None:
+                self._session.start()
+            self._report = Report(self._session.finish(status))
+        return self._report
+
+    def __enter__(self) -> ResourceMonitor:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.generate_report("ok")
+        else:
+            status = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+            self._session.finish(status, exc)
+            self._report = Report(self._session.run)
+        return False

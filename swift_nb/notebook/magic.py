@@ -1,0 +1,142 @@
+"""``%%swift_profile``: profile an unmodified training cell.
+
+The cell runs through the shell's own ``run_cell``, so its output, its last expression
+and its traceback look exactly as without the magic. When it fails, the magic marks the
+outer cell failed too (so "Run all" and nbclient stop) without a second traceback.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from swift_nb.capture.session import Session, cell_source, interval_seconds
+from swift_nb.capture.torch_profiler import ProfilerConfig
+from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.record import Run, runs
+from swift_nb.render.figures import figure_png, timeline_figure
+from swift_nb.render.tables import runs_html, runs_text, summary_html, summary_text
+
+
+class ProfiledCellError(Exception):
+    """Raised after a profiled cell failed and its traceback was shown, to mark the
+    outer cell failed without showing anything more."""
+
+
+def _flag(param: str) -> str:
+    return "--" + param.replace("_", "-")
+
+
+@magics_class
+class SwiftMagics(Magics):
+    @magic_arguments()
+    @argument("--wait", type=int, default=1, help="steps skipped before profiling (default 1)")
+    @argument("--warmup", type=int, default=2, help="steps traced then discarded (default 2)")
+    @argument("--active", type=int, default=3, help="steps recorded per cycle (default 3)")
+    @argument("--repeat", type=int, default=1, help="profiling cycles; 0 = until the cell ends (default 1)")
+    @argument("--no-shapes", action="store_true", help="do not record input shapes")
+    @argument("--no-memory", action="store_true", help="do not record tensor allocations")
+    @argument("--with-stack", action="store_true", help="record Python stacks (slower)")
+    @argument("--interval-ms", type=float, default=100.0, help="resource sampling period (default 100)")
+    @argument("--label", type=str, default=None, help="a name for this run")
+    @argument(
+        "--out",
+        type=str,
+        default=None,
+        help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)",
+    )
+    @argument("--keep", type=int, default=None, help="runs to keep in that folder (default 20)")
+    @argument("--list", action="store_true", help="show recent runs instead of profiling")
+    @line_cell_magic
+    def swift_profile(self, line: str, cell: str | None = None) -> None:
+        """Profile a training cell: torch.profiler on a step schedule plus resource
+        sampling; every optimizer.step() (or swift_nb.step()) ends a step.
+
+        Usage: ``%%swift_profile [--active 5] [--label NAME] ...`` on top of a cell, or
+        ``%swift_profile --list`` for recent runs.
+        """
+        args = parse_argstring(self.swift_profile, line)
+        if args.list:
+            self._show_runs(args.out)
+            return
+        if cell is None:
+            raise UsageError("%swift_profile needs a cell: use %%swift_profile on top of the cell, or --list")
+        try:
+            cfg = ProfilerConfig(
+                args.wait,
+                args.warmup,
+                args.active,
+                args.repeat,
+                record_shapes=not args.no_shapes,
+                profile_memory=not args.no_memory,
+                with_stack=args.with_stack,
+            )
+            session = Session(
+                profiler=cfg,
+                interval_s=interval_seconds(args.interval_ms),
+                label=args.label,
+                out_dir=args.out,
+                keep=args.keep,
+                source=cell_source(cell),
+            )
+        except ConfigError as e:
+            raise UsageError(e.message(_flag)) from None
+        except RunDirError as e:
+            raise UsageError(str(e)) from None
+
+        session.start()
+        result = None
+        try:
+            result = self.shell.run_cell(cell, store_history=False)
+        finally:
+            err = None if result is None else (result.error_before_exec or result.error_in_exec)
+            if result is None or isinstance(err, KeyboardInterrupt):
+                run = session.finish("interrupted", err)
+            elif err is not None:
+                run = session.finish("failed", err)
+            else:
+                run = session.finish("ok")
+            show_run(run)
+        if err is not None:
+            raise ProfiledCellError(run.id)
+
+    @line_cell_magic
+    def swift_runs(self, line: str, cell: str | None = None) -> None:
+        """Show recent runs: ``%swift_runs [FOLDER]``."""
+        self._show_runs(line.strip() or None)
+
+    def _show_runs(self, root: str | None) -> None:
+        table = runs(root, limit=20)
+        display({"text/html": runs_html(table), "text/plain": runs_text(table)}, raw=True)
+
+
+def show_run(run: Run) -> None:
+    """Display a run's summary table and timeline as static outputs (they survive
+    nbconvert and GitHub's viewer); plain text where no HTML/PNG frontend exists."""
+    display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
+    png = figure_png(timeline_figure(run))
+    display(
+        {
+            "image/png": base64.b64encode(png).decode("ascii"),
+            "text/plain": f"[timeline of run {run.id}: utilisation and memory over time]",
+        },
+        raw=True,
+    )
+
+
+def load_ipython_extension(ip) -> None:
+    ip.register_magics(SwiftMagics)
+    if ProfiledCellError in ip.custom_exceptions:
+        return
+    previous, prev_handler = tuple(ip.custom_exceptions), ip.CustomTB
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        if issubclass(etype, ProfiledCellError):
+            return []
+        return prev_handler(etype, value, tb, tb_offset=tb_offset)
+
+    ip.set_custom_exc((*previous, ProfiledCellError), handler)

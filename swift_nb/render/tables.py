@@ -1,0 +1,94 @@
+"""Summary tables of a run: an HTML table for notebooks and reports, plain text for
+terminals. Every string that comes from the user or the trace is escaped."""
+
+from __future__ import annotations
+
+from html import escape
+
+import pandas as pd
+
+from swift_nb.record import Run
+from swift_nb.render.format import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
+
+
+def summary_rows(run: Run) -> list[tuple[str, str]]:
+    """(name, value) pairs shown for a run, in display order."""
+    s, env, sched = run.summary, run.environment, run.schedule
+    util_name = {"gpu": "GPU util", "cpu": "process CPU"}.get(s.get("util_source") or "", "util")
+    devices = ", ".join(env.get("devices") or []) or "–"
+    rows = [
+        ("run", run.id),
+        ("label", run.label or "–"),
+        ("status", run.status),
+        ("steps", str(s.get("steps", 0))),
+        ("wall time", fmt_seconds(run.wall_s)),
+        (
+            "step time (median / p90)",
+            f"{fmt_seconds(s.get('step_time_median_s'))} / {fmt_seconds(s.get('step_time_p90_s'))}",
+        ),
+        ("throughput", fmt_rate(s.get("steps_per_s"), "steps/s")),
+        ("peak tensor memory", fmt_bytes(s.get("peak_mem_bytes"))),
+        ("peak RSS", fmt_bytes(s.get("peak_rss_bytes"))),
+        (
+            f"{util_name} (mean / peak)",
+            f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
+        ),
+        ("device", f"{env.get('device', '–')} ({devices})"),
+        ("ranks", str(env.get("world_size", 1))),
+    ]
+    if sched:
+        recorded = s.get("recorded_steps") or []
+        rows.append(
+            (
+                "profiler schedule",
+                f"wait {sched['wait']}, warmup {sched['warmup']}, active {sched['active']}, "
+                f"repeat {sched['repeat']}; recorded steps: {', '.join(map(str, recorded)) or 'none'}",
+            )
+        )
+    if run.path is not None:
+        rows.append(("folder", str(run.path)))
+        if run.trace_path is not None:
+            rows.append(("trace", f"{run.trace_path} (open in ui.perfetto.dev)"))
+    return rows
+
+
+def summary_html(run: Run) -> str:
+    body = "".join(
+        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>"
+        f"<td style='text-align:left'>{escape(v)}</td></tr>"
+        for k, v in summary_rows(run)
+    )
+    notes = "".join(f"<li>{escape(n)}</li>" for n in run.notes)
+    notes_html = f"<p><b>Notes</b></p><ul>{notes}</ul>" if notes else ""
+    return f"<div class='swift-nb-summary'><table>{body}</table>{notes_html}</div>"
+
+
+def summary_text(run: Run) -> str:
+    rows = summary_rows(run)
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"note: {n}" for n in run.notes]
+    return "\n".join(lines)
+
+
+def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
+    shown = table.drop(columns=["path"]).copy()
+    shown["wall_s"] = shown["wall_s"].map(fmt_seconds)
+    shown["step_time_median_s"] = shown["step_time_median_s"].map(fmt_seconds)
+    shown["peak_mem_bytes"] = shown["peak_mem_bytes"].map(fmt_bytes)
+    return shown.rename(
+        columns={"wall_s": "wall", "step_time_median_s": "step (median)", "peak_mem_bytes": "peak memory"}
+    )
+
+
+def runs_html(table: pd.DataFrame) -> str:
+    """HTML table of ``swift_nb.runs()`` output (escaped)."""
+    if table.empty:
+        return "<p>No swift_nb runs yet.</p>"
+    return _runs_display(table).to_html(index=False, escape=True, na_rep="–")
+
+
+def runs_text(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "No swift_nb runs yet."
+    return _runs_display(table).to_string(index=False, na_rep="–")
