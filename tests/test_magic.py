@@ -17,9 +17,7 @@ def _newest(root):
 
 
 def test_output_and_value_behave_as_without_the_magic(kernel, tmp_path):
-    res = kernel.execute(
-        f"%%swift_profile --out {tmp_path}\nm = train(3)\nprint('hello')\n6 * 7"
-    )
+    res = kernel.execute(f"%%swift_profile --out {tmp_path}\nm = train(3)\nprint('hello')\n6 * 7")
     assert res.status == "ok"
     assert "hello" in res.text("stdout")
     (value,) = res.of_type("execute_result")
@@ -67,7 +65,9 @@ def test_interrupt_saves_what_was_measured(kernel, tmp_path):
                 seen.append(time.time())
                 kernel.km.interrupt_kernel()
 
-    res = kernel.execute(f"%%swift_profile --out {tmp_path}\nm = train(10_000, sleep_s=0.05)", on_output=on_output)
+    res = kernel.execute(
+        f"%%swift_profile --out {tmp_path}\nm = train(10_000, sleep_s=0.05)", on_output=on_output
+    )
     assert seen, "the loop never reached step 4"
     assert res.status == "error"
     assert any(e["ename"] == "KeyboardInterrupt" for e in res.of_type("error"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import sys
 
 import nbformat
+from conftest import kernel_env
 from nbclient import NotebookClient
 
 import swift_nb
@@ -50,10 +50,7 @@ def test_profiled_training_cell_produces_a_complete_run(tmp_path):
         kernel_name="python3",
         resources={"metadata": {"path": str(tmp_path)}},
     )
-    client.kernel_manager_class().kernel_spec_manager  # noqa: B018 - the venv's kernel resolves python3
-    client.km = client.create_kernel_manager()
-    client.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    client.execute()
+    client.execute(env=kernel_env())
 
     taken, param_bytes = map(int, nb.cells[3].outputs[0]["text"].split())
     assert taken == STEPS

@@ -45,7 +45,9 @@ class NvmlReader:
             if cuda_indices:
                 handles = {i: _nvml_handle(pynvml, i) for i in cuda_indices}
             else:
-                handles = {j: pynvml.nvmlDeviceGetHandleByIndex(j) for j in range(pynvml.nvmlDeviceGetCount())}
+                handles = {
+                    j: pynvml.nvmlDeviceGetHandleByIndex(j) for j in range(pynvml.nvmlDeviceGetCount())
+                }
         except Exception as e:  # NVMLError_LibraryNotFound and friends, no driver, no GPU
             return None, (
                 f"NVML unavailable ({type(e).__name__}: {e}): GPU utilisation, clocks, "

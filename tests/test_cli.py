@@ -1,0 +1,30 @@
+"""The swift-nb command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import train
+
+import swift_nb
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "swift_nb.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_list_and_show(runs_dir):
+    with swift_nb.profile(out_dir=runs_dir, label="cli-run") as run:
+        train(3)
+    listed = _cli("list", str(runs_dir))
+    assert listed.returncode == 0 and "cli-run" in listed.stdout
+    shown = _cli("show", str(run.path))
+    assert shown.returncode == 0 and "cli-run" in shown.stdout and "steps" in shown.stdout
+
+
+def test_show_of_a_non_run_folder_is_a_clear_error(tmp_path):
+    res = _cli("show", str(tmp_path))
+    assert res.returncode == 2 and "not a swift_nb run folder" in res.stderr

@@ -1,0 +1,100 @@
+"""Run records on disk: round trip, listing, retention, pinning, corrupt folders."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pandas.testing as pdt
+import pytest
+from conftest import train
+
+import swift_nb
+from swift_nb.record import Run, new_run_id, prune, save
+
+
+def _fake_run(root, i: int, status: str = "ok") -> Run:
+    run = Run(
+        id=f"20260101-0000{i:02d}-r{i}", label=f"r{i}", status=status, started_at=f"2026-01-01T00:00:{i:02d}"
+    )
+    run.pid, run.host = os.getpid(), "elsewhere-never-alive"
+    run.steps = pd.DataFrame({"step": [0, 1], "trigger": ["optimizer"] * 2, "duration_s": [0.1, 0.2]})
+    save(run, root / run.id)
+    return run
+
+
+def test_load_round_trips_a_real_run(runs_dir):
+    with swift_nb.profile(out_dir=runs_dir, label="rt", context={"seq_len": 32}) as run:
+        train(6)
+    loaded = swift_nb.load_run(run.path)
+    assert loaded.meta() == run.meta()
+    pdt.assert_frame_equal(loaded.steps, run.steps, check_dtype=False)
+    pdt.assert_frame_equal(loaded.samples, run.samples, check_dtype=False)
+    assert loaded.context["seq_len"] == 32
+    assert loaded.context["optimizer"] == "AdamW"
+    assert swift_nb.load_run(save(loaded, run.path)).meta() == run.meta()
+
+
+def test_runs_lists_newest_first(runs_dir):
+    for i in range(3):
+        _fake_run(runs_dir, i)
+    table = swift_nb.runs(runs_dir)
+    assert list(table["label"]) == ["r2", "r1", "r0"]
+    assert list(table.columns[:3]) == ["id", "label", "status"]
+
+
+def test_retention_keeps_exactly_n_and_spares_pinned(runs_dir):
+    runs = [_fake_run(runs_dir, i) for i in range(6)]
+    swift_nb.pin(runs[0])
+    deleted = prune(runs_dir, keep=3)
+    assert sorted(p.name for p in deleted) == sorted(r.id for r in runs[1:3])
+    table = swift_nb.runs(runs_dir)
+    assert set(table["label"]) == {"r0", "r3", "r4", "r5"}
+    assert table.set_index("label").loc["r0", "pinned"]
+
+
+def test_retention_never_deletes_a_run_being_written(runs_dir):
+    live = _fake_run(runs_dir, 0, status="running")
+    live.host = __import__("socket").gethostname()
+    save(live)
+    for i in range(1, 4):
+        _fake_run(runs_dir, i)
+    prune(runs_dir, keep=1)
+    assert live.path.exists()
+
+
+def test_profile_applies_retention(runs_dir):
+    for _ in range(3):
+        with swift_nb.profile(out_dir=runs_dir, keep=2, wait=0, warmup=0, active=1):
+            train(1)
+    assert len(swift_nb.runs(runs_dir)) == 2
+
+
+def test_corrupt_folder_is_skipped_with_a_warning(runs_dir):
+    _fake_run(runs_dir, 1)
+    bad = runs_dir / "20260101-000099-bad"
+    bad.mkdir()
+    (bad / "run.json").write_text('{"id": "trunc')
+    with pytest.warns(UserWarning, match="skipping unreadable run folder"):
+        table = swift_nb.runs(runs_dir)
+    assert list(table["label"]) == ["r1"]
+
+
+def test_dead_running_record_shows_as_crashed(runs_dir):
+    run = _fake_run(runs_dir, 1, status="running")
+    run.host, run.pid = __import__("socket").gethostname(), 2**22 + 12345
+    save(run)
+    assert swift_nb.runs(runs_dir)["status"].tolist() == ["crashed"]
+
+
+def test_records_hold_no_tensor_contents(runs_dir):
+    with swift_nb.profile(out_dir=runs_dir) as run:
+        train(5)
+    meta = json.loads((run.path / "run.json").read_text())
+    assert "tensor(" not in json.dumps(meta)
+
+
+def test_run_ids_are_sortable_and_safe():
+    rid = new_run_id("my run/<x>")
+    assert "/" not in rid and "<" not in rid and rid[:8].isdigit()
