@@ -60,10 +60,9 @@ def test_interrupt_saves_what_was_measured(kernel, tmp_path):
     seen = []
 
     def on_output(msg):
-        if msg["msg_type"] == "stream" and "step 4" in msg["content"].get("text", ""):
-            if not seen:
-                seen.append(time.time())
-                kernel.km.interrupt_kernel()
+        if msg["msg_type"] == "stream" and "step 4" in msg["content"].get("text", "") and not seen:
+            seen.append(time.time())
+            kernel.km.interrupt_kernel()
 
     res = kernel.execute(
         f"%%swift_profile --out {tmp_path}\nm = train(10_000, sleep_s=0.05)", on_output=on_output
