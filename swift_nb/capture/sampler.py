@@ -162,8 +162,13 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, name="swift_nb-sampler", daemon=True)
         self._thread.start()
 
-    def on_step(self) -> None:
-        """Ask for a sample at this step boundary (cheap: sets a flag)."""
+    def on_step(self, sync: bool = False) -> None:
+        """A sample for this step boundary: by default the thread takes it soon after
+        (cheap for the caller; boundaries closer together than one sample coalesce);
+        ``sync`` takes it now, on the caller's thread."""
+        if sync:
+            self._sample("step")
+            return
         self._step_pending = True
         self._wake.set()
 

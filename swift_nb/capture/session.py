@@ -7,12 +7,15 @@ and the notebook magic so that every front uses the same machinery.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import platform
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -40,6 +43,22 @@ from swift_nb.record import (
     summarize,
     utc_now_iso,
 )
+
+
+@contextlib.contextmanager
+def deferred_sigint():
+    """Hold back SIGINT (the kernel's interrupt) for the duration; re-raise it after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def rank_info() -> tuple[int, int]:
@@ -103,7 +122,8 @@ class Session:
 
     profiler: a ProfilerConfig, or None for resources only.
     interval_s: periodic sampling period; None samples at step boundaries only.
-    sample_every: take a step-boundary sample every this many steps.
+    sample_every: take a step-boundary sample every this many steps; ``sync_samples``
+    takes it on the training thread at the boundary, instead of soon after on the sampler's.
     use_optimizer_hook: whether optimizer steps mark boundaries (False: explicit only).
     """
 
@@ -118,6 +138,7 @@ class Session:
         source: dict[str, Any] | None = None,
         monitor_gpu: bool = True,
         sample_every: int = 1,
+        sync_samples: bool = False,
         use_optimizer_hook: bool = True,
     ) -> None:
         if interval_s is not None and not (interval_s > 0 and math.isfinite(interval_s)):
@@ -134,6 +155,7 @@ class Session:
         self.interval_s = interval_s
         self.monitor_gpu = monitor_gpu
         self.sample_every = sample_every
+        self.sync_samples = sync_samples
         now = datetime.now()
         self.run = Run(id=new_run_id(label, now), label=label)
         self.run.context = dict(context or {})
@@ -150,7 +172,6 @@ class Session:
         self._stderr = StderrFilter()
         self._cuda = torch.cuda.is_available()
         self._t0 = 0.0
-        self._started = False
         self._finished = False
         self._rss = psutil.Process().memory_info
         self.on_step: list[Callable[[int], None]] = []
@@ -158,22 +179,21 @@ class Session:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Run:
+        self._watcher.install()  # refuses a nested profile before anything is written
         run = self.run
-        run.path = self.root / run.id
-        run.path.mkdir(parents=True)
-        run.status = "running"
-        run.started_at = utc_now_iso()
-        run.pid = os.getpid()
-        run.host = socket.gethostname()
-        run.environment = environment()
-        if self.profiler_cfg is not None:
-            c = self.profiler_cfg
-            run.schedule = {k: getattr(c, k) for k in c.__dataclass_fields__}
-        save(run)  # a crash from here on still leaves a readable, `running` record
-        self._watcher.install()
         try:
+            run.path = self.root / run.id
+            run.path.mkdir(parents=True)
+            run.status = "running"
+            run.started_at = utc_now_iso()
+            run.pid = os.getpid()
+            run.host = socket.gethostname()
+            run.environment = environment()
+            if self.profiler_cfg is not None:
+                c = self.profiler_cfg
+                run.schedule = {k: getattr(c, k) for k in c.__dataclass_fields__}
+            save(run)  # a crash from here on still leaves a readable `running` record
             self._t0 = time.perf_counter()
-            self._step_start = 0.0
             if self._cuda:
                 torch.cuda.reset_peak_memory_stats()
             rank = run.environment["rank"]
@@ -187,7 +207,6 @@ class Session:
         except BaseException:
             self.finish("failed")
             raise
-        self._started = True
         return run
 
     def begin_step(self) -> None:
@@ -203,10 +222,15 @@ class Session:
 
     def finish(self, status: str = "ok", error: BaseException | None = None) -> Run:
         """Stop everything, write the record and return it. Each part is stopped even if
-        another fails, so nothing already measured is lost."""
+        another fails, and a second Ctrl-C waits until the record is saved, so nothing
+        already measured is lost."""
         if self._finished:
             return self.run
         self._finished = True
+        with deferred_sigint():
+            return self._finish(status, error)
+
+    def _finish(self, status: str, error: BaseException | None) -> Run:
         run = self.run
         end_s = time.perf_counter() - self._t0
         self._watcher.remove()
@@ -222,6 +246,9 @@ class Session:
         self._stderr.stop()
         if self._sampler is not None:
             self._sampler.stop()
+        if run.path is None:  # start() failed before the folder existed
+            run.status = status
+            return run
         if not self._rows:
             self._rows.append(self._row(0, 0.0, end_s, "end", 0.0))
             self.note(
@@ -263,7 +290,7 @@ class Session:
         k = self._step
         self._rows.append(self._row(k, self._step_start, now, trigger, self._hook_cost_now))
         if self._sampler is not None and (k + 1) % self.sample_every == 0:
-            self._sampler.on_step()
+            self._sampler.on_step(self.sync_samples)
         self._step = k + 1
         if self._trace is not None:
             self._trace.step()

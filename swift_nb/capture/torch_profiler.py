@@ -8,7 +8,6 @@ Schedule: ``wait`` steps skip start-up noise, ``warmup`` steps let the profiler 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import gzip
 import json
@@ -149,13 +148,10 @@ class TraceRecorder:
 
 
 def _release_results(prof: torch.profiler.profile) -> None:
-    """Drop the profiler's parsed results once exported; they are the bulk of its memory."""
-    inner = getattr(prof, "profiler", None)
-    if inner is not None:
-        for attr in ("kineto_results", "function_events", "_function_events"):
-            if getattr(inner, attr, None) is not None:
-                with contextlib.suppress(AttributeError, TypeError):
-                    setattr(inner, attr, None)
+    """Drop the finished cycle's results once exported. torch keeps them on
+    ``prof.profiler`` until the next cycle or the end of the run, and they are the bulk of
+    a profiled round's memory; with None there, the next cycle starts a fresh one."""
+    prof.profiler = None
     gc.collect()
 
 

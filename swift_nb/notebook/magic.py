@@ -88,7 +88,10 @@ class SwiftMagics(Magics):
         except RunDirError as e:
             raise UsageError(str(e)) from None
 
-        session.start()
+        try:
+            session.start()
+        except RuntimeError as e:  # another profile is active (a nested %%swift_profile)
+            raise UsageError(str(e)) from None
         result = None
         try:
             result = self.shell.run_cell(cell, store_history=False)

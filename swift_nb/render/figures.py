@@ -12,10 +12,28 @@ from swift_nb.record import Run
 
 PHASE_COLORS = {"warmup": "#f3e3b5", "active": "#c6dbef"}
 GIB = 1024**3
+MAX_STEP_LINES = 200  # beyond this, per-step lines are noise
 
 
 def _numeric(df: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(dtype="float64")
+
+
+def phase_spans(steps: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """(phase, start_s, end_s) of each stretch of consecutive warmup or active steps."""
+    spans: list[tuple[str, float, float]] = []
+    if "phase" not in steps:
+        return spans
+    for phase, start, end in zip(
+        steps["phase"], _numeric(steps, "start_s"), _numeric(steps, "end_s"), strict=True
+    ):
+        if phase not in PHASE_COLORS:
+            continue
+        if spans and spans[-1][0] == phase:
+            spans[-1] = (phase, spans[-1][1], end)
+        else:
+            spans.append((phase, start, end))
+    return spans
 
 
 def timeline_figure(run: Run, width_in: float = 10.0) -> Figure:
@@ -53,16 +71,17 @@ def timeline_figure(run: Run, width_in: float = 10.0) -> Figure:
     ax_mem.set_ylim(bottom=0)
     ax_mem.set_xlabel("time since start (s)")
 
-    starts, ends = _numeric(steps, "start_s"), _numeric(steps, "end_s")
-    phases = steps["phase"] if "phase" in steps else pd.Series([""] * len(steps))
-    shaded = set()
-    for start, end, phase in zip(starts, ends, phases, strict=False):
+    for phase, start, end in phase_spans(steps):
+        label = f"profiler {phase}"
         for ax in (ax_util, ax_mem):
-            if phase in PHASE_COLORS:
-                label = f"profiler {phase}" if (phase not in shaded and ax is ax_util) else None
-                ax.axvspan(start, end, color=PHASE_COLORS[phase], alpha=0.6, lw=0, label=label)
-            ax.axvline(end, color="#999", lw=0.6, alpha=0.7)
-        shaded.add(phase)
+            ax.axvspan(
+                start, end, color=PHASE_COLORS[phase], alpha=0.6, lw=0, label=label if ax is ax_util else None
+            )
+            label = None
+    ends = _numeric(steps, "end_s")
+    if len(ends) <= MAX_STEP_LINES:
+        for ax in (ax_util, ax_mem):
+            ax.vlines(ends, 0, 1, transform=ax.get_xaxis_transform(), colors="#999", lw=0.6, alpha=0.7)
     for ax in (ax_util, ax_mem):
         ax.grid(alpha=0.25)
         if ax.get_legend_handles_labels()[0]:
