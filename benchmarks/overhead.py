@@ -22,7 +22,7 @@ import torch
 
 import swift_nb
 from swift_nb.capture.session import Session
-from swift_nb.demo import GPTConfig, GPT
+from swift_nb.demo import GPT, GPTConfig
 
 
 def cell(model, opt, batches) -> list[float]:
@@ -47,12 +47,12 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    cfg = GPTConfig(seq_len=args.seq, n_layer=args.layers, d_model=args.width, n_head=max(1, args.width // 64))
+    cfg = GPTConfig(
+        seq_len=args.seq, n_layer=args.layers, d_model=args.width, n_head=max(1, args.width // 64)
+    )
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = [
-        (torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len)),) * 2 for _ in range(args.steps)
-    ]
+    batches = [(torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len)),) * 2 for _ in range(args.steps)]
     cell(model, opt, batches[:3])  # warm up allocator and kernels
     out = tempfile.mkdtemp(prefix="swift_nb_bench_")
     proc = psutil.Process()
@@ -78,7 +78,7 @@ def main() -> None:
     rss: dict[str, list[float]] = {m: [] for m in modes}
     names = list(modes)
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
             steps[name] += modes[name]()
             walls[name].append(time.perf_counter() - t)
@@ -91,7 +91,9 @@ def main() -> None:
         f"{args.steps}-step cells, {args.rounds} interleaved rounds; torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads"
     )
-    print(f"{'mode':<8} {'step median':>12} {'x bare':>7} {'cell wall':>10} {'x bare':>7}  RSS after each cell (MiB)")
+    print(
+        f"{'mode':<8} {'step median':>12} {'x bare':>7} {'cell wall':>10} {'x bare':>7}  RSS after each cell (MiB)"
+    )
     for name in modes:
         med, wall = statistics.median(steps[name]), statistics.median(walls[name])
         print(
