@@ -5,9 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m ipykernel install --sys-prefix --name swift_nb --display-name "swift_nb (.venv)" >/dev/null
-.venv/bin/jupyter nbconvert --to notebook --execute --ExecutePreprocessor.kernel_name=swift_nb \
-  --ExecutePreprocessor.timeout=900 --output 01_quickstart.executed.ipynb notebooks/01_quickstart.ipynb
+# The venv's jupyter resolves the notebook's python3 kernel to the venv's own Python.
+.venv/bin/jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 --output 01_quickstart.executed.ipynb notebooks/01_quickstart.ipynb
 .venv/bin/jupyter nbconvert --to html notebooks/01_quickstart.executed.ipynb
 echo "executed notebook: notebooks/01_quickstart.executed.ipynb (HTML: notebooks/01_quickstart.executed.html)"
 echo "run folders:       notebooks/swift_nb_runs/"

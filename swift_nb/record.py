@@ -23,7 +23,7 @@ import socket
 import tempfile
 import uuid
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -129,9 +129,7 @@ class Run:
 
     def meta(self) -> dict[str, Any]:
         """The JSON-serialisable part of the record (everything but the tables)."""
-        d = asdict(self)
-        for key in ("steps", "samples", "path"):
-            d.pop(key)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TABLES}
         d["schema_version"] = SCHEMA_VERSION
         return d
 
@@ -141,6 +139,9 @@ class Run:
             f"<swift_nb.Run {self.id} status={self.status} steps={s.get('steps', 0)} "
             f"wall_s={self.wall_s:.2f} path={self.path}>"
         )
+
+
+_TABLES = {"steps", "samples", "path"}  # Run fields that are not stored in run.json
 
 
 def new_run_id(label: str | None = None, now: datetime | None = None) -> str:
@@ -276,7 +277,7 @@ def load_run(path: Path | str) -> Run:
         raise FileNotFoundError(f"{str(folder)!r} is not a swift_nb run folder (no {RUN_FILE})")
     meta = json.loads(meta_path.read_text("utf-8"))
     meta.pop("schema_version", None)
-    known = set(Run.__dataclass_fields__) - {"steps", "samples", "path"}
+    known = {f.name for f in fields(Run)} - _TABLES
     run = Run(**{k: v for k, v in meta.items() if k in known})
     run.steps = _read_csv(folder / STEPS_FILE, STEP_COLUMNS)
     run.samples = _read_csv(folder / SAMPLES_FILE, SAMPLE_COLUMNS)

@@ -10,6 +10,7 @@ visible).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -189,6 +190,11 @@ class Sampler:
             return list(self._rows)
 
     def _loop(self) -> None:
+        # Lowest priority for this thread only (Linux threads are tasks): on a machine
+        # whose cores all run the training's intra-op threads, a sample waits for a
+        # gap instead of preempting a worker the others spin-wait on.
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         self._sample("periodic")
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)

@@ -17,11 +17,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import psutil
 import torch
 
@@ -174,7 +174,6 @@ class Session:
         self._t0 = 0.0
         self._finished = False
         self._rss = psutil.Process().memory_info
-        self.on_step: list[Callable[[int], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -255,8 +254,6 @@ class Session:
                 "no step boundary was seen (no optimizer.step() and no swift_nb.step()); "
                 "the cell is recorded as one span"
             )
-        import pandas as pd
-
         steps = pd.DataFrame(self._rows, columns=STEP_COLUMNS)
         if trace is not None and trace.path is not None:
             run.files["trace"] = TRACE_FILE
@@ -275,6 +272,7 @@ class Session:
         run.summary.update(summarize(run.steps, run.samples))
         run.summary["profiler_overhead_s"] = self._hook_cost
         self._detect_context()
+        self._watcher.optimizers.clear()  # do not keep the user's optimizers alive
         save(run)
         try:
             prune(self.root, self.keep, spare=run.path)
@@ -295,8 +293,6 @@ class Session:
         if self._trace is not None:
             self._trace.step()
             self._note_resident_if_recorded(optimizer)
-        for callback in self.on_step:
-            callback(self._step)
         self._step_start = time.perf_counter() - self._t0
         self._hook_cost_now = self._step_start + self._t0 - t_in
         self._hook_cost += self._hook_cost_now
