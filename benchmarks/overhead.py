@@ -85,6 +85,7 @@ def main() -> None:
             rss[name].append(proc.memory_info().rss / 2**20)
 
     base_step = statistics.median(steps["bare"])
+    base_mean = statistics.fmean(steps["bare"])
     base_wall = statistics.median(walls["bare"])
     print(
         f"demo GPT: {args.layers} layers, d={args.width}, seq {args.seq}, batch {args.batch}; "
@@ -92,12 +93,15 @@ def main() -> None:
         f"{torch.get_num_threads()} threads"
     )
     print(
-        f"{'mode':<8} {'step median':>12} {'x bare':>7} {'cell wall':>10} {'x bare':>7}  RSS after each cell (MiB)"
+        f"{'mode':<8} {'step median':>12} {'x bare':>7} {'step mean':>10} {'x bare':>7} "
+        f"{'cell wall':>10} {'x bare':>7}  RSS after each cell (MiB)"
     )
     for name in modes:
-        med, wall = statistics.median(steps[name]), statistics.median(walls[name])
+        med, mean = statistics.median(steps[name]), statistics.fmean(steps[name])
+        wall = statistics.median(walls[name])
         print(
-            f"{name:<8} {med * 1e3:>9.1f} ms {med / base_step:>7.3f} {wall:>8.2f} s {wall / base_wall:>7.3f}  "
+            f"{name:<8} {med * 1e3:>9.1f} ms {med / base_step:>7.3f} {mean * 1e3:>7.1f} ms "
+            f"{mean / base_mean:>7.3f} {wall:>8.2f} s {wall / base_wall:>7.3f}  "
             + " ".join(f"{v:.0f}" for v in rss[name])
         )
 

@@ -8,8 +8,6 @@ Schedule: ``wait`` steps skip start-up noise, ``warmup`` steps let the profiler 
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import gzip
 import json
 import os
@@ -145,41 +143,22 @@ class TraceRecorder:
         finally:
             for p in parts:
                 p.unlink(missing_ok=True)
-        result = TraceResult(out, recorded, rise, len(events))
-        del doc, docs, events
-        trim_heap()
-        return result
+        return TraceResult(out, recorded, rise, len(events))
 
 
 def _release_results(prof: torch.profiler.profile) -> None:
-    """Drop the finished cycle's results once exported, and hand freed heap back to the OS.
+    """Drop the finished cycle's results once exported.
 
-    torch keeps a cycle's results on ``prof.profiler`` until the next cycle or the end of
-    the run; with None there, the next cycle starts a fresh one. Most of what a profiled
-    round adds to RSS is not live, though: it is freed memory that glibc keeps (the
-    profiler's many small allocations pin the heap between large tensor buffers), which
-    ``malloc_trim`` returns. Measured on a 4-layer d=256 GPT: 1.1–1.5 GB after a round
-    without it, 0.41 GB with it.
+    torch keeps a cycle's results on ``prof.profiler`` until the next cycle starts or the
+    profiler object dies; with None there, the next cycle starts a fresh one and nothing
+    accumulates across cycles or runs (no ``gc.collect()``: the results hold no cycles,
+    and a full collection cost 0.2 s in a step). What else a profiled round adds to RSS is freed
+    memory that glibc keeps for reuse (the profiler's small allocations pin the heap
+    between large tensor buffers): ``malloc_trim`` would return it, but made the following
+    steps of a CPU GPT ~25 % slower (every buffer faulted in again), so we leave it.
     """
     prof.profiler = None
-    gc.collect()
-    trim_heap()
 
-
-def trim_heap() -> None:
-    """``malloc_trim(0)`` where the C library is glibc; a no-op elsewhere."""
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL("libc.so.6")
-            _libc.malloc_trim  # noqa: B018 - musl and macOS have no malloc_trim
-        except (OSError, AttributeError):
-            _libc = False
-    if _libc:
-        _libc.malloc_trim(0)
-
-
-_libc: ctypes.CDLL | bool | None = None
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 
