@@ -39,6 +39,7 @@ ENV_KEEP = "SWIFT_NB_KEEP"
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
 SAMPLES_FILE = "samples.csv"
+MEMORY_FILE = "memory.csv"
 TRACE_FILE = "trace.json.gz"
 PIN_FILE = "PINNED"
 
@@ -56,7 +57,9 @@ STATUSES = ("running", "ok", "failed", "interrupted")
 #     profiler's allocation counter within the step (steps the profiler recorded; empty
 #     elsewhere);
 #   reserved_bytes: CUDA allocator reserved bytes at the step's end;
-#   rss_bytes: process resident set size at the step's end.
+#   rss_bytes: process resident set size at the step's end;
+#   parameters_bytes … other_bytes (recorded steps, with memory profiling): tensor bytes of
+#     each category at the step's peak (see memory.csv).
 STEP_COLUMNS = [
     "step",
     "start_s",
@@ -88,6 +91,12 @@ SAMPLE_COLUMNS = [
 ]
 
 
+# memory.csv: tensor bytes by category over the recorded steps (see
+# swift_nb.capture.memory_categories): t_s (run clock), step, then one column per category.
+MEMORY_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "other"]
+MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
+
+
 @dataclass
 class Run:
     """One profiled run: metadata plus its step and sample tables.
@@ -114,6 +123,7 @@ class Run:
     host: str = ""
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
     samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SAMPLE_COLUMNS))
+    memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
     path: Path | None = None
 
     @property
@@ -141,7 +151,7 @@ class Run:
         )
 
 
-_TABLES = {"steps", "samples", "path"}  # Run fields that are not stored in run.json
+_TABLES = {"steps", "samples", "memory", "path"}  # Run fields that are not stored in run.json
 
 
 def new_run_id(label: str | None = None, now: datetime | None = None) -> str:
@@ -223,6 +233,9 @@ def save(run: Run, path: Path | str | None = None) -> Path:
     run.files.setdefault("samples", SAMPLES_FILE)
     atomic_write_text(folder / STEPS_FILE, _frame_to_csv(run.steps))
     atomic_write_text(folder / SAMPLES_FILE, _frame_to_csv(run.samples))
+    if len(run.memory):
+        run.files.setdefault("memory", MEMORY_FILE)
+        atomic_write_text(folder / MEMORY_FILE, _frame_to_csv(run.memory))
     # run.json last: its presence means the tables it names are complete.
     atomic_write_text(folder / RUN_FILE, json.dumps(run.meta(), indent=2, default=str))
     return folder
@@ -281,6 +294,7 @@ def load_run(path: Path | str) -> Run:
     run = Run(**{k: v for k, v in meta.items() if k in known})
     run.steps = _read_csv(folder / STEPS_FILE, STEP_COLUMNS)
     run.samples = _read_csv(folder / SAMPLES_FILE, SAMPLE_COLUMNS)
+    run.memory = _read_csv(folder / MEMORY_FILE, MEMORY_COLUMNS)
     run.path = folder
     return run
 

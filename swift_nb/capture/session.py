@@ -25,6 +25,7 @@ import pandas as pd
 import psutil
 import torch
 
+from swift_nb.capture import memory_categories as memcat
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
@@ -166,7 +167,7 @@ class Session:
         self._step_start = 0.0
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
-        self._resident: dict[int, int] = {}
+        self._snapshots: dict[int, memcat.Snapshot] = {}
         self._sampler: Sampler | None = None
         self._trace: TraceRecorder | None = None
         self._stderr = StderrFilter()
@@ -202,7 +203,7 @@ class Session:
                 self._stderr.start()
                 self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
                 self._trace.start()
-                self._note_resident_if_recorded(None)
+                self._snapshot_if_recorded()
         except BaseException:
             self.finish("failed")
             raise
@@ -257,12 +258,9 @@ class Session:
         steps = pd.DataFrame(self._rows, columns=STEP_COLUMNS)
         if trace is not None and trace.path is not None:
             run.files["trace"] = TRACE_FILE
-            if not self._cuda and self.profiler_cfg and self.profiler_cfg.profile_memory:
-                rise = pd.Series(trace.cpu_alloc_rise_bytes, dtype="float64")
-                resident = pd.Series(self._resident, dtype="float64")
-                steps["peak_tensor_bytes"] = steps["step"].map(resident + rise)
-            run.summary["trace_events"] = trace.events
+            run.summary["trace_events"] = len(trace.events)
             run.summary["recorded_steps"] = trace.recorded_steps
+            self._add_memory_categories(run, steps, trace)
         elif self.profiler_cfg is not None:
             self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
         run.steps = steps
@@ -292,7 +290,7 @@ class Session:
         self._step = k + 1
         if self._trace is not None:
             self._trace.step()
-            self._note_resident_if_recorded(optimizer)
+            self._snapshot_if_recorded()
         self._step_start = time.perf_counter() - self._t0
         self._hook_cost_now = self._step_start + self._t0 - t_in
         self._hook_cost += self._hook_cost_now
@@ -306,14 +304,40 @@ class Session:
         phase = self.profiler_cfg.phase(k) if self.profiler_cfg else "none"
         return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss().rss)
 
-    def _note_resident_if_recorded(self, optimizer: torch.optim.Optimizer | None) -> None:
-        """On CPU, remember the bytes of parameters, grads and optimizer state at the start
-        of each step the profiler records; the trace gives the rise above that."""
-        if self._cuda or self.profiler_cfg is None or self.profiler_cfg.phase(self._step) != "active":
+    def _snapshot_if_recorded(self) -> None:
+        """At both edges of every step the profiler records (with memory), note what the
+        optimizers hold; the memory replay needs them. Costs O(parameters), so only there."""
+        cfg = self.profiler_cfg
+        if cfg is None or not cfg.profile_memory:
             return
-        opts = list(self._watcher.optimizers.values()) or ([optimizer] if optimizer else [])
-        tensors = (t for opt in opts for t in optimizer_tensors(opt))
-        self._resident[self._step] = unique_storage_bytes(tensors)
+        k = self._step
+        if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
+            self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
+
+    def _add_memory_categories(self, run: Run, steps: pd.DataFrame, trace) -> None:
+        """Per recorded step: category bytes at the step's peak (steps.csv) and the
+        category timeline (memory.csv). On CPU the replay's peak is the step's peak
+        tensor memory; on CUDA the allocator's own peak stays authoritative."""
+        optimizers = self._watcher.optimizers.values()
+        per_step = memcat.step_memory(trace.events, self._snapshots, memcat.device_type_code(optimizers))
+        if not per_step:
+            return
+        for c in memcat.CATEGORIES:
+            steps[f"{c}_bytes"] = steps["step"].map({k: m.at_peak[c] for k, m in per_step.items()})
+        if not self._cuda:
+            steps["peak_tensor_bytes"] = steps["step"].map({k: m.peak for k, m in per_step.items()})
+        frames = []
+        for k, m in per_step.items():
+            tl = pd.DataFrame(m.timeline, columns=["ts_us", *(f"{c}_bytes" for c in memcat.CATEGORIES)])
+            start_s = steps.loc[steps["step"] == k, "start_s"].iloc[0]
+            # trace clock (µs) -> run clock (s): ProfilerStep#k begins where step k does
+            tl.insert(0, "step", k)
+            tl.insert(0, "t_s", start_s + (tl.pop("ts_us") - m.start_us) / 1e6)
+            frames.append(tl)
+        run.memory = pd.concat(frames, ignore_index=True)
+        run.summary["memory_categories_at_peak"] = {
+            c: float(pd.Series([m.at_peak[c] for m in per_step.values()]).median()) for c in memcat.CATEGORIES
+        }
 
     def _detect_context(self) -> None:
         ctx = self.run.context

@@ -65,13 +65,11 @@ class ProfilerConfig:
 
 @dataclass
 class TraceResult:
-    """What the trace told us: the file and each recorded step's memory rise."""
+    """The merged trace file, its events (for the memory replay) and the recorded steps."""
 
     path: Path | None
+    events: list[dict[str, Any]]
     recorded_steps: list[int]
-    # step -> (highest rise of the allocation counter within the step, bytes)
-    cpu_alloc_rise_bytes: dict[int, int]
-    events: int
 
 
 class TraceRecorder:
@@ -123,7 +121,7 @@ class TraceRecorder:
         """Merge the exported cycles into ``trace.json.gz`` and read the step memory."""
         parts = [p for p in self._parts if p.exists()]
         if not parts:
-            return TraceResult(None, [], {}, 0)
+            return TraceResult(None, [], [])
         out = self._folder / "trace.json.gz"
         try:
             docs = [json.loads(p.read_bytes()) for p in parts]
@@ -131,7 +129,11 @@ class TraceRecorder:
             for extra in docs[1:]:
                 doc["traceEvents"].extend(extra["traceEvents"])
             events = doc["traceEvents"]
-            recorded, rise = _step_memory(events)
+            recorded = sorted(
+                int(m.group(1))
+                for e in events
+                if e.get("ph") == "X" and (m := _STEP_NAME.match(e.get("name", "")))
+            )
             tmp = out.with_name(f".{out.name}.tmp")
             if len(parts) == 1:
                 with parts[0].open("rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
@@ -143,7 +145,7 @@ class TraceRecorder:
         finally:
             for p in parts:
                 p.unlink(missing_ok=True)
-        return TraceResult(out, recorded, rise, len(events))
+        return TraceResult(out, events, recorded)
 
 
 def _release_results(prof: torch.profiler.profile) -> None:
@@ -161,34 +163,3 @@ def _release_results(prof: torch.profiler.profile) -> None:
 
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-
-
-def _step_memory(events: list[dict[str, Any]]) -> tuple[list[int], dict[int, int]]:
-    """Recorded step numbers, and per step the highest rise of the CPU allocation counter
-    (``Total Allocated`` of ``[memory]`` events) above its value when the step began."""
-    spans = []
-    for e in events:
-        if e.get("ph") == "X":
-            m = _STEP_NAME.match(e.get("name", ""))
-            if m:
-                spans.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(m.group(1))))
-    spans.sort()
-    mem = sorted(
-        (float(e["ts"]), int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"]))
-        for e in events
-        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
-    )
-    rise: dict[int, int] = {}
-    i = 0
-    level = mem[0][1] - mem[0][2] if mem else 0  # the counter before the first event
-    for start, end, step in spans:
-        while i < len(mem) and mem[i][0] < start:
-            level = mem[i][1]
-            i += 1
-        base, top = level, level
-        while i < len(mem) and mem[i][0] <= end:
-            level = mem[i][1]
-            top = max(top, level)
-            i += 1
-        rise[step] = top - base
-    return [s for _, _, s in spans], rise

@@ -1,0 +1,1 @@
+"""Analysis layer: pure functions over Run records, returning DataFrames or dataclasses."""

@@ -1,0 +1,97 @@
+"""Where each profiled step's time goes, from the trace.
+
+Every instant of a step is given to one category, highest priority first:
+data loading (``enumerate(DataLoader)``), optimizer (``Optimizer.step``/``zero_grad``),
+communication on the training thread (c10d, gloo, NCCL, FSDP collectives), host-device
+copies (CUDA memcpy calls), backward (autograd engine, any thread), forward (other ops on
+the training thread before the step's first backward op), other (ops after it), and
+communication running on other threads while the training thread does nothing traced.
+What no event covers is ``untraced_s``: Python between ops, waiting, sleeping. So the
+parts add up to the step's span exactly.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from swift_nb.analysis import intervals as iv
+from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.record import Run
+
+COMM = re.compile(r"^(?:c10d::|gloo:|nccl:|nccl|record_param_comms|FSDP::|ProcessGroup|_all_to_all|all_reduce|broadcast)", re.I)
+DATA = re.compile(r"^enumerate\(DataLoader\)")
+OPTIM = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
+BACKWARD = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
+COPY = re.compile(r"cudaMemcpy|Memcpy HtoD|Memcpy DtoH|hipMemcpy")
+
+PARTS = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "h2d_s", "other_s", "untraced_s"]
+COLUMNS = ["step", "step_s", *PARTS]
+
+
+def step_breakdown(run: Run, trace: Trace | None = None) -> pd.DataFrame:
+    """One row per profiled step: ``step``, ``step_s`` (the ProfilerStep span) and the
+    seconds of each part (``data_s`` … ``untraced_s``; they sum to ``step_s``)."""
+    trace = trace if trace is not None else load_trace(run)
+    rows = []
+    ev = trace.events
+    for step, start, end, tid in trace.steps[["step", "start_us", "end_us", "tid"]].itertuples(index=False):
+        rows.append(_one_step(ev[ev["step"] == step], start, end, tid, step))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _one_step(ev: pd.DataFrame, start: float, end: float, tid, step: int) -> dict:
+    names = ev["name"]
+    main = (ev["tid"] == tid).to_numpy()
+    is_data = names.str.contains(DATA).to_numpy()
+    is_opt = names.str.contains(OPTIM).to_numpy()
+    is_comm = names.str.contains(COMM).to_numpy()
+    is_copy = names.str.contains(COPY).to_numpy()
+    is_bwd = names.str.contains(BACKWARD).to_numpy()
+    host = ~ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"]).to_numpy()
+    plain = main & host & ~(is_data | is_opt | is_comm | is_copy | is_bwd)
+    first_bwd = ev.loc[is_bwd & host, "ts_us"].min() if (is_bwd & host).any() else np.inf
+    ts, te = ev["ts_us"].to_numpy(), ev["end_us"].to_numpy()
+
+    def sel(mask):
+        return iv.clip(iv.union(ts[mask], te[mask]), start, end)
+
+    ordered = [
+        ("data_s", sel(is_data & host)),
+        ("optimizer_s", sel(is_opt & main)),
+        ("comm_s", sel(is_comm & main & host)),
+        ("h2d_s", sel(is_copy & host)),
+        ("backward_s", sel(is_bwd & host)),
+        ("forward_s", sel(plain & (ts < first_bwd))),
+        ("other_s", sel(plain & (ts >= first_bwd))),
+        ("comm_bg", sel(is_comm & ~main & host)),
+    ]
+    row = dict.fromkeys(PARTS, 0.0)
+    covered = np.empty((0, 2))
+    for name, part in ordered:
+        own = iv.subtract(part, covered)
+        key = "comm_s" if name == "comm_bg" else name
+        row[key] += iv.length(own) / 1e6
+        covered = iv.union(np.concatenate([covered[:, 0], part[:, 0]]), np.concatenate([covered[:, 1], part[:, 1]]))
+    span = (end - start) / 1e6
+    row["untraced_s"] = max(0.0, span - iv.length(covered) / 1e6)
+    return {"step": step, "step_s": span, **row}
+
+
+def device_busy(run: Run, trace: Trace | None = None) -> pd.DataFrame:
+    """CUDA only: per profiled step and device stream, seconds with a kernel, copy or
+    memset running (``busy_s``), idle seconds and ``busy_pct``. Empty on CPU runs."""
+    trace = trace if trace is not None else load_trace(run)
+    ev = trace.events
+    dev = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+    rows = []
+    for step, start, end in trace.steps[["step", "start_us", "end_us"]].itertuples(index=False):
+        in_step = dev[(dev["ts_us"] < end) & (dev["end_us"] > start)]
+        span = (end - start) / 1e6
+        for stream, g in in_step.groupby("tid"):
+            busy = iv.length(iv.clip(iv.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)) / 1e6
+            rows.append({"step": step, "stream": str(stream), "busy_s": busy, "idle_s": span - busy,
+                         "busy_pct": 100.0 * busy / span if span else 0.0})
+    return pd.DataFrame(rows, columns=["step", "stream", "busy_s", "idle_s", "busy_pct"])

@@ -1,0 +1,107 @@
+"""Read a run's Chrome trace into DataFrames the analyses share.
+
+Times are microseconds on the trace's clock (``ts_us``, ``dur_us``, ``end_us``); every
+event carries the profiler step it falls in (``step``, from ``ProfilerStep#N``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from swift_nb.record import Run
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+EVENT_COLUMNS = ["name", "cat", "ts_us", "dur_us", "end_us", "pid", "tid", "step", "input_dims", "ext_id"]
+MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
+
+
+@dataclass
+class Trace:
+    """A run's trace as tables.
+
+    events: complete ("X") events; input_dims is the op's input shapes as text.
+    memory: ``[memory]`` allocation (bytes > 0) and free (bytes < 0) events.
+    steps: one row per ``ProfilerStep#N``: step, start_us, end_us, dur_us, and the tid of
+    the thread that ran the training loop.
+    """
+
+    events: pd.DataFrame
+    memory: pd.DataFrame
+    steps: pd.DataFrame
+
+    @property
+    def empty(self) -> bool:
+        return self.steps.empty
+
+
+def _shapes(args: dict) -> str:
+    dims = args.get("Input Dims")
+    return json.dumps(dims, separators=(",", ":")) if dims else ""
+
+
+def parse_events(raw: list[dict]) -> Trace:
+    """Build a Trace from Chrome trace events (the ``traceEvents`` list)."""
+    rows, mem = [], []
+    for e in raw:
+        ph = e.get("ph")
+        if ph == "X":
+            args = e.get("args") or {}
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            rows.append(
+                (e.get("name", ""), e.get("cat", ""), ts, dur, ts + dur, e.get("pid"), e.get("tid"),
+                 -1, _shapes(args), args.get("External id"))
+            )
+        elif ph == "i" and e.get("name") == "[memory]":
+            a = e.get("args") or {}
+            mem.append(
+                (float(e["ts"]), int(a.get("Bytes", 0)), int(a.get("Total Allocated", 0)),
+                 int(a.get("Device Type", 0)), int(a.get("Device Id", -1)), a.get("Addr"), -1)
+            )
+    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    memory = pd.DataFrame(mem, columns=MEMORY_COLUMNS).sort_values("ts_us", kind="stable", ignore_index=True)
+    m = events["name"].str.extract(_STEP.pattern, expand=False)
+    is_step = m.notna()
+    steps = (
+        events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
+        .assign(step=m[is_step].astype(int))
+        .rename(columns={"ts_us": "start_us"})
+        .sort_values("start_us", ignore_index=True)[["step", "start_us", "end_us", "dur_us", "tid"]]
+    )
+    events = events.loc[~is_step & (events["cat"] != "Trace")].reset_index(drop=True)
+    events["step"] = _assign_steps(events["ts_us"].to_numpy(), steps)
+    memory["step"] = _assign_steps(memory["ts_us"].to_numpy(), steps)
+    return Trace(events, memory, steps)
+
+
+def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """The step whose span holds each timestamp (-1 outside every step)."""
+    if steps.empty or not len(ts):
+        return np.full(len(ts), -1, dtype=int)
+    starts, ends = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    inside = (idx >= 0) & (ts <= ends[np.clip(idx, 0, None)])
+    return np.where(inside, steps["step"].to_numpy()[np.clip(idx, 0, None)], -1)
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, mtime: float) -> Trace:
+    with gzip.open(path, "rb") as f:
+        doc = json.load(f)
+    return parse_events(doc.get("traceEvents", []))
+
+
+def load_trace(run: Run) -> Trace:
+    """The run's trace as tables (cached per file); an empty Trace when there is none."""
+    path = run.trace_path
+    if path is None or not Path(path).exists():
+        return parse_events([])
+    return _load(str(path), Path(path).stat().st_mtime)

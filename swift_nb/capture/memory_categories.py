@@ -1,0 +1,190 @@
+"""Tensor memory by category over each recorded step, from the profiler's allocation
+events and what the optimizer holds at the step's edges.
+
+At every edge of a recorded step the capture layer snapshots the storages of parameters,
+gradients and optimizer state (``Snapshot``: address -> category, bytes). Replaying the
+step's ``[memory]`` events on top of the snapshot at its start gives the live bytes of
+each category at every allocation:
+- an allocation whose address holds a gradient or optimizer state at the step's end is
+  that category (gradients created by backward, state created by the first step);
+- an allocation made before the step's first backward op and still alive when backward
+  starts is an activation (saved for backward);
+- anything else (temporaries, the batch, outputs) is ``other``;
+- a free is charged to the category of the allocation it ends, or to the snapshot's
+  category for storages that existed when the step began (last step's gradients).
+The result is exact for what the profiler sees; tensors that existed before profiling and
+are not parameters, gradients or optimizer state are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
+
+_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+MAX_TIMELINE_POINTS = 400  # per step
+
+
+Snapshot = dict[int, tuple[str, int]]
+
+
+def snapshot(optimizers) -> Snapshot:
+    """Address -> (category, bytes) of every storage the optimizers hold."""
+    out: Snapshot = {}
+
+    def add(t, category):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr and ptr not in out:
+                out[ptr] = (category, st.nbytes())
+
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                add(p, "parameters")
+                if p.grad is not None:
+                    add(p.grad, "gradients")
+        for state in opt.state.values():
+            for t in state.values():
+                add(t, "optimizer_state")
+    return out
+
+
+def device_type_code(optimizers) -> int:
+    """The profiler's ``Device Type`` of the parameters' device (0 CPU, 1 CUDA)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                return 1 if p.device.type == "cuda" else 0
+    return 0
+
+
+@dataclass
+class StepMemory:
+    """Category bytes at the step's peak (``at_peak``), each category's own maximum
+    (``maxima``), and a decimated timeline: rows of (ts_us, *category bytes)."""
+
+    at_peak: dict[str, int]
+    maxima: dict[str, int]
+    timeline: np.ndarray
+    start_us: float = 0.0  # the step's start on the trace clock
+
+    @property
+    def peak(self) -> int:
+        return sum(self.at_peak.values())
+
+
+def replay(
+    events: list[tuple[float, int, int]],
+    start: Snapshot,
+    end: Snapshot,
+    first_backward_us: float,
+) -> StepMemory:
+    """Replay one step's allocation events ``(ts_us, bytes, addr)`` (bytes < 0: free)."""
+    # Storages gone by the step's end whose free the profiler did not see (allocated
+    # before memory profiling began, e.g. during warmup) are taken as freed when the step
+    # began: that is where zero_grad() runs in both usual loop orders.
+    freed = {addr for _, nbytes, addr in events if nbytes < 0}
+    levels = np.zeros(len(CATEGORIES), dtype=np.int64)
+    for addr, (category, nbytes) in start.items():
+        if addr in end or addr in freed:
+            levels[_INDEX[category]] += nbytes
+
+    # Which allocations survive into backward: pair each allocation with its free.
+    freed_at: dict[int, float] = {}
+    open_allocs: dict[int, int] = {}
+    for i, (ts, nbytes, addr) in enumerate(events):
+        if nbytes > 0:
+            open_allocs[addr] = i
+        elif addr in open_allocs:
+            freed_at[open_allocs.pop(addr)] = ts
+
+    live: dict[int, int] = {}  # addr -> category index of allocations made in this step
+    points = [(events[0][0] if events else 0.0, *levels)]
+    peak_total, at_peak, maxima = int(levels.sum()), levels.copy(), levels.copy()
+    for i, (ts, nbytes, addr) in enumerate(events):
+        if nbytes > 0:
+            if addr in end:
+                cat = _INDEX[end[addr][0]]
+            elif ts < first_backward_us and freed_at.get(i, np.inf) >= first_backward_us:
+                cat = _INDEX["activations"]
+            else:
+                cat = _INDEX["other"]
+            live[addr] = cat
+        else:
+            cat = live.pop(addr, None)
+            if cat is None:
+                cat = _INDEX[start[addr][0]] if addr in start else _INDEX["other"]
+        levels[cat] += nbytes
+        np.maximum(maxima, levels, out=maxima)
+        total = int(levels.sum())
+        if total > peak_total:
+            peak_total, at_peak = total, levels.copy()
+        points.append((ts, *levels))
+    timeline = np.array(points, dtype=float)
+    # Frees of tensors that were alive before the step and are none of the above (last
+    # step's batch or loss) drive `other` below zero: they were live at the step's start.
+    other = 1 + _INDEX["other"]
+    untracked = -min(0.0, float(timeline[:, other].min()))
+    timeline[:, other] += untracked
+    at_peak[_INDEX["other"]] += int(untracked)
+    maxima[_INDEX["other"]] += int(untracked)
+    if len(timeline) > MAX_TIMELINE_POINTS:
+        keep = np.unique(
+            np.concatenate(
+                [np.linspace(0, len(timeline) - 1, MAX_TIMELINE_POINTS).astype(int),
+                 [int(np.argmax(timeline[:, 1:].sum(axis=1)))]]
+            )
+        )
+        timeline = timeline[keep]
+    return StepMemory(
+        at_peak={c: int(at_peak[i]) for i, c in enumerate(CATEGORIES)},
+        maxima={c: int(maxima[i]) for i, c in enumerate(CATEGORIES)},
+        timeline=timeline,
+    )
+
+
+_STEP_PREFIX = "ProfilerStep#"
+
+
+def step_memory(
+    trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int
+) -> dict[int, StepMemory]:
+    """Category memory of every recorded step that has snapshots at both edges."""
+    spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(e["name"][len(_STEP_PREFIX):]))
+        for e in trace_events
+        if e.get("ph") == "X" and e.get("name", "").startswith(_STEP_PREFIX)
+    )
+    if not spans:
+        return {}
+    starts = np.array([s for s, _, _ in spans])
+    mem: dict[int, list[tuple[float, int, int]]] = {k: [] for _, _, k in spans}
+    first_bwd = {k: np.inf for _, _, k in spans}
+    for e in trace_events:
+        name = e.get("name", "")
+        is_mem = name == "[memory]"
+        if not is_mem and not (e.get("ph") == "X" and name.startswith("autograd::engine::evaluate_function")):
+            continue
+        ts = float(e["ts"])
+        i = int(np.searchsorted(starts, ts, side="right")) - 1
+        if i < 0 or ts > spans[i][1]:
+            continue
+        k = spans[i][2]
+        if is_mem:
+            a = e.get("args") or {}
+            if int(a.get("Device Type", -1)) == device_type:
+                mem[k].append((ts, int(a.get("Bytes", 0)), int(a.get("Addr") or 0)))
+        else:
+            first_bwd[k] = min(first_bwd[k], ts)
+    out = {}
+    for start_us, _, k in spans:
+        if k in snapshots and k + 1 in snapshots:
+            out[k] = replay(sorted(mem[k], key=lambda m: m[0]), snapshots[k], snapshots[k + 1], first_bwd[k])
+            out[k].start_us = start_us
+    return out
