@@ -21,7 +21,10 @@ from swift_nb.analysis import intervals as iv
 from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
 
-COMM = re.compile(r"^(?:c10d::|gloo:|nccl:|nccl|record_param_comms|FSDP::|ProcessGroup|_all_to_all|all_reduce|broadcast)", re.I)
+COMM = re.compile(
+    r"^(?:c10d::|gloo:|nccl:|nccl|record_param_comms|FSDP::|ProcessGroup|_all_to_all|all_reduce|broadcast)",
+    re.I,
+)
 DATA = re.compile(r"^enumerate\(DataLoader\)")
 OPTIM = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
 BACKWARD = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
@@ -74,7 +77,9 @@ def _one_step(ev: pd.DataFrame, start: float, end: float, tid, step: int) -> dic
         own = iv.subtract(part, covered)
         key = "comm_s" if name == "comm_bg" else name
         row[key] += iv.length(own) / 1e6
-        covered = iv.union(np.concatenate([covered[:, 0], part[:, 0]]), np.concatenate([covered[:, 1], part[:, 1]]))
+        covered = iv.union(
+            np.concatenate([covered[:, 0], part[:, 0]]), np.concatenate([covered[:, 1], part[:, 1]])
+        )
     span = (end - start) / 1e6
     row["untraced_s"] = max(0.0, span - iv.length(covered) / 1e6)
     return {"step": step, "step_s": span, **row}
@@ -91,7 +96,16 @@ def device_busy(run: Run, trace: Trace | None = None) -> pd.DataFrame:
         in_step = dev[(dev["ts_us"] < end) & (dev["end_us"] > start)]
         span = (end - start) / 1e6
         for stream, g in in_step.groupby("tid"):
-            busy = iv.length(iv.clip(iv.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)) / 1e6
-            rows.append({"step": step, "stream": str(stream), "busy_s": busy, "idle_s": span - busy,
-                         "busy_pct": 100.0 * busy / span if span else 0.0})
+            busy = (
+                iv.length(iv.clip(iv.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)) / 1e6
+            )
+            rows.append(
+                {
+                    "step": step,
+                    "stream": str(stream),
+                    "busy_s": busy,
+                    "idle_s": span - busy,
+                    "busy_pct": 100.0 * busy / span if span else 0.0,
+                }
+            )
     return pd.DataFrame(rows, columns=["step", "stream", "busy_s", "idle_s", "busy_pct"])

@@ -57,14 +57,31 @@ def parse_events(raw: list[dict]) -> Trace:
             args = e.get("args") or {}
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
             rows.append(
-                (e.get("name", ""), e.get("cat", ""), ts, dur, ts + dur, e.get("pid"), e.get("tid"),
-                 -1, _shapes(args), args.get("External id"))
+                (
+                    e.get("name", ""),
+                    e.get("cat", ""),
+                    ts,
+                    dur,
+                    ts + dur,
+                    e.get("pid"),
+                    e.get("tid"),
+                    -1,
+                    _shapes(args),
+                    args.get("External id"),
+                )
             )
         elif ph == "i" and e.get("name") == "[memory]":
             a = e.get("args") or {}
             mem.append(
-                (float(e["ts"]), int(a.get("Bytes", 0)), int(a.get("Total Allocated", 0)),
-                 int(a.get("Device Type", 0)), int(a.get("Device Id", -1)), a.get("Addr"), -1)
+                (
+                    float(e["ts"]),
+                    int(a.get("Bytes", 0)),
+                    int(a.get("Total Allocated", 0)),
+                    int(a.get("Device Type", 0)),
+                    int(a.get("Device Id", -1)),
+                    a.get("Addr"),
+                    -1,
+                )
             )
     events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
     memory = pd.DataFrame(mem, columns=MEMORY_COLUMNS).sort_values("ts_us", kind="stable", ignore_index=True)

@@ -137,8 +137,10 @@ def replay(
     if len(timeline) > MAX_TIMELINE_POINTS:
         keep = np.unique(
             np.concatenate(
-                [np.linspace(0, len(timeline) - 1, MAX_TIMELINE_POINTS).astype(int),
-                 [int(np.argmax(timeline[:, 1:].sum(axis=1)))]]
+                [
+                    np.linspace(0, len(timeline) - 1, MAX_TIMELINE_POINTS).astype(int),
+                    [int(np.argmax(timeline[:, 1:].sum(axis=1)))],
+                ]
             )
         )
         timeline = timeline[keep]
@@ -157,7 +159,7 @@ def step_memory(
 ) -> dict[int, StepMemory]:
     """Category memory of every recorded step that has snapshots at both edges."""
     spans = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(e["name"][len(_STEP_PREFIX):]))
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(e["name"][len(_STEP_PREFIX) :]))
         for e in trace_events
         if e.get("ph") == "X" and e.get("name", "").startswith(_STEP_PREFIX)
     )

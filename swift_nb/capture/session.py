@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import psutil
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from swift_nb.capture import memory_categories as memcat
 from swift_nb.capture.sampler import Sampler
@@ -126,6 +127,8 @@ class Session:
     sample_every: take a step-boundary sample every this many steps; ``sync_samples``
     takes it on the training thread at the boundary, instead of soon after on the sampler's.
     use_optimizer_hook: whether optimizer steps mark boundaries (False: explicit only).
+    count_flops: count one step's FLOPs with torch's FlopCounterMode (that step runs slower:
+    it is the last step before the first recorded one, whose trace is discarded anyway).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class Session:
         sample_every: int = 1,
         sync_samples: bool = False,
         use_optimizer_hook: bool = True,
+        count_flops: bool = False,
     ) -> None:
         if interval_s is not None and not (interval_s > 0 and math.isfinite(interval_s)):
             raise ConfigError("interval_s", "must be a positive number of seconds", interval_s)
@@ -175,6 +179,8 @@ class Session:
         self._t0 = 0.0
         self._finished = False
         self._rss = psutil.Process().memory_info
+        self._flop_step = _flop_step(profiler) if count_flops else None
+        self._flops: FlopCounterMode | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -204,6 +210,7 @@ class Session:
                 self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
                 self._trace.start()
                 self._snapshot_if_recorded()
+            self._count_flops_if_due()
         except BaseException:
             self.finish("failed")
             raise
@@ -234,6 +241,9 @@ class Session:
         run = self.run
         end_s = time.perf_counter() - self._t0
         self._watcher.remove()
+        if self._flops is not None:  # the run ended inside the counted step: no full count
+            self._flops.__exit__(None, None, None)
+            self._flops = None
         if error is not None:
             self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
         trace = None
@@ -291,6 +301,8 @@ class Session:
         if self._trace is not None:
             self._trace.step()
             self._snapshot_if_recorded()
+        if self._flop_step is not None:
+            self._count_flops_if_due()
         self._step_start = time.perf_counter() - self._t0
         self._hook_cost_now = self._step_start + self._t0 - t_in
         self._hook_cost += self._hook_cost_now
@@ -303,6 +315,17 @@ class Session:
             torch.cuda.reset_peak_memory_stats()
         phase = self.profiler_cfg.phase(k) if self.profiler_cfg else "none"
         return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss().rss)
+
+    def _count_flops_if_due(self) -> None:
+        k = self._step
+        if self._flops is not None and k == self._flop_step + 1:
+            self._flops.__exit__(None, None, None)
+            self.run.summary["flops_per_step"] = int(self._flops.get_total_flops())
+            self.run.summary["flops_step"] = self._flop_step
+            self._flops = None
+        elif k == self._flop_step:
+            self._flops = FlopCounterMode(display=False)
+            self._flops.__enter__()
 
     def _snapshot_if_recorded(self) -> None:
         """At both edges of every step the profiler records (with memory), note what the
@@ -350,6 +373,16 @@ class Session:
                 ctx.setdefault("dtype", str(params[0].dtype).removeprefix("torch."))
                 ctx.setdefault("params", sum(p.numel() for p in params))
             break
+
+
+def _flop_step(cfg: ProfilerConfig | None) -> int:
+    """Which step to count FLOPs in: the one just before the first recorded step (its
+    profile is discarded anyway), else the first step after the recorded ones."""
+    if cfg is None:
+        return 1
+    if cfg.wait + cfg.warmup >= 1:
+        return cfg.wait + cfg.warmup - 1
+    return cfg.active
 
 
 def interval_seconds(interval_ms: float) -> float:

@@ -1,0 +1,449 @@
+"""Rules that turn a run's evidence into a bottleneck verdict and concrete advice.
+
+Each rule reads numbers the other analyses computed (breakdown shares, memory by
+category, attention shapes in the trace, memory growth) and, when its threshold is
+crossed, returns a Finding with those numbers, the change to make, the swift_nb toggle
+that applies it, and the predicted effect with the formula behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from swift_nb.analysis.breakdown import step_breakdown
+from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.memory import memory_footprint, memory_growth
+from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.record import Run
+from swift_nb.units import fmt_bytes
+
+GALORE_RANK = 128
+
+
+@dataclass
+class Thresholds:
+    """When each rule fires. Shares are fractions of the profiled step time or of the
+    peak tensor memory; ``memory_limit_bytes`` overrides the device's capacity."""
+
+    data_share: float = 0.20
+    comm_share: float = 0.30
+    tiny_op_us: float = 50.0  # ops with less self time than this are "tiny" …
+    tiny_op_count: int = 300  # … and with this many ops per step …
+    heavy_op_share: float = 0.5  # … if ops of at least tiny_op_us fill less of the step:
+    # launch and dispatch overhead, not math, sets the step time
+    attention_seq: int = 1024
+    activation_share: float = 0.50
+    optimizer_share: float = 0.40
+    near_limit: float = 0.80
+    long_seq: int = 4096
+    leak_bytes_per_step: float = 1 << 20  # 1 MiB per step, and …
+    leak_share_per_step: float = 0.005  # … 0.5 % of the peak per step
+    memory_limit_bytes: float | None = None
+
+
+@dataclass
+class Evidence:
+    """The numbers the rules look at (medians over the profiled steps)."""
+
+    step_s: float
+    shares: dict[str, float]  # part of step time, 0..1, keyed like the breakdown's parts
+    ops_per_step: float
+    median_op_us: float
+    heavy_op_share: float  # part of the step in ops with self time ≥ tiny_op_us, 0..1
+    attention_seq: int  # largest T of an eager [.., T, T] attention softmax (0: none)
+    attention_shape: list[int]
+    attention_layers: int  # eager attention softmax calls per step
+    footprint: pd.DataFrame
+    peak_bytes: float
+    limit_bytes: float | None
+    growth_bytes_per_step: float
+    growth_source: str
+
+
+def gather(run: Run, trace: Trace | None = None, thresholds: Thresholds | None = None) -> Evidence:
+    th = thresholds or Thresholds()
+    trace = trace if trace is not None else load_trace(run)
+    bd = step_breakdown(run, trace)
+    step_s = float(bd["step_s"].median()) if len(bd) else float("nan")
+    shares = {}
+    for col in (
+        "data_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "comm_s",
+        "h2d_s",
+        "other_s",
+        "untraced_s",
+    ):
+        shares[col.removesuffix("_s")] = float((bd[col] / bd["step_s"]).median()) if len(bd) else 0.0
+    ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
+    n_steps = max(1, len(trace.steps))
+    ops_per_step = len(ops) / n_steps
+    self_us = _self_times_us(ops) if len(ops) else pd.Series(dtype=float)
+    median_op_us = float(self_us.median()) if len(ops) else float("nan")
+    span_us = float(trace.steps["dur_us"].sum()) if len(trace.steps) else 0.0
+    heavy = float(self_us[self_us >= th.tiny_op_us].sum() / span_us) if span_us else 0.0
+    seq, shape, layers = _eager_attention(ops, n_steps)
+    fp = memory_footprint(run)
+    peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
+    growth, source = memory_growth(run)
+    return Evidence(
+        step_s=step_s,
+        shares=shares,
+        ops_per_step=ops_per_step,
+        median_op_us=median_op_us,
+        heavy_op_share=heavy,
+        attention_seq=seq,
+        attention_shape=shape,
+        attention_layers=layers,
+        footprint=fp,
+        peak_bytes=peak,
+        limit_bytes=th.memory_limit_bytes if th.memory_limit_bytes is not None else _device_limit(run),
+        growth_bytes_per_step=growth,
+        growth_source=source,
+    )
+
+
+def _self_times_us(ops: pd.DataFrame) -> pd.Series:
+    """Self time of top-level-or-nested ops: duration minus direct children (same tid)."""
+    ordered = ops.reset_index(drop=True).sort_values(
+        ["tid", "ts_us", "dur_us"], ascending=[True, True, False]
+    )
+    rows = ordered.index.to_numpy()
+    tid, ts, end, dur = (ordered[c].to_numpy() for c in ("tid", "ts_us", "end_us", "dur_us"))
+    out = ordered["dur_us"].to_numpy(dtype=float).copy()
+    stack: list[int] = []
+    for j in range(len(rows)):
+        while stack and (tid[stack[-1]] != tid[j] or end[stack[-1]] <= ts[j]):
+            stack.pop()
+        if stack:
+            out[stack[-1]] -= dur[j]
+        stack.append(j)
+    return pd.Series(np.clip(out, 0, None))
+
+
+def _eager_attention(ops: pd.DataFrame, n_steps: int) -> tuple[int, list[int], int]:
+    """Softmax over a square [.., T, T] input is an explicit attention score matrix."""
+    best, shape, calls = 0, [], 0
+    soft = ops[ops["name"].isin(["aten::softmax", "aten::_softmax", "aten::_safe_softmax"])]
+    for dims_text in soft["input_dims"]:
+        try:
+            dims = json.loads(dims_text)[0] if dims_text else []
+        except (ValueError, IndexError):
+            continue
+        if len(dims) >= 2 and dims[-1] == dims[-2] and dims[-1] > 1:
+            calls += 1
+            if dims[-1] > best:
+                best, shape = int(dims[-1]), list(dims)
+    # aten::softmax wraps aten::_softmax: count each attention once
+    per_step = calls / n_steps
+    if {"aten::softmax", "aten::_softmax"} <= set(soft["name"]):
+        per_step /= 2
+    return best, shape, round(per_step)
+
+
+def _device_limit(run: Run) -> float | None:
+    """Memory capacity of the device the tensors live on (bytes)."""
+    cols = [c for c in run.samples.columns if c.startswith("gpu") and c.endswith("_mem_total_bytes")]
+    if cols:
+        return float(pd.to_numeric(run.samples[cols[0]], errors="coerce").max())
+    if run.environment.get("device") == "cpu":
+        return run.environment.get("mem_total_bytes")
+    return None
+
+
+def _pct(x: float) -> float:
+    return round(100.0 * x, 1)
+
+
+def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
+    """The step's dominant limit, from the evidence."""
+    th = th or Thresholds()
+    s = ev.shares
+    if not math.isfinite(ev.step_s):
+        return Verdict("unknown", "the profiler recorded no step", {})
+    compute = s["forward"] + s["backward"] + s["optimizer"]
+    base = {"step_s": round(ev.step_s, 6), **{f"{k}_pct": _pct(v) for k, v in s.items()}}
+    if s["comm"] >= th.comm_share and s["comm"] >= s["data"]:
+        return Verdict("communication-bound", f"{_pct(s['comm'])} % of the step waits on collectives", base)
+    if s["data"] >= th.data_share:
+        return Verdict("data-bound", f"{_pct(s['data'])} % of the step waits for the next batch", base)
+    near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
+    if near or ev.attention_seq >= th.attention_seq:
+        why = (
+            f"peak tensor memory {fmt_bytes(ev.peak_bytes)} is {_pct(ev.peak_bytes / ev.limit_bytes)} % of the device"
+            if near
+            else f"explicit attention materialises {ev.attention_seq}×{ev.attention_seq} score matrices"
+        )
+        return Verdict(
+            "memory-bound", why, {**base, "peak_mem_bytes": ev.peak_bytes, "attention_seq": ev.attention_seq}
+        )
+    if _overhead(ev, th):
+        return Verdict(
+            "overhead-bound",
+            f"{round(ev.ops_per_step)} ops per step; ops of ≥ {th.tiny_op_us:g} µs fill only "
+            f"{_pct(ev.heavy_op_share)} % of it",
+            {**base, "ops_per_step": round(ev.ops_per_step), "heavy_op_pct": _pct(ev.heavy_op_share)},
+        )
+    return Verdict(
+        "compute-bound", f"{_pct(compute)} % of the step is forward, backward and optimizer work", base
+    )
+
+
+def _overhead(ev: Evidence, th: Thresholds) -> bool:
+    return ev.ops_per_step >= th.tiny_op_count and ev.heavy_op_share < th.heavy_op_share
+
+
+def advise(
+    run: Run, trace: Trace | None = None, thresholds: Thresholds | None = None
+) -> tuple[Verdict, list[Finding]]:
+    """The verdict and every finding whose rule fires for this run."""
+    th = thresholds or Thresholds()
+    ev = gather(run, trace, th)
+    findings = [f for rule in RULES if (f := rule(ev, th, run)) is not None]
+    return bottleneck(ev, th), findings
+
+
+# -- rules ---------------------------------------------------------------------------
+
+
+def rule_data_loading(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    share = ev.shares["data"]
+    if share < th.data_share:
+        return None
+    data_s = share * ev.step_s
+    return Finding(
+        id="data_loading",
+        title=f"Data loading takes {_pct(share)} % of each step",
+        evidence={
+            "data_pct": _pct(share),
+            "data_s_per_step": round(data_s, 6),
+            "step_s": round(ev.step_s, 6),
+        },
+        suggestion=(
+            "Load batches in worker processes and keep them alive: DataLoader(num_workers=4, "
+            "persistent_workers=True, prefetch_factor=4, pin_memory=True on CUDA); move "
+            "per-sample work out of collate_fn."
+        ),
+        predicted_effect=f"step time ≈ {ev.step_s - data_s:.4f} s (−{_pct(share)} %) once loading overlaps compute",
+        formula="t_step' ≈ t_step − t_data (workers prepare the next batch while this one trains)",
+        severity="critical" if share >= 0.5 else "warning",
+    )
+
+
+def rule_overhead(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    if not _overhead(ev, th):
+        return None
+    light = 1.0 - ev.heavy_op_share
+    return Finding(
+        id="overhead",
+        title=f"Many tiny operators: {round(ev.ops_per_step)} per step, median {ev.median_op_us:.1f} µs",
+        evidence={
+            "ops_per_step": round(ev.ops_per_step),
+            "median_op_us": round(ev.median_op_us, 2),
+            "heavy_op_pct": _pct(ev.heavy_op_share),
+            "outside_ops_pct": _pct(ev.shares["untraced"]),
+        },
+        suggestion=(
+            "The step is dominated by launch and Python overhead, not math: raise the batch size, "
+            "fuse with torch.compile(model), and on CUDA capture the step with CUDA graphs "
+            "(torch.compile(mode='reduce-overhead'))."
+        ),
+        predicted_effect=f"up to −{_pct(light)} % step time (the part not spent in substantial operators)",
+        formula="t_step' ≈ t_step × heavy_op_share once fused; a k× larger batch costs ≈ the same overhead per step",
+    )
+
+
+def rule_attention(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    t = ev.attention_seq
+    if t < th.attention_seq:
+        return None
+    shape = ev.attention_shape
+    heads_batch = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    per_matrix = heads_batch * t * t * 4
+    saved = per_matrix * 2 * max(1, ev.attention_layers)  # scores and softmax kept for backward
+    return Finding(
+        id="eager_attention",
+        title=f"Explicit attention at sequence length {t}: score matrices grow as T²",
+        evidence={
+            "seq_len": t,
+            "score_shape": shape,
+            "attention_calls_per_step": ev.attention_layers,
+            "score_matrix_bytes": per_matrix,
+        },
+        suggestion=(
+            "Use fused attention: F.scaled_dot_product_attention (flash backend) instead of "
+            "softmax(q @ k.T) @ v; for Hugging Face models attn_implementation='sdpa' or "
+            "'flash_attention_2'."
+        ),
+        toggle="flash_attention",
+        predicted_effect=f"≈ {fmt_bytes(saved)} less activation memory per step",
+        formula="saved ≈ 2 × L × B·H × T² × 4 bytes (fp32 scores and probabilities kept per layer; flash keeps O(T))",
+        severity="critical" if t >= 4 * th.attention_seq else "warning",
+    )
+
+
+def _category(ev: Evidence, name: str) -> float:
+    fp = ev.footprint
+    row = fp[fp["category"] == name]
+    return float(row["at_peak_bytes"].iloc[0]) if len(row) else 0.0
+
+
+def rule_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    act = _category(ev, "activations")
+    if not ev.peak_bytes or act / ev.peak_bytes < th.activation_share:
+        return None
+    blocks = int(run.context.get("n_layer") or run.context.get("num_hidden_layers") or 0)
+    if blocks > 1:
+        effect = f"activations ≈ {fmt_bytes(2 * act / blocks)} instead of {fmt_bytes(act)} (≈ +33 % compute)"
+    else:
+        effect = f"activations ≈ 2·A/L for L checkpointed blocks (≈ {fmt_bytes(act / 6)} for 12 blocks), ≈ +33 % compute"
+    formula = "A' ≈ A/L (inputs of L blocks kept) + A/L (one block recomputed at a time in backward)"
+    return Finding(
+        id="activations",
+        title=f"Activations are {_pct(act / ev.peak_bytes)} % of peak tensor memory",
+        evidence={
+            "activations_bytes": act,
+            "peak_bytes": ev.peak_bytes,
+            "activations_pct": _pct(act / ev.peak_bytes),
+        },
+        suggestion=(
+            "Recompute activations in backward instead of keeping them: activation checkpointing on "
+            "the repeated blocks (model.gradient_checkpointing_enable() for Hugging Face); free "
+            "tensors you keep across steps (e.g. vision features)."
+        ),
+        toggle="grad_checkpointing",
+        predicted_effect=effect,
+        formula=formula,
+    )
+
+
+def rule_optimizer_state(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    opt = _category(ev, "optimizer_state")
+    if not ev.peak_bytes or opt / ev.peak_bytes < th.optimizer_share:
+        return None
+    shapes = run.context.get("matrix_shapes") or []
+    if shapes:
+        before = sum(2 * m * n for m, n in shapes) * 4
+        after = (
+            sum(
+                2 * min(GALORE_RANK, min(m, n)) * max(m, n) + min(m, n) * min(GALORE_RANK, min(m, n))
+                for m, n in shapes
+            )
+            * 4
+        )
+        effect = f"optimizer state of the 2-D weights ≈ {fmt_bytes(after)} instead of {fmt_bytes(before)}"
+    else:
+        effect = f"optimizer state ≈ ×{_galore_ratio(ev):.2f} for square d×d weights (rank {GALORE_RANK})"
+    return Finding(
+        id="optimizer_state",
+        title=f"Optimizer state is {_pct(opt / ev.peak_bytes)} % of peak tensor memory",
+        evidence={
+            "optimizer_state_bytes": opt,
+            "peak_bytes": ev.peak_bytes,
+            "optimizer_pct": _pct(opt / ev.peak_bytes),
+        },
+        suggestion=(
+            "Keep Adam's moments in a low-rank space: GaLore on the 2-D weight matrices "
+            f"(rank {GALORE_RANK}, update_proj_gap=200), or an 8-bit optimizer."
+        ),
+        toggle="galore",
+        predicted_effect=effect,
+        formula="per m×n weight (m ≤ n): Adam state 2·m·n → 2·r·n + m·r (projection P is m×r)",
+    )
+
+
+def _galore_ratio(ev: Evidence) -> float:
+    params = _category(ev, "parameters") / 4 or 1.0
+    d = max(GALORE_RANK + 1, int(math.sqrt(params)))
+    return (2 * GALORE_RANK * d + d * GALORE_RANK) / (2 * d * d)
+
+
+def rule_sequence_parallel(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    seq = int(run.context.get("seq_len") or ev.attention_seq or 0)
+    if seq < th.long_seq or not ev.limit_bytes or ev.peak_bytes < th.near_limit * ev.limit_bytes:
+        return None
+    act = _category(ev, "activations")
+    return Finding(
+        id="sequence_parallel",
+        title=f"Sequence length {seq} with memory at {_pct(ev.peak_bytes / ev.limit_bytes)} % of the device",
+        evidence={
+            "seq_len": seq,
+            "peak_bytes": ev.peak_bytes,
+            "limit_bytes": ev.limit_bytes,
+            "activations_bytes": act,
+        },
+        suggestion=(
+            "Split the sequence across ranks: Ulysses (all-to-all over heads, P ≤ 8) or Ring attention "
+            "(K/V blocks passed around a ring, P ≤ 16, chunks of 512–1024 tokens)."
+        ),
+        toggle="sequence_parallel",
+        predicted_effect=f"activations per rank ≈ {fmt_bytes(act / 4)} with P = 4",
+        formula="A' ≈ A / P per rank; adds 4 all-to-alls per layer (Ulysses) or P−1 K/V transfers (Ring)",
+        severity="critical",
+    )
+
+
+def rule_leak(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    g = ev.growth_bytes_per_step
+    if g < th.leak_bytes_per_step or (ev.peak_bytes and g < th.leak_share_per_step * ev.peak_bytes):
+        return None
+    return Finding(
+        id="leak",
+        title=f"Memory grows by {fmt_bytes(g)} every step",
+        evidence={"growth_bytes_per_step": g, "measured_by": ev.growth_source, "peak_bytes": ev.peak_bytes},
+        suggestion=(
+            "Something keeps tensors of every step alive: accumulate Python numbers (loss.item()) not "
+            "tensors, detach() what you log or store, and do not append outputs with their graph to lists."
+        ),
+        predicted_effect=f"out of memory after ≈ {_steps_to_limit(ev):,} more steps"
+        if ev.limit_bytes
+        else "",
+        formula="steps_left ≈ (limit − peak) / growth per step",
+        severity="critical",
+    )
+
+
+def _steps_to_limit(ev: Evidence) -> int:
+    return max(0, int((ev.limit_bytes - ev.peak_bytes) / ev.growth_bytes_per_step))
+
+
+def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    share = ev.shares["comm"]
+    if share < th.comm_share:
+        return None
+    return Finding(
+        id="communication",
+        title=f"Collectives take {_pct(share)} % of each step",
+        evidence={
+            "comm_pct": _pct(share),
+            "comm_s_per_step": round(share * ev.step_s, 6),
+            "world_size": run.environment.get("world_size", 1),
+        },
+        suggestion=(
+            "Reduce and overlap gradient synchronisation: FSDP (fully_shard) with bf16 mixed precision "
+            "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)), larger "
+            "DDP buckets (bucket_cap_mb), gradient accumulation with no_sync() between updates."
+        ),
+        predicted_effect=f"step time ≈ {ev.step_s * (1 - share / 2):.4f} s with bf16 reduction (half the bytes)",
+        formula="t_comm' ≈ t_comm × bytes'/bytes (bf16: ½), further hidden when overlapped with backward",
+        severity="critical" if share >= 0.5 else "warning",
+    )
+
+
+RULES = [
+    rule_data_loading,
+    rule_overhead,
+    rule_attention,
+    rule_activations,
+    rule_optimizer_state,
+    rule_sequence_parallel,
+    rule_leak,
+    rule_communication,
+]

@@ -1,0 +1,39 @@
+"""What the advisor says: a bottleneck verdict and findings with their evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+VERDICTS = ("data-bound", "overhead-bound", "compute-bound", "memory-bound", "communication-bound", "unknown")
+TOGGLES = ("flash_attention", "grad_checkpointing", "galore", "sequence_parallel")
+
+
+@dataclass
+class Verdict:
+    """The step's dominant limit (one of ``VERDICTS``), a one-line reason and the
+    numbers behind it (names carry units: ``data_pct``, ``peak_mem_bytes`` …)."""
+
+    kind: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Finding:
+    """One piece of advice.
+
+    id: stable rule id (``data_loading``, ``leak`` …); title: one line; evidence: the
+    numbers from this run that triggered it; suggestion: the change to make; toggle: the
+    swift_nb toggle that applies it, if any (one of ``TOGGLES``); predicted_effect: what
+    it should change, with ``formula`` saying how that was estimated.
+    """
+
+    id: str
+    title: str
+    evidence: dict[str, Any]
+    suggestion: str
+    toggle: str | None = None
+    predicted_effect: str = ""
+    formula: str = ""
+    severity: str = "warning"  # info | warning | critical

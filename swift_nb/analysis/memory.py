@@ -1,0 +1,73 @@
+"""Memory footprint by category: parameters, gradients, optimizer state, activations and
+other/temporary tensors, at the step peak and over time (from the run's memory replay,
+see ``swift_nb.capture.memory_categories``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swift_nb.record import MEMORY_CATEGORIES, Run
+
+FOOTPRINT_COLUMNS = ["category", "at_peak_bytes", "max_bytes", "share_pct"]
+
+
+def memory_footprint(run: Run) -> pd.DataFrame:
+    """One row per category: bytes at the recorded steps' peak (median over those steps),
+    the category's own maximum, and its share of the peak (%). Empty when the profiler
+    recorded no step with memory profiling on."""
+    cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+    steps = run.steps
+    if not set(cols) <= set(steps.columns):
+        return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
+    recorded = steps.dropna(subset=cols)
+    if recorded.empty:
+        return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
+    at_peak = recorded[cols].median()
+    maxima = run.memory[cols].max() if len(run.memory) else recorded[cols].max()
+    total = float(at_peak.sum()) or 1.0
+    return pd.DataFrame(
+        {
+            "category": MEMORY_CATEGORIES,
+            "at_peak_bytes": at_peak.to_numpy(dtype=float),
+            "max_bytes": maxima.to_numpy(dtype=float),
+            "share_pct": 100.0 * at_peak.to_numpy(dtype=float) / total,
+        }
+    )
+
+
+def memory_timeline(run: Run) -> pd.DataFrame:
+    """Category bytes over time during the recorded steps: ``t_s``, ``step`` and one
+    ``<category>_bytes`` column per category."""
+    return run.memory
+
+
+def memory_growth(run: Run) -> tuple[float, str]:
+    """How much live tensor memory grows per step, in bytes, and what measured it.
+
+    Best: what each recorded step allocated and did not free (the replay's live bytes at
+    the step's end minus at its start; median over the recorded steps that follow another
+    recorded step, whose allocations the profiler saw from the start); then the per-step
+    tensor peak where every step has one (CUDA); then the slope of RSS over all steps
+    (coarse: the allocator caches)."""
+    cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+    if len(run.memory) and set(cols) <= set(run.memory.columns):
+        totals = run.memory[cols].sum(axis=1).groupby(run.memory["step"])
+        net = (totals.last() - totals.first()).sort_index()
+        followers = net[pd.Series(net.index, index=net.index).diff() == 1]
+        chosen = followers if len(followers) else net
+        return float(chosen.median()), "tensors each recorded step allocated and kept"
+    steps = run.steps[run.steps["trigger"] != "end"] if "trigger" in run.steps else run.steps
+    # RSS also moves as the allocator warms up and caches: only a long, steady climb counts.
+    for col, source, minimum, min_corr in (
+        ("peak_tensor_bytes", "per-step tensor peak", max(4, len(steps) // 2), 0.0),
+        ("rss_bytes", "process RSS over steps", 20, 0.95),
+    ):
+        series = (
+            pd.to_numeric(steps[col], errors="coerce").dropna() if col in steps else pd.Series(dtype=float)
+        )
+        if len(series) >= minimum:
+            x = steps.loc[series.index, "step"].astype(float)
+            if min_corr and not series.corr(x) >= min_corr:
+                continue
+            return float(series.cov(x) / x.var()), source
+    return 0.0, "not enough steps"

@@ -1,0 +1,41 @@
+"""Human-readable units for bytes, seconds, percentages and rates."""
+
+from __future__ import annotations
+
+import math
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_bytes(n) -> str:
+    if _missing(n):
+        return "–"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_seconds(s) -> str:
+    if _missing(s):
+        return "–"
+    s = float(s)
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    return f"{s / 60:.1f} min"
+
+
+def fmt_pct(p) -> str:
+    return "–" if _missing(p) else f"{float(p):.0f} %"
+
+
+def fmt_rate(r, unit: str) -> str:
+    return "–" if _missing(r) else f"{float(r):.2f} {unit}"

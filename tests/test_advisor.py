@@ -1,0 +1,194 @@
+"""Each advisor rule on a real workload that triggers it, and on one that must not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import swift_nb
+from swift_nb.analysis.advisor import Thresholds, advise
+from swift_nb.demo import make_model
+
+WORKLOADS = Path(__file__).parent / "workloads"
+
+
+def _profile(runs_dir, loop, steps=5, **context):
+    with swift_nb.profile(out_dir=runs_dir, wait=0, warmup=1, active=3, context=context or None) as run:
+        loop(steps)
+    return run
+
+
+def _ids(findings):
+    return {f.id for f in findings}
+
+
+def _gpt_loop(batch=2, **cfg):
+    torch.manual_seed(0)
+    model = make_model(**cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, model.cfg.vocab_size, (batch, model.cfg.seq_len))
+
+    def loop(steps):
+        for _ in range(steps):
+            model(x, x).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    return loop
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.randint(0, 128, (32,))
+
+
+def _loader_loop(slow: bool):
+    torch.manual_seed(0)
+    model = make_model(seq_len=32, n_layer=1, d_model=32, n_head=2, vocab_size=128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def collate(items):
+        if slow:
+            time.sleep(0.05)  # e.g. tokenising or decoding images in the main process
+        return torch.stack(items)
+
+    loader = torch.utils.data.DataLoader(_Tokens(), batch_size=4, collate_fn=collate)
+
+    def loop(steps):
+        for _, x in zip(range(steps), loader, strict=False):
+            model(x, x).backward()
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_data_loading(runs_dir):
+    verdict, findings = advise(_profile(runs_dir, _loader_loop(slow=True)))
+    assert verdict.kind == "data-bound"
+    (f,) = [f for f in findings if f.id == "data_loading"]
+    assert f.evidence["data_pct"] >= 20 and "persistent_workers=True" in f.suggestion
+    verdict, findings = advise(_profile(runs_dir, _loader_loop(slow=False)))
+    assert "data_loading" not in _ids(findings) and verdict.kind != "data-bound"
+
+
+def _tiny_layers_loop(steps):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(40)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_overhead(runs_dir):
+    verdict, findings = advise(_profile(runs_dir, _tiny_layers_loop))
+    assert verdict.kind == "overhead-bound"
+    (f,) = [f for f in findings if f.id == "overhead"]
+    assert f.evidence["ops_per_step"] >= 300 and "torch.compile" in f.suggestion
+    loop = _gpt_loop(batch=8, seq_len=128, n_layer=1, d_model=128, n_head=4, vocab_size=512)
+    verdict, findings = advise(_profile(runs_dir, loop))
+    assert "overhead" not in _ids(findings) and verdict.kind == "compute-bound"
+
+
+def test_eager_attention(runs_dir):
+    tiny = {"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 128}
+    run = _profile(runs_dir, _gpt_loop(batch=1, seq_len=1024, attn_impl="eager", **tiny), steps=4)
+    verdict, findings = advise(run)
+    (f,) = [f for f in findings if f.id == "eager_attention"]
+    assert f.toggle == "flash_attention" and f.evidence["seq_len"] == 1024
+    assert f.evidence["score_shape"] == [1, 2, 1024, 1024]
+    assert verdict.kind == "memory-bound"
+    for impl, seq in (("sdpa", 1024), ("eager", 256)):
+        run = _profile(runs_dir, _gpt_loop(batch=1, seq_len=seq, attn_impl=impl, **tiny), steps=4)
+        assert "eager_attention" not in _ids(advise(run)[1]), (impl, seq)
+
+
+def _big_matrices_loop(steps):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024))
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(steps):
+        model(torch.randn(1, 1024)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_activations_and_optimizer_state(runs_dir):
+    act_heavy = _gpt_loop(batch=16, seq_len=256, n_layer=2, d_model=64, n_head=2, vocab_size=128)
+    _, findings = advise(_profile(runs_dir, act_heavy, n_layer=2))
+    (f,) = [f for f in findings if f.id == "activations"]
+    assert f.toggle == "grad_checkpointing" and f.evidence["activations_pct"] >= 50
+    assert "optimizer_state" not in _ids(findings)
+
+    _, findings = advise(_profile(runs_dir, _big_matrices_loop, matrix_shapes=[[1024, 1024], [1024, 1024]]))
+    (f,) = [f for f in findings if f.id == "optimizer_state"]
+    assert f.toggle == "galore" and f.evidence["optimizer_pct"] >= 40
+    assert "2·r·n + m·r" in f.formula and "activations" not in _ids(findings)
+    # AdamW keeps exp_avg and exp_avg_sq (fp32, like the weights) and a 4-byte step per tensor
+    params = 2 * (1024 * 1024 + 1024) * 4
+    assert f.evidence["optimizer_state_bytes"] == 2 * params + 4 * 4
+
+
+def test_sequence_parallel(runs_dir):
+    loop = _gpt_loop(batch=1, seq_len=4096, n_layer=1, d_model=32, n_head=2, vocab_size=128)
+    run = _profile(runs_dir, loop, steps=4, seq_len=4096)
+    peak = run.summary["peak_mem_bytes"]
+    # A device this run nearly fills: the rule compares the measured peak with the capacity.
+    _, findings = advise(run, thresholds=Thresholds(memory_limit_bytes=peak / 0.9))
+    (f,) = [f for f in findings if f.id == "sequence_parallel"]
+    assert f.toggle == "sequence_parallel" and f.evidence["seq_len"] == 4096
+    assert "sequence_parallel" not in _ids(advise(run)[1])  # 24 GB of RAM is far away
+
+
+def _accumulating_loop(keep_graph: bool):
+    torch.manual_seed(0)
+    model = make_model(seq_len=64, n_layer=1, d_model=64, n_head=2, vocab_size=128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randint(0, 128, (8, 64))
+
+    def loop(steps):
+        total = 0.0
+        for _ in range(steps):
+            loss = model(x, x)
+            loss.backward(retain_graph=keep_graph)
+            opt.step()
+            opt.zero_grad()
+            total = total + (loss if keep_graph else loss.item())  # the classic leak
+        return total
+
+    return loop
+
+
+def test_leak(runs_dir):
+    _, findings = advise(_profile(runs_dir, _accumulating_loop(keep_graph=True)))
+    (f,) = [f for f in findings if f.id == "leak"]
+    assert f.evidence["growth_bytes_per_step"] > 1 << 20 and "item()" in f.suggestion
+    _, findings = advise(_profile(runs_dir, _accumulating_loop(keep_graph=False)))
+    assert "leak" not in _ids(findings)
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("heavy_comm", True), ("heavy_compute", False)])
+def test_communication(tmp_path, kind, expected):
+    port = 29400 + (1 if expected else 2)
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOADS / "ddp_train.py"), str(tmp_path), "2", str(port), kind],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = swift_nb.load_run(proc.stdout.split()[-1])
+    verdict, findings = advise(run)
+    assert ("communication" in _ids(findings)) is expected
+    assert (verdict.kind == "communication-bound") is expected
