@@ -3,6 +3,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+# The report test opens report.html in a real Chromium (Debian's package; Playwright drives
+# it, and Playwright's own browser download is not used).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium is missing: install it (Debian/Ubuntu: sudo apt-get install -y chromium), then rerun" >&2
+    exit 1
+  fi
+fi
 .venv/bin/ruff check swift_nb tests benchmarks
 set +e
 .venv/bin/python -m pytest "$@"

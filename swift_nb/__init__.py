@@ -5,7 +5,7 @@ with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook c
 run.summary, run.steps, run.samples  # plain data, also saved in run.path
 """
 
-from swift_nb.capture.session import profile
+from swift_nb.api import profile, report
 from swift_nb.capture.steps import step
 from swift_nb.errors import ConfigError, RunDirError
 from swift_nb.monitor import Report, ResourceMonitor
@@ -22,6 +22,7 @@ __all__ = [
     "pin",
     "profile",
     "prune",
+    "report",
     "runs",
     "save",
     "step",

@@ -1,10 +1,11 @@
-"""``swift-nb``: list runs and print a run's summary from its folder."""
+"""``swift-nb``: list runs, print a run's summary, (re)write a run's report.html."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from swift_nb.api import report
 from swift_nb.record import load_run, runs
 from swift_nb.render.tables import runs_text, summary_text
 
@@ -22,16 +23,26 @@ def main(argv: list[str] | None = None) -> int:
     p_list.add_argument("-n", type=int, default=20, help="how many runs (default 20)")
     p_show = sub.add_parser("show", help="summary of one run")
     p_show.add_argument("run_dir")
+    p_report = sub.add_parser("report", help="analyse a run folder and write its report.html")
+    p_report.add_argument("run_dir")
     args = parser.parse_args(argv)
     if args.command == "list":
         print(runs_text(runs(args.root, limit=args.n)))
-    else:
-        try:
-            run = load_run(args.run_dir)
-        except (FileNotFoundError, ValueError) as e:
-            print(f"swift-nb: {e}", file=sys.stderr)
-            return 2
-        print(summary_text(run))
+        return 0
+    try:
+        run = load_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"swift-nb: {e}", file=sys.stderr)
+        return 2
+    if args.command == "report":
+        run, analysis = report(run)
+        if analysis is not None:
+            print(f"verdict: {analysis.verdict.kind} — {analysis.verdict.reason}")
+            for f in analysis.findings:
+                print(f"finding: {f.title}")
+        print(run.path / run.files.get("report", "report.html"))
+        return 0
+    print(summary_text(run))
     return 0
 
 

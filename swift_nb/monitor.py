@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swift_nb.api import finish, status_of
 from swift_nb.capture.session import Session
 from swift_nb.record import Run
 from swift_nb.render.tables import summary_text
@@ -87,17 +88,13 @@ class ResourceMonitor:
         if self._report is None:
             if self._session.run.path is None:
                 self._session.start()
-            self._report = Report(self._session.finish(status))
+            self._report = Report(finish(self._session, status)[0])
         return self._report
 
     def __enter__(self) -> ResourceMonitor:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            self.generate_report("ok")
-        else:
-            status = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
-            self._session.finish(status, exc)
-            self._report = Report(self._session.run)
+        if self._report is None:
+            self._report = Report(finish(self._session, status_of(exc_type), exc)[0])
         return False

@@ -23,6 +23,10 @@ def test_list_and_show(runs_dir):
     assert listed.returncode == 0 and "cli-run" in listed.stdout
     shown = _cli("show", str(run.path))
     assert shown.returncode == 0 and "cli-run" in shown.stdout and "steps" in shown.stdout
+    (run.path / "report.html").unlink()
+    reported = _cli("report", str(run.path))
+    assert reported.returncode == 0 and "verdict:" in reported.stdout
+    assert (run.path / "report.html").is_file()
 
 
 def test_show_of_a_non_run_folder_is_a_clear_error(tmp_path):

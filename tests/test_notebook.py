@@ -58,10 +58,14 @@ def test_profiled_training_cell_produces_a_complete_run(tmp_path):
     assert any(o.get("name") == "stdout" and f"trained {STEPS}" in o["text"] for o in profiled)
     mimes = {m for o in profiled for m in o.get("data", {})}
     assert {"image/png", "text/html"} <= mimes
+    html = "".join(o.get("data", {}).get("text/html", "") for o in profiled)
+    for section in ("Verdict", "Findings", "Step time breakdown", "Memory by category", "Top operators"):
+        assert section in html, section
+    assert sum("image/png" in o.get("data", {}) for o in profiled) >= 4  # timeline, breakdown, memory, ops
     assert not any("USDT" in o.get("text", "") for o in profiled), "profiler noise reached the cell"
 
     (folder,) = [p for p in out.iterdir() if p.is_dir()]
-    for name in ("run.json", "steps.csv", "samples.csv", "trace.json.gz"):
+    for name in ("run.json", "steps.csv", "samples.csv", "memory.csv", "trace.json.gz", "report.html"):
         assert (folder / name).is_file(), name
     run = swift_nb.load_run(folder)
     assert run.status == "ok"

@@ -65,10 +65,15 @@ class Evidence:
     growth_source: str
 
 
-def gather(run: Run, trace: Trace | None = None, thresholds: Thresholds | None = None) -> Evidence:
+def gather(
+    run: Run,
+    trace: Trace | None = None,
+    thresholds: Thresholds | None = None,
+    breakdown: pd.DataFrame | None = None,
+) -> Evidence:
     th = thresholds or Thresholds()
     trace = trace if trace is not None else load_trace(run)
-    bd = step_breakdown(run, trace)
+    bd = breakdown if breakdown is not None else step_breakdown(run, trace)
     step_s = float(bd["step_s"].median()) if len(bd) else float("nan")
     shares = {}
     for col in (
@@ -201,11 +206,14 @@ def _overhead(ev: Evidence, th: Thresholds) -> bool:
 
 
 def advise(
-    run: Run, trace: Trace | None = None, thresholds: Thresholds | None = None
+    run: Run,
+    trace: Trace | None = None,
+    thresholds: Thresholds | None = None,
+    breakdown: pd.DataFrame | None = None,
 ) -> tuple[Verdict, list[Finding]]:
     """The verdict and every finding whose rule fires for this run."""
     th = thresholds or Thresholds()
-    ev = gather(run, trace, th)
+    ev = gather(run, trace, th, breakdown)
     findings = [f for rule in RULES if (f := rule(ev, th, run)) is not None]
     return bottleneck(ev, th), findings
 

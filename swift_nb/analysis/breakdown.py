@@ -6,8 +6,9 @@ communication on the training thread (c10d, gloo, NCCL, FSDP collectives), host-
 copies (CUDA memcpy calls), backward (autograd engine, any thread), forward (other ops on
 the training thread before the step's first backward op), other (ops after it), and
 communication running on other threads while the training thread does nothing traced.
-What no event covers is ``untraced_s``: Python between ops, waiting, sleeping. So the
-parts add up to the step's span exactly.
+What no event covers is ``untraced_s``: Python between ops, waiting, sleeping. swift_nb's
+own work inside a step (events named ``swift_nb#…``) is left out of the step, as it is of
+``steps.csv``'s durations. So the parts add up to ``step_s`` exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ DATA = re.compile(r"^enumerate\(DataLoader\)")
 OPTIM = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
 BACKWARD = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
 COPY = re.compile(r"cudaMemcpy|Memcpy HtoD|Memcpy DtoH|hipMemcpy")
+OWN = "swift_nb#"
 
 PARTS = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "h2d_s", "other_s", "untraced_s"]
 COLUMNS = ["step", "step_s", *PARTS]
@@ -54,14 +56,17 @@ def _one_step(ev: pd.DataFrame, start: float, end: float, tid, step: int) -> dic
     is_copy = names.str.contains(COPY).to_numpy()
     is_bwd = names.str.contains(BACKWARD).to_numpy()
     host = ~ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"]).to_numpy()
-    plain = main & host & ~(is_data | is_opt | is_comm | is_copy | is_bwd)
+    is_own = names.str.startswith(OWN).to_numpy()
+    plain = main & host & ~(is_data | is_opt | is_comm | is_copy | is_bwd | is_own)
     first_bwd = ev.loc[is_bwd & host, "ts_us"].min() if (is_bwd & host).any() else np.inf
     ts, te = ev["ts_us"].to_numpy(), ev["end_us"].to_numpy()
 
     def sel(mask):
         return iv.clip(iv.union(ts[mask], te[mask]), start, end)
 
+    own = sel(is_own)
     ordered = [
+        ("own", own),
         ("data_s", sel(is_data & host)),
         ("optimizer_s", sel(is_opt & main)),
         ("comm_s", sel(is_comm & main & host)),
@@ -74,14 +79,14 @@ def _one_step(ev: pd.DataFrame, start: float, end: float, tid, step: int) -> dic
     row = dict.fromkeys(PARTS, 0.0)
     covered = np.empty((0, 2))
     for name, part in ordered:
-        own = iv.subtract(part, covered)
-        key = "comm_s" if name == "comm_bg" else name
-        row[key] += iv.length(own) / 1e6
+        exclusive = iv.subtract(part, covered)
+        if name != "own":
+            row["comm_s" if name == "comm_bg" else name] += iv.length(exclusive) / 1e6
         covered = iv.union(
             np.concatenate([covered[:, 0], part[:, 0]]), np.concatenate([covered[:, 1], part[:, 1]])
         )
-    span = (end - start) / 1e6
-    row["untraced_s"] = max(0.0, span - iv.length(covered) / 1e6)
+    span = (end - start - iv.length(own)) / 1e6
+    row["untraced_s"] = max(0.0, span - (iv.length(covered) - iv.length(own)) / 1e6)
     return {"step": step, "step_s": span, **row}
 
 

@@ -10,7 +10,6 @@ import gzip
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -109,16 +108,12 @@ def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.clip(idx, 0, None)], -1)
 
 
-@lru_cache(maxsize=4)
-def _load(path: str, mtime: float) -> Trace:
-    with gzip.open(path, "rb") as f:
-        doc = json.load(f)
-    return parse_events(doc.get("traceEvents", []))
-
-
 def load_trace(run: Run) -> Trace:
-    """The run's trace as tables (cached per file); an empty Trace when there is none."""
+    """The run's trace as tables; an empty Trace when there is none. Parsing a big trace
+    takes a while: load it once and pass it to each analysis (``analyze`` does)."""
     path = run.trace_path
     if path is None or not Path(path).exists():
         return parse_events([])
-    return _load(str(path), Path(path).stat().st_mtime)
+    with gzip.open(path, "rb") as f:
+        doc = json.load(f)
+    return parse_events(doc.get("traceEvents", []))

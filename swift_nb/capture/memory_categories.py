@@ -5,8 +5,9 @@ At every edge of a recorded step the capture layer snapshots the storages of par
 gradients and optimizer state (``Snapshot``: address -> category, bytes). Replaying the
 step's ``[memory]`` events on top of the snapshot at its start gives the live bytes of
 each category at every allocation:
-- an allocation whose address holds a gradient or optimizer state at the step's end is
-  that category (gradients created by backward, state created by the first step);
+- an allocation never freed within the step whose address holds a gradient or optimizer
+  state at the step's end is that category (gradients created by backward, state created
+  by the first step);
 - an allocation made before the step's first backward op and still alive when backward
   starts is an activation (saved for backward);
 - anything else (temporaries, the batch, outputs) is ``other``;
@@ -86,14 +87,21 @@ def replay(
     first_backward_us: float,
 ) -> StepMemory:
     """Replay one step's allocation events ``(ts_us, bytes, addr)`` (bytes < 0: free)."""
-    # Storages gone by the step's end whose free the profiler did not see (allocated
-    # before memory profiling began, e.g. during warmup) are taken as freed when the step
-    # began: that is where zero_grad() runs in both usual loop orders.
-    freed = {addr for _, nbytes, addr in events if nbytes < 0}
+    # A storage from the step's start whose free the profiler did not see (it was
+    # allocated before memory profiling began, e.g. during warmup) is gone if the step
+    # allocates at its address or if the optimizer no longer holds it at the end. It is
+    # taken as freed when the step began: that is where zero_grad() runs in both usual loop
+    # orders, and gradients are what such storages are.
+    first_touch: dict[int, int] = {}
+    for _, nbytes, addr in events:
+        first_touch.setdefault(addr, nbytes)
     levels = np.zeros(len(CATEGORIES), dtype=np.int64)
+    start_live: dict[int, tuple[str, int]] = {}
     for addr, (category, nbytes) in start.items():
-        if addr in end or addr in freed:
+        touch = first_touch.get(addr)
+        if (touch is not None and touch < 0) or (touch is None and addr in end):
             levels[_INDEX[category]] += nbytes
+            start_live[addr] = (category, nbytes)
 
     # Which allocations survive into backward: pair each allocation with its free.
     freed_at: dict[int, float] = {}
@@ -109,7 +117,7 @@ def replay(
     peak_total, at_peak, maxima = int(levels.sum()), levels.copy(), levels.copy()
     for i, (ts, nbytes, addr) in enumerate(events):
         if nbytes > 0:
-            if addr in end:
+            if addr in end and i not in freed_at:  # the storage still there at the end
                 cat = _INDEX[end[addr][0]]
             elif ts < first_backward_us and freed_at.get(i, np.inf) >= first_backward_us:
                 cat = _INDEX["activations"]
@@ -119,7 +127,7 @@ def replay(
         else:
             cat = live.pop(addr, None)
             if cat is None:
-                cat = _INDEX[start[addr][0]] if addr in start else _INDEX["other"]
+                cat = _INDEX[start_live.pop(addr)[0]] if addr in start_live else _INDEX["other"]
         levels[cat] += nbytes
         np.maximum(maxima, levels, out=maxima)
         total = int(levels.sum())

@@ -335,7 +335,9 @@ class Session:
             return
         k = self._step
         if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
-            self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
+            # Named in the trace so the step breakdown can leave our own time out.
+            with torch.profiler.record_function(OWN_EVENT_PREFIX + "snapshot"):
+                self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
 
     def _add_memory_categories(self, run: Run, steps: pd.DataFrame, trace) -> None:
         """Per recorded step: category bytes at the step's peak (steps.csv) and the
@@ -375,6 +377,9 @@ class Session:
             break
 
 
+OWN_EVENT_PREFIX = "swift_nb#"  # trace events of swift_nb's own work inside a step
+
+
 def _flop_step(cfg: ProfilerConfig | None) -> int:
     """Which step to count FLOPs in: the one just before the first recorded step (its
     profile is discarded anyway), else the first step after the recorded ones."""
@@ -399,58 +404,3 @@ def interval_seconds(interval_ms: float) -> float:
 def cell_source(cell: str) -> dict[str, Any]:
     """How a notebook cell is identified in the record: a hash, never its text."""
     return {"cell_sha1": hashlib.sha1(cell.encode("utf-8")).hexdigest(), "cell_lines": cell.count("\n") + 1}
-
-
-class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as run:`
-    """Profile the enclosed code; ``as run`` gives the Run record, complete after the block.
-
-    wait/warmup/active/repeat: the profiler schedule, in steps (a step ends at each
-    ``optimizer.step()`` or ``swift_nb.step()``). record_shapes, profile_memory,
-    with_stack: torch.profiler options. interval_ms: resource sampling period.
-    label: a name for the run. out_dir: root folder of run folders (default
-    ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``). keep: runs to retain there (default 20).
-    context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
-    """
-
-    def __init__(
-        self,
-        wait: int = 1,
-        warmup: int = 2,
-        active: int = 3,
-        repeat: int = 1,
-        record_shapes: bool = True,
-        profile_memory: bool = True,
-        with_stack: bool = False,
-        interval_ms: float = 100,
-        label: str | None = None,
-        out_dir: Path | str | None = None,
-        keep: int | None = None,
-        context: dict[str, Any] | None = None,
-        source: dict[str, Any] | None = None,
-    ) -> None:
-        cfg = ProfilerConfig(wait, warmup, active, repeat, record_shapes, profile_memory, with_stack)
-        self.session = Session(
-            profiler=cfg,
-            interval_s=interval_seconds(interval_ms),
-            label=label,
-            out_dir=out_dir,
-            keep=keep,
-            context=context,
-            source=source,
-        )
-
-    @property
-    def run(self) -> Run:
-        return self.session.run
-
-    def __enter__(self) -> Run:
-        return self.session.start()
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            self.session.finish("ok")
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.session.finish("interrupted", exc)
-        else:
-            self.session.finish("failed", exc)
-        return False

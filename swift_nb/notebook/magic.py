@@ -8,17 +8,21 @@ outer cell failed too (so "Run all" and nbclient stop) without a second tracebac
 from __future__ import annotations
 
 import base64
+from html import escape
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from swift_nb.analysis import Analysis
+from swift_nb.api import finish
 from swift_nb.capture.session import Session, cell_source, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.errors import ConfigError, RunDirError
 from swift_nb.record import Run, runs
-from swift_nb.render.figures import figure_png, timeline_figure
+from swift_nb.render.figures import figure_png
+from swift_nb.render.report import analysis_fields, report_sections
 from swift_nb.render.tables import runs_html, runs_text, summary_html, summary_text
 
 
@@ -41,6 +45,7 @@ class SwiftMagics(Magics):
     @argument("--no-shapes", action="store_true", help="do not record input shapes")
     @argument("--no-memory", action="store_true", help="do not record tensor allocations")
     @argument("--with-stack", action="store_true", help="record Python stacks (slower)")
+    @argument("--flops", action="store_true", help="count one step's FLOPs (that step runs slower)")
     @argument("--interval-ms", type=float, default=100.0, help="resource sampling period (default 100)")
     @argument("--label", type=str, default=None, help="a name for this run")
     @argument(
@@ -98,12 +103,11 @@ class SwiftMagics(Magics):
         finally:
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
             if result is None or isinstance(err, KeyboardInterrupt):
-                run = session.finish("interrupted", err)
-            elif err is not None:
-                run = session.finish("failed", err)
+                status = "interrupted"
             else:
-                run = session.finish("ok")
-            show_run(run)
+                status = "failed" if err is not None else "ok"
+            run, analysis = finish(session, status, err)
+            show_run(run, analysis)
         if err is not None:
             raise ProfiledCellError(run.id)
 
@@ -117,18 +121,37 @@ class SwiftMagics(Magics):
         display({"text/html": runs_html(table), "text/plain": runs_text(table)}, raw=True)
 
 
-def show_run(run: Run) -> None:
-    """Display a run's summary table and timeline as static outputs (they survive
-    nbconvert and GitHub's viewer); plain text where no HTML/PNG frontend exists."""
+def show_run(run: Run, analysis: Analysis | None = None) -> None:
+    """Display a run's report, section by section, as static outputs: HTML for text and
+    tables, image/png for figures (they survive nbconvert and GitHub's viewer), each with a
+    plain-text fallback for terminals."""
     display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
-    png = figure_png(timeline_figure(run))
-    display(
-        {
-            "image/png": base64.b64encode(png).decode("ascii"),
-            "text/plain": f"[timeline of run {run.id}: utilisation and memory over time]",
-        },
-        raw=True,
-    )
+    for section in report_sections(run, **analysis_fields(analysis))[1:]:
+        if section.title in ("Environment", "Notes"):
+            continue  # in the summary's notes and report.html; not worth the cell's space
+        html = [f"<h4>{escape(section.title)}</h4>"]
+        for part in section.parts:
+            if isinstance(part, str):
+                html.append(part)
+                continue
+            _display_html(html, section.title)
+            html = []
+            display(
+                {
+                    "image/png": base64.b64encode(figure_png(part.figure)).decode("ascii"),
+                    "text/plain": f"[{part.alt}]",
+                },
+                raw=True,
+            )
+        _display_html(html, section.title)
+    if "report" in run.files:
+        print(f"report: {run.path / run.files['report']}")
+
+
+def _display_html(fragments: list[str], title: str) -> None:
+    if fragments and any(not f.startswith("<h4>") for f in fragments):
+        html = f"<div class='swift-nb-section'>{''.join(fragments)}</div>"
+        display({"text/html": html, "text/plain": f"[{title}: see the HTML output or report.html]"}, raw=True)
 
 
 def load_ipython_extension(ip) -> None:

@@ -7,12 +7,43 @@ import io
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from swift_nb.record import Run
+from swift_nb.record import MEMORY_CATEGORIES, Run
+from swift_nb.units import fmt_bytes, fmt_pct, fmt_seconds
 
 PHASE_COLORS = {"warmup": "#f3e3b5", "active": "#c6dbef"}
 GIB = 1024**3
+MIB = 1024**2
 MAX_STEP_LINES = 200  # beyond this, per-step lines are noise
+MAX_STEP_LABELS = 20  # beyond this, "step N" labels overlap at notebook width
+
+# Breakdown parts, bottom of the stack first: compute at the bottom, waits on top.
+BREAKDOWN_PARTS = {
+    "forward_s": ("forward", "#1f77b4"),
+    "backward_s": ("backward", "#ff7f0e"),
+    "optimizer_s": ("optimizer", "#2ca02c"),
+    "comm_s": ("communication", "#d62728"),
+    "h2d_s": ("host–device copies", "#e377c2"),
+    "data_s": ("data loading", "#9467bd"),
+    "other_s": ("other ops", "#8c564b"),
+    "untraced_s": ("untraced (Python, waits)", "#c7c7c7"),
+}
+MEMORY_COLORS = {
+    "parameters": "#1f77b4",
+    "gradients": "#ff7f0e",
+    "optimizer_state": "#2ca02c",
+    "activations": "#d62728",
+    "other": "#9467bd",
+}
+OPERATOR_METRICS = {
+    "self_time_s": "self time",
+    "total_time_s": "total time (incl. children)",
+    "self_pct": "share of profiled time",
+    "alloc_bytes": "bytes allocated",
+    "calls": "calls",
+}
+OPERATOR_NAME_CHARS = 48
 
 
 def _numeric(df: pd.DataFrame, col: str) -> pd.Series:
@@ -87,9 +118,184 @@ def timeline_figure(run: Run, width_in: float = 10.0) -> Figure:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", fontsize=8, ncols=4, framealpha=0.8)
     n = run.summary.get("steps", 0)
+    # parse_math=False: a label with "$" must show as typed, not as (possibly broken) TeX.
     fig.suptitle(
-        f"{run.label or run.id} — {n} steps, status {run.status} (grey lines: step ends)", fontsize=10
+        f"{run.label or run.id} — {n} steps, status {run.status} (grey lines: step ends)",
+        fontsize=10,
+        parse_math=False,
     )
+    return fig
+
+
+def _time_scale(max_s: float) -> tuple[str, float]:
+    """Axis unit and multiplier for durations: ms below a second, else s."""
+    return ("ms", 1e3) if max_s < 1 else ("s", 1.0)
+
+
+def _bytes_scale(max_bytes: float) -> tuple[str, float]:
+    """Axis unit and divisor for bytes: GiB from 1 GiB up, else MiB."""
+    return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
+
+
+def _empty_note(text: str, width_in: float) -> Figure:
+    """A short figure that says why there is nothing to plot."""
+    fig = Figure(figsize=(width_in, 1.0), layout="constrained")
+    ax = fig.subplots()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10, color="#555", parse_math=False)
+    return fig
+
+
+def breakdown_figure(breakdown: pd.DataFrame, width_in: float = 10.0) -> Figure:
+    """Stacked bars, one per profiled step, of where the step's time went (the columns of
+    ``step_breakdown``: ``step``, ``step_s`` and the ``*_s`` parts). Parts that are zero
+    in every step are left out of the stack and legend."""
+    if breakdown is None or breakdown.empty:
+        return _empty_note("No step breakdown: the profiler recorded no step (no trace).", width_in)
+    parts = [c for c in breakdown.columns if c.endswith("_s") and c != "step_s"]
+    parts.sort(key=lambda c: list(BREAKDOWN_PARTS).index(c) if c in BREAKDOWN_PARTS else len(BREAKDOWN_PARTS))
+    values = {c: _numeric(breakdown, c).fillna(0.0) for c in parts}
+    parts = [c for c in parts if (values[c] > 0).any()]
+    total = sum((values[c] for c in parts), start=pd.Series(0.0, index=breakdown.index))
+    unit, scale = _time_scale(float(total.max()))
+    x = _numeric(breakdown, "step")
+    fig = Figure(figsize=(width_in, 3.8), layout="constrained")
+    ax = fig.subplots()
+    bottom = pd.Series(0.0, index=breakdown.index)
+    for c in parts:
+        label, color = BREAKDOWN_PARTS.get(c, (c.removesuffix("_s"), None))
+        ax.bar(x, values[c] * scale, bottom=bottom, width=0.7, label=label, color=color)
+        bottom = bottom + values[c] * scale
+    ax.set_xlabel("profiled step")
+    ax.set_ylabel(f"time per step ({unit})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="y", alpha=0.25)
+    ax.set_axisbelow(True)
+    # Reversed so the legend reads top to bottom like the stack.
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8, frameon=False)
+    median = float(total.median())
+    ax.set_title(f"Where each profiled step's time goes (median step {fmt_seconds(median)})", fontsize=10)
+    return fig
+
+
+def memory_figure(timeline: pd.DataFrame, width_in: float = 10.0) -> Figure:
+    """Stacked area of tensor memory by category (``parameters_bytes`` …
+    ``other_bytes``) against time since the run's start (``t_s``), with the start of each
+    recorded step marked."""
+    cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+    if timeline is None or timeline.empty or not set(cols) <= set(timeline.columns):
+        return _empty_note(
+            "No memory timeline: categories are recorded only for steps the profiler "
+            "recorded with memory profiling on.",
+            width_in,
+        )
+    data = timeline.sort_values("t_s", kind="stable", ignore_index=True)
+    t = _numeric(data, "t_s")
+    ys = [_numeric(data, c).fillna(0.0) for c in cols]
+    total = sum(ys, start=pd.Series(0.0, index=data.index))
+    unit, scale = _bytes_scale(float(total.max()))
+    fig = Figure(figsize=(width_in, 3.8), layout="constrained")
+    ax = fig.subplots()
+    ax.stackplot(
+        t,
+        [y / scale for y in ys],
+        labels=[c.replace("_", " ") for c in MEMORY_CATEGORIES],
+        colors=[MEMORY_COLORS[c] for c in MEMORY_CATEGORIES],
+        alpha=0.85,
+    )
+    starts = data.groupby("step", sort=True)["t_s"].min() if "step" in data else pd.Series(dtype=float)
+    if len(starts) <= MAX_STEP_LINES:
+        ax.vlines(starts, 0, 1, transform=ax.get_xaxis_transform(), colors="#555", lw=0.6, ls="--")
+    if len(starts) <= MAX_STEP_LABELS:
+        for step, start in starts.items():
+            ax.annotate(
+                f"step {step}",
+                (start, 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(2, -2),
+                textcoords="offset points",
+                va="top",
+                fontsize=7,
+                color="#555",
+            )
+    peak_at = total.idxmax()
+    ax.set_title(
+        f"Tensor memory by category (peak {fmt_bytes(total[peak_at])} at {float(t[peak_at]):.3f} s)",
+        fontsize=10,
+    )
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel(f"tensor memory ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.25)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8, frameon=False)
+    return fig
+
+
+def short_name(name: str, limit: int = OPERATOR_NAME_CHARS) -> str:
+    """``name`` cut to ``limit`` characters in the middle, keeping both the namespace at
+    the front and the op (e.g. ``…AddmmBackward0``) at the end."""
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) // 2
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head) :]}"
+
+
+def _metric_label(metric: str, value: float, calls) -> str:
+    if metric.endswith("_s"):
+        text = fmt_seconds(value)
+    elif metric.endswith("_bytes"):
+        text = fmt_bytes(value)
+    elif metric.endswith("_pct"):
+        text = fmt_pct(value)
+    else:
+        return f"{value:.0f}"
+    if pd.isna(calls):
+        return text
+    return f"{text} · {int(calls)} call{'' if int(calls) == 1 else 's'}"
+
+
+def operators_figure(
+    operators: pd.DataFrame, metric: str = "self_time_s", top: int = 15, width_in: float = 10.0
+) -> Figure:
+    """Horizontal bars of the ``top`` operators by ``metric`` (a column of
+    ``top_operators``: self_time_s, total_time_s, self_pct, alloc_bytes or calls),
+    largest at the top, each bar labelled with its value and call count."""
+    if metric not in OPERATOR_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(OPERATOR_METRICS)}; got {metric!r}")
+    if operators is None or metric not in operators:
+        return _empty_note("No operators: the profiler recorded no step (no trace).", width_in)
+    ops = operators.assign(_v=_numeric(operators, metric)).dropna(subset=["_v"])
+    if ops.empty:
+        return _empty_note("No operators: the profiler recorded no step (no trace).", width_in)
+    ops = ops.sort_values("_v", ascending=False, kind="stable").head(top).iloc[::-1]
+    fig = Figure(figsize=(width_in, 1.2 + 0.3 * len(ops)), layout="constrained")
+    ax = fig.subplots()
+    if metric.endswith("_s"):
+        unit, mult = _time_scale(float(ops["_v"].max()))
+        scaled = ops["_v"] * mult
+    elif metric.endswith("_bytes"):
+        unit, div = _bytes_scale(float(ops["_v"].abs().max()))
+        scaled = ops["_v"] / div
+    else:
+        unit, scaled = ("%" if metric.endswith("_pct") else "count"), ops["_v"]
+    y = range(len(ops))
+    bars = ax.barh(y, scaled, color="#4c72b0", height=0.7)
+    calls = ops["calls"] if "calls" in ops else pd.Series(float("nan"), index=ops.index)
+    ax.bar_label(
+        bars,
+        labels=[_metric_label(metric, v, c) for v, c in zip(ops["_v"], calls, strict=True)],
+        padding=3,
+        fontsize=8,
+    )
+    # Operator names come from the trace: parse_math=False keeps a "$" from becoming TeX.
+    ax.set_yticks(list(y), [short_name(str(n)) for n in ops["name"]], fontsize=8, parse_math=False)
+    ax.set_xlabel(f"{OPERATOR_METRICS[metric]} ({unit})")
+    ax.margins(x=0.18)
+    ax.grid(axis="x", alpha=0.25)
+    ax.set_axisbelow(True)
+    ax.set_title(f"Top {len(ops)} operators by {OPERATOR_METRICS[metric]}", fontsize=10)
     return fig
 
 

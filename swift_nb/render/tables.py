@@ -8,7 +8,7 @@ from html import escape
 import pandas as pd
 
 from swift_nb.record import Run
-from swift_nb.render.format import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
+from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 
 
 def summary_rows(run: Run) -> list[tuple[str, str]]:

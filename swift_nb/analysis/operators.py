@@ -1,0 +1,190 @@
+"""Which operators the profiled steps spend their time and memory in, from the trace.
+
+An operator's *self* time is its duration minus the durations of the operators directly
+nested in it on the same thread, so self times never count an instant twice on one
+thread. Its *allocated* bytes are the bytes allocated while it was the innermost open
+operator. Only operators count (``cpu_op`` events, and GPU ``kernel`` events on CUDA);
+user annotations (``ProfilerStep#N``, ``Optimizer.step``, ``enumerate(DataLoader)``,
+``record_function`` blocks) neither appear nor act as parents.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.record import Run
+
+OP_CATEGORIES = ("cpu_op", "kernel")
+SORT_COLUMNS = {"self_time": "self_time_s", "memory": "alloc_bytes"}
+COLUMNS = ["name", "calls", "self_time_s", "total_time_s", "self_pct", "alloc_bytes", "input_shapes"]
+
+
+def top_operators(
+    run: Run, by: str = "self_time", n: int | None = 15, trace: Trace | None = None
+) -> pd.DataFrame:
+    """The ``n`` heaviest operators of the profiled steps (all of them when ``n`` is None).
+
+    One row per operator name: ``calls``; ``self_time_s`` (seconds with no nested
+    operator running on its thread) and ``total_time_s`` (summed call durations), both
+    summed over calls; ``self_pct``, its share of all operators' summed self time (host
+    operators and GPU kernels together); ``alloc_bytes``, bytes allocated on any device
+    while it was the innermost operator; ``input_shapes``, its most common input shapes
+    (JSON text, empty for kernels). ``by`` is ``"self_time"`` or ``"memory"``
+    (``alloc_bytes``), largest first.
+    """
+    if by not in SORT_COLUMNS:
+        raise ValueError(f"by must be one of {', '.join(map(repr, SORT_COLUMNS))}; got {by!r}")
+    trace = trace if trace is not None else load_trace(run)
+    ops = _profiled_ops(trace.events)
+    if ops.empty:
+        return pd.DataFrame(columns=COLUMNS)
+
+    thread = ops.groupby(["pid", "tid"], sort=False, dropna=False).ngroup().to_numpy()
+    start, dur = ops["ts_us"].to_numpy(float), ops["dur_us"].to_numpy(float)
+    # Zero-length events hold no time and no other event; leaving them out of the nesting
+    # keeps "an end comes before a start at the same instant" true for every event.
+    nested = np.flatnonzero(dur > 0)
+    order, parent = _nesting(thread[nested], start[nested], dur[nested])
+    idx = nested[order]
+    child_us = np.bincount(parent[parent >= 0], weights=dur[idx][parent >= 0], minlength=len(idx))
+    self_us = np.zeros(len(ops))
+    # Clipped: events that overlap without nesting (rare, rounding) must not go negative.
+    self_us[idx] = np.clip(dur[idx] - child_us, 0.0, None)
+
+    alloc = np.zeros(len(ops))
+    is_cpu = (ops["cat"].to_numpy() == "cpu_op")[idx]
+    owner = _allocation_owners(
+        trace, thread[idx], start[idx], start[idx] + dur[idx], parent, is_cpu, ops["tid"].to_numpy()[idx]
+    )
+    if owner is not None:
+        pos, nbytes = owner
+        alloc[idx] = np.bincount(pos, weights=nbytes, minlength=len(idx))
+
+    codes, names = pd.factorize(ops["name"])
+    self_total = np.bincount(codes, weights=self_us, minlength=len(names))
+    out = pd.DataFrame(
+        {
+            "name": names,
+            "calls": np.bincount(codes, minlength=len(names)),
+            "self_time_s": self_total / 1e6,
+            "total_time_s": np.bincount(codes, weights=dur, minlength=len(names)) / 1e6,
+            "self_pct": 100.0 * self_total / self_total.sum() if self_total.sum() > 0 else 0.0,
+            "alloc_bytes": np.rint(np.bincount(codes, weights=alloc, minlength=len(names))).astype(np.int64),
+            "input_shapes": _common_shapes(codes, ops["input_dims"], len(names)),
+        }
+    )
+    key = SORT_COLUMNS[by]
+    others = [c for c in ("self_time_s", "alloc_bytes") if c != key]
+    out = out.sort_values([key, *others, "name"], ascending=[False, False, True], ignore_index=True)
+    return out if n is None else out.head(n).reset_index(drop=True)
+
+
+def _profiled_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """Operator events of the profiled steps. A kernel runs after the host op that launched
+    it, possibly past the last step's end, so a kernel also counts when its launching op
+    (same external id) is in a profiled step."""
+    cat = events["cat"]
+    cpu = (cat == "cpu_op") & (events["step"] >= 0)
+    kernel = cat == "kernel"
+    launched = events["ext_id"].isin(events.loc[cpu, "ext_id"].dropna())
+    keep = cpu | (kernel & ((events["step"] >= 0) | launched))
+    return events.loc[keep].reset_index(drop=True)
+
+
+def _nesting(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort events by (thread, start, longest first) and find, in that order, the position
+    of each event's innermost enclosing event on its thread (-1 for none).
+
+    Depth at an event's start is the number of its thread's events open then (a running
+    count over every start and end in time order); the parent is the latest event that
+    started earlier at one level up. Vectorised: no Python loop over events.
+    """
+    n = len(start)
+    order = np.lexsort((-dur, start, thread))
+    th, st = thread[order], start[order]
+    en = st + dur[order]
+    pos = np.arange(n)
+    both_pos = np.concatenate([pos, pos])
+    is_start = np.concatenate([np.ones(n, bool), np.zeros(n, bool)])
+    # At one instant an end sorts before a start, so back-to-back siblings do not nest;
+    # among equal starts, the longer event (earlier in `order`) opens first.
+    seq = np.lexsort((both_pos, is_start, np.concatenate([st, en]), np.concatenate([th, th])))
+    opens = is_start[seq]
+    depth = np.empty(n, np.int64)
+    depth[seq[opens]] = np.cumsum(np.where(opens, 1, -1))[opens] - 1
+
+    keys = np.sort(depth * n + pos)
+    found = np.searchsorted(keys, (depth - 1) * n + pos) - 1
+    cand = keys[np.clip(found, 0, None)]
+    parent = np.where((depth > 0) & (found >= 0) & (cand // n == depth - 1), cand % n, -1)
+    # Guard against traces whose events overlap without nesting.
+    p = np.clip(parent, 0, None)
+    ok = (parent >= 0) & (th[p] == th) & (st[p] <= st) & (st < en[p])
+    return order, np.where(ok, parent, -1)
+
+
+def _allocation_owners(
+    trace: Trace,
+    thread: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    parent: np.ndarray,
+    is_cpu: np.ndarray,
+    tid: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(position of the owning event, bytes) for each allocation in the profiled steps.
+
+    Memory events carry no thread, so an allocation goes to the innermost host operator
+    holding its timestamp on the training thread; failing that, on another thread (on
+    CUDA the backward pass runs on autograd's device threads while the training thread
+    waits). Events are in `_nesting` order, so each thread is one contiguous block.
+    """
+    mem = trace.memory
+    mem = mem[(mem["bytes"] > 0) & (mem["step"] >= 0)]
+    if mem.empty or not is_cpu.any():
+        return None
+    ts, nbytes = mem["ts_us"].to_numpy(float), mem["bytes"].to_numpy(float)
+    owner = np.full(len(ts), -1)
+    cpu_threads = pd.Series(thread[is_cpu]).value_counts()
+    main_tid = trace.steps["tid"].iloc[0] if len(trace.steps) else None
+    main = set(thread[is_cpu & (tid == main_tid)]) if main_tid is not None else set()
+    ranked = sorted(cpu_threads.index, key=lambda t: (t not in main, -cpu_threads[t]))
+    bounds = np.searchsorted(thread, [(t, t + 1) for t in ranked])
+    for lo, hi in bounds:
+        todo = np.flatnonzero(owner < 0)
+        if not len(todo):
+            break
+        owner[todo] = _innermost(start, end, parent, lo, hi, ts[todo])
+    got = owner >= 0
+    return owner[got], nbytes[got]
+
+
+def _innermost(start, end, parent, lo: int, hi: int, ts: np.ndarray) -> np.ndarray:
+    """Position of the innermost event in ``[lo, hi)`` (one thread, in start order) whose
+    span holds each timestamp; -1 where none does. The latest event started by then holds
+    it or one of its ancestors does, so walk up parents (at most the nesting depth)."""
+    k = np.searchsorted(start[lo:hi], ts, side="right") - 1 + lo
+    k = np.where(k >= lo, k, -1)
+    outside = (k >= 0) & (ts > end[np.clip(k, 0, None)])
+    while outside.any():
+        k[outside] = parent[k[outside]]
+        outside = (k >= 0) & (ts > end[np.clip(k, 0, None)])
+    return k
+
+
+def _common_shapes(codes: np.ndarray, dims: pd.Series, n_names: int) -> np.ndarray:
+    """Each name's most common non-empty input dims (ties: the lexically first)."""
+    shapes = np.full(n_names, "", dtype=object)
+    has = (dims != "").to_numpy()
+    if not has.any():
+        return shapes
+    counts = (
+        pd.DataFrame({"code": codes[has], "dims": dims.to_numpy()[has]})
+        .value_counts()
+        .reset_index(name="count")
+    )
+    best = counts.sort_values(["count", "dims"], ascending=[False, True]).drop_duplicates("code")
+    shapes[best["code"].to_numpy()] = best["dims"].to_numpy()
+    return shapes

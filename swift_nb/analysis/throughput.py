@@ -1,0 +1,145 @@
+"""How fast a run trains: steps, samples and tokens per second, and model FLOPs utilisation.
+
+All rates are this process's (one rank's); ``steps_per_s`` comes from the median step time,
+so a slow first step or a profiled step does not drag it down.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import pandas as pd
+
+from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.record import Run
+
+# Dense (non-sparse) bf16/fp16 tensor-core peak FLOP/s of one GPU, from the vendors'
+# datasheets (their headline figures are often the 2:4-sparsity ones, twice these).
+# The first pattern that matches the device name wins, so variants come before the family.
+PEAK_FLOPS_PER_S: tuple[tuple[str, float], ...] = (
+    (r"H100.*PCIe", 756e12),
+    (r"H[12]00.*NVL", 835e12),
+    (r"H100", 989e12),
+    (r"H200", 989e12),
+    (r"A100", 312e12),
+    (r"L40S", 362e12),
+    (r"\bL4\b", 121e12),
+    (r"\bA10G?\b", 125e12),
+    (r"V100", 125e12),
+    (r"\bT4\b", 65e12),
+    (r"RTX 4090(?! D)", 165e12),
+    (r"RTX 3090(?! Ti)", 71e12),
+)
+
+# Ops whose data input's leading dimension is the batch, and which input that is.
+_BATCH_INPUT = {"aten::linear": 0, "aten::addmm": 1, "aten::conv1d": 0, "aten::conv2d": 0, "aten::conv3d": 0}
+
+
+@dataclass
+class Throughput:
+    """Training speed of one run; None where the record does not tell.
+
+    steps_per_s: optimizer steps per second (1 / median step time);
+    samples_per_s: steps_per_s × batch_size; tokens_per_s: samples_per_s × seq_len;
+    flops_per_step: floating-point operations in one step (counted at capture);
+    achieved_flops_per_s: flops_per_step × steps_per_s (FLOP/s);
+    peak_flops_per_s: the GPU's dense bf16/fp16 tensor-core peak (FLOP/s; CUDA only);
+    mfu_pct: model FLOPs utilisation, achieved / peak (%);
+    batch_size: samples per step; seq_len: tokens per sample;
+    device_name: the device as the run's environment names it.
+    """
+
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    flops_per_step: float | None = None
+    achieved_flops_per_s: float | None = None
+    peak_flops_per_s: float | None = None
+    mfu_pct: float | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    device_name: str | None = None
+
+
+def throughput(run: Run, trace: Trace | None = None) -> Throughput:
+    """The run's throughput. Batch size and sequence length come from ``run.context``
+    (``batch_size``, ``seq_len``) when given, else from the traced input shapes (see
+    ``batch_and_seq``); ``flops_per_step`` from ``run.summary``."""
+    steps_per_s = _steps_per_s(run.steps)
+    batch, seq = run.context.get("batch_size"), run.context.get("seq_len")
+    if batch is None or seq is None:
+        trace = trace if trace is not None else load_trace(run)
+        found_batch, found_seq = batch_and_seq(trace.events)
+        batch = batch if batch is not None else found_batch
+        seq = seq if seq is not None else found_seq
+
+    samples_per_s = steps_per_s * batch if steps_per_s is not None and batch is not None else None
+    tokens_per_s = samples_per_s * seq if samples_per_s is not None and seq is not None else None
+    flops = run.summary.get("flops_per_step")
+    achieved = flops * steps_per_s if flops is not None and steps_per_s is not None else None
+    devices = run.environment.get("devices") or []
+    name = devices[0] if devices else None
+    peak = peak_flops_per_s(name) if run.environment.get("device") == "cuda" and name else None
+    mfu = 100.0 * achieved / peak if achieved is not None and peak else None
+    return Throughput(
+        steps_per_s=steps_per_s,
+        samples_per_s=samples_per_s,
+        tokens_per_s=tokens_per_s,
+        flops_per_step=flops,
+        achieved_flops_per_s=achieved,
+        peak_flops_per_s=peak,
+        mfu_pct=mfu,
+        batch_size=batch,
+        seq_len=seq,
+        device_name=name,
+    )
+
+
+def peak_flops_per_s(device_name: str) -> float | None:
+    """Dense bf16/fp16 tensor-core peak FLOP/s of a GPU named like ``torch.cuda.get_device_name``
+    (``"NVIDIA H100 80GB HBM3"``); None for a device not in ``PEAK_FLOPS_PER_S``."""
+    for pattern, peak in PEAK_FLOPS_PER_S:
+        if re.search(pattern, device_name):
+            return peak
+    return None
+
+
+def batch_and_seq(events: pd.DataFrame) -> tuple[int | None, int | None]:
+    """(batch size, sequence length) the traced input shapes reveal.
+
+    A token model looks up a ``[batch, seq]`` index tensor in ``aten::embedding`` (its
+    second input; the most common such shape wins). Otherwise the batch is the leading
+    dimension of the data input of the earliest linear, addmm or convolution; the
+    sequence length stays unknown.
+    """
+    emb = events.loc[events["name"] == "aten::embedding", "input_dims"]
+    indices = Counter(
+        tuple(dims[1]) for dims in map(_dims, emb) if len(dims) > 1 and dims[1] and len(dims[1]) == 2
+    )
+    if indices:
+        batch, seq = indices.most_common(1)[0][0]
+        return int(batch), int(seq)
+    first = events[events["name"].isin(_BATCH_INPUT)].sort_values("ts_us", kind="stable")
+    for name, text in first[["name", "input_dims"]].itertuples(index=False):
+        dims = _dims(text)
+        arg = _BATCH_INPUT[name]
+        if len(dims) > arg and dims[arg]:
+            return int(dims[arg][0]), None
+    return None, None
+
+
+def _dims(text: str) -> list:
+    return json.loads(text) if text else []
+
+
+def _steps_per_s(steps: pd.DataFrame) -> float | None:
+    """1 / median duration of the steps an optimizer or ``swift_nb.step()`` ended; the
+    ``end`` row is the tail after the last boundary, not a step."""
+    if steps.empty:
+        return None
+    dur = pd.to_numeric(steps.loc[steps["trigger"] != "end", "duration_s"], errors="coerce").dropna()
+    median = float(dur.median()) if len(dur) else 0.0
+    return 1.0 / median if median > 0 else None

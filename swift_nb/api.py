@@ -1,0 +1,98 @@
+"""The Python API's top: capture a run, then analyse it and write its report.
+
+Everything here composes the layers below (capture → record → analysis → render); the
+notebook magic and the CLI call these same functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from swift_nb.analysis import Analysis, analyze
+from swift_nb.capture.session import Session, interval_seconds
+from swift_nb.capture.torch_profiler import ProfilerConfig
+from swift_nb.record import Run, load_run, save
+from swift_nb.render.report import render_report, write_report
+
+
+def report(run: Run | Path | str) -> tuple[Run, Analysis | None]:
+    """Analyse a saved run, write its ``report.html`` and return both. A failing analysis
+    is noted in the run instead of raised: what was measured is never lost to it."""
+    run = run if isinstance(run, Run) else load_run(run)
+    try:
+        analysis = analyze(run)
+        write_report(run, render_report(run, analysis))
+    except Exception as e:  # a bug in an analysis must not cost the user the run
+        run.notes.append(f"analysis failed ({type(e).__name__}: {e}); the run's data is intact")
+        analysis = None
+    save(run)
+    return run, analysis
+
+
+def finish(
+    session: Session, status: str = "ok", error: BaseException | None = None
+) -> tuple[Run, Analysis | None]:
+    """Stop a session, save its record, then analyse it and write the report."""
+    return report(session.finish(status, error))
+
+
+def status_of(exc_type: type[BaseException] | None) -> str:
+    if exc_type is None:
+        return "ok"
+    return "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+
+
+class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as run:`
+    """Profile the enclosed code; ``as run`` gives the Run record, complete after the block
+    (its folder then also holds ``report.html``; ``self.analysis`` the analyses).
+
+    wait/warmup/active/repeat: the profiler schedule, in steps (a step ends at each
+    ``optimizer.step()`` or ``swift_nb.step()``). record_shapes, profile_memory,
+    with_stack: torch.profiler options. interval_ms: resource sampling period.
+    count_flops: count one step's FLOPs (that step runs slower; its trace is discarded).
+    label: a name for the run. out_dir: root folder of run folders (default
+    ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``). keep: runs to retain there (default 20).
+    context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
+    """
+
+    def __init__(
+        self,
+        wait: int = 1,
+        warmup: int = 2,
+        active: int = 3,
+        repeat: int = 1,
+        record_shapes: bool = True,
+        profile_memory: bool = True,
+        with_stack: bool = False,
+        interval_ms: float = 100,
+        count_flops: bool = False,
+        label: str | None = None,
+        out_dir: Path | str | None = None,
+        keep: int | None = None,
+        context: dict[str, Any] | None = None,
+        source: dict[str, Any] | None = None,
+    ) -> None:
+        cfg = ProfilerConfig(wait, warmup, active, repeat, record_shapes, profile_memory, with_stack)
+        self.session = Session(
+            profiler=cfg,
+            interval_s=interval_seconds(interval_ms),
+            label=label,
+            out_dir=out_dir,
+            keep=keep,
+            context=context,
+            source=source,
+            count_flops=count_flops,
+        )
+        self.analysis: Analysis | None = None
+
+    @property
+    def run(self) -> Run:
+        return self.session.run
+
+    def __enter__(self) -> Run:
+        return self.session.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _, self.analysis = finish(self.session, status_of(exc_type), exc)
+        return False

@@ -1,0 +1,453 @@
+"""One self-contained HTML report of a run: summary, verdict, findings, throughput,
+figures and tables, environment and notes.
+
+The document opens offline and from an email attachment alike: CSS is inline, figures
+are base64 PNGs, there are no scripts, and a Content-Security-Policy forbids loading
+anything else. Every string that comes from the user or the trace is escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from swift_nb.analysis import Analysis
+from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.record import Run, atomic_write_text
+from swift_nb.render.figures import (
+    breakdown_figure,
+    figure_png,
+    memory_figure,
+    operators_figure,
+    timeline_figure,
+)
+from swift_nb.render.tables import summary_rows
+from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
+
+REPORT_FILE = "report.html"
+SEVERITIES = ("info", "warning", "critical")
+UNIT_SUFFIXES = ("_s", "_bytes", "_pct")
+SI_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+# A policy that allows only inline styles and data: images: even if a string slipped past
+# escaping, the page could neither run a script nor reach the network.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
+       margin: 0 auto; max-width: 1080px; padding: 1.5em; color: #222; line-height: 1.4; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; overflow-wrap: anywhere; }
+h2 { font-size: 1.2em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 1.8em; }
+h3 { font-size: 1.05em; margin: 0 0 0.4em; overflow-wrap: anywhere; }
+.sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { padding: 0.2em 0.8em 0.2em 0; text-align: left; vertical-align: top; }
+thead th { border-bottom: 1px solid #bbb; }
+tbody tr:nth-child(even) { background: #f6f6f6; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.text { overflow-wrap: anywhere; max-width: 32em; }
+tr.agg td { border-top: 1px solid #bbb; font-weight: 600; }
+figure { margin: 1em 0; }
+figure img { max-width: 100%; height: auto; display: block; }
+figcaption { color: #666; font-size: 0.85em; }
+.verdict { font-size: 1.1em; }
+.kind { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; background: #444; color: #fff;
+        font-weight: 600; margin-right: 0.5em; }
+.finding { border-left: 4px solid #e0a800; background: #fffbea; padding: 0.6em 0.9em; margin: 0.8em 0; }
+.finding.info { border-color: #4c72b0; background: #f0f5fb; }
+.finding.critical { border-color: #c0392b; background: #fdf0ee; }
+.finding p { margin: 0.3em 0; }
+.severity { text-transform: uppercase; font-size: 0.75em; color: #666; letter-spacing: 0.05em; }
+code { background: #eee; padding: 0 0.25em; border-radius: 3px; overflow-wrap: anywhere; }
+.empty { color: #777; font-style: italic; }
+"""
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, numbers.Real) and math.isnan(float(value)))
+
+
+def fmt_value(name: str, value: Any) -> str:
+    """``value`` as text, in the unit its ``name`` carries (``_bytes``, ``_pct``, ``_s``
+    anywhere among its ``_``-separated words, e.g. ``growth_bytes_per_step``)."""
+    if _is_missing(value):
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, numbers.Real):
+        words = name.split("_")
+        if "bytes" in words:
+            return fmt_bytes(value)
+        if "pct" in words:
+            return fmt_pct(value)
+        if "s" in words:
+            return fmt_seconds(value)
+        return str(value) if isinstance(value, numbers.Integral) else f"{float(value):.4g}"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def fmt_si(value: float | None, unit: str) -> str:
+    """``value`` with an SI prefix: ``fmt_si(3.2e12, "FLOP/s")`` → ``3.20 TFLOP/s``."""
+    if _is_missing(value):
+        return "–"
+    value = float(value)
+    for factor, prefix in SI_PREFIXES:
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:.2f} {unit}"
+
+
+def _header(column: str) -> str:
+    for suffix in UNIT_SUFFIXES:
+        if column.endswith(suffix):
+            column = column.removesuffix(suffix)
+            break
+    return column.replace("_", " ")
+
+
+def _empty(text: str) -> str:
+    return f"<p class='empty'>{escape(text)}</p>"
+
+
+def _frame_table(df: pd.DataFrame, agg_rows: int = 0) -> str:
+    """``df`` as an escaped HTML table, each value in the unit its column names; the
+    last ``agg_rows`` rows are styled as aggregates."""
+    numeric = {c: pd.api.types.is_numeric_dtype(df[c]) for c in df.columns}
+    head = "".join(f"<th>{escape(_header(str(c)))}</th>" for c in df.columns)
+    rows = []
+    for i, record in enumerate(df.itertuples(index=False, name=None)):
+        cells = "".join(
+            f"<td class='{'num' if numeric[c] else 'text'}'>{escape(fmt_value(str(c), v))}</td>"
+            for c, v in zip(df.columns, record, strict=True)
+        )
+        agg = " class='agg'" if i >= len(df) - agg_rows else ""
+        rows.append(f"<tr{agg}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _kv_table(pairs: Sequence[tuple[str, Any]]) -> str:
+    body = "".join(
+        f"<tr><th>{escape(str(k))}</th><td class='text'>{escape(fmt_value(str(k), v))}</td></tr>"
+        for k, v in pairs
+    )
+    return f"<table><tbody>{body}</tbody></table>"
+
+
+@dataclass
+class FigurePart:
+    """A figure inside a section: embedded as a PNG in the report, shown as an image/png
+    output in a notebook."""
+
+    figure: Figure
+    alt: str
+    caption: str
+
+    def html(self) -> str:
+        data = base64.b64encode(figure_png(self.figure)).decode("ascii")
+        return (
+            f"<figure><img alt='{escape(self.alt)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{escape(self.caption)}</figcaption></figure>"
+        )
+
+
+@dataclass
+class Section:
+    """A titled part of the report: escaped HTML fragments and figures, in order."""
+
+    title: str
+    parts: list[str | FigurePart] = field(default_factory=list)
+
+    def html(self) -> str:
+        body = "".join(p if isinstance(p, str) else p.html() for p in self.parts)
+        return f"<h2>{escape(self.title)}</h2>{body}"
+
+
+def _has_rows(df: pd.DataFrame | None) -> bool:
+    return df is not None and not df.empty
+
+
+def _summary_section(run: Run) -> Section:
+    body = "".join(
+        f"<tr><th>{escape(k)}</th><td class='text'>{escape(v)}</td></tr>" for k, v in summary_rows(run)
+    )
+    return Section("Summary", [f"<table><tbody>{body}</tbody></table>"])
+
+
+def _verdict_section(verdict: Verdict | None) -> Section:
+    if verdict is None:
+        return Section("Verdict", [_empty("No verdict: the run was not analysed.")])
+    evidence = _kv_table(list(verdict.evidence.items())) if verdict.evidence else ""
+    return Section(
+        "Verdict",
+        [
+            f"<p class='verdict'><span class='kind'>{escape(verdict.kind)}</span>{escape(verdict.reason)}</p>"
+            f"{evidence}"
+        ],
+    )
+
+
+def _finding_html(f: Finding) -> str:
+    # The severity becomes a CSS class, so only known values may reach the attribute.
+    severity = f.severity if f.severity in SEVERITIES else "warning"
+    parts = [
+        f"<div class='finding {severity}'>",
+        f"<div class='severity'>{escape(str(f.severity))} · {escape(f.id)}</div>",
+        f"<h3>{escape(f.title)}</h3>",
+    ]
+    if f.evidence:
+        parts.append(_kv_table(list(f.evidence.items())))
+    parts.append(f"<p><b>Suggestion:</b> {escape(f.suggestion)}</p>")
+    if f.toggle:
+        parts.append(f"<p><b>Toggle:</b> <code>{escape(f.toggle)}</code></p>")
+    if f.predicted_effect:
+        parts.append(f"<p><b>Predicted effect:</b> {escape(f.predicted_effect)}</p>")
+    if f.formula:
+        parts.append(f"<p><b>Estimated by:</b> <code>{escape(f.formula)}</code></p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _findings_section(findings: Sequence[Finding] | None) -> Section:
+    if findings is None:
+        return Section("Findings", [_empty("No findings: the run was not analysed.")])
+    if not findings:
+        return Section("Findings", [_empty("No findings: no rule's threshold was crossed.")])
+    return Section("Findings", ["".join(_finding_html(f) for f in findings)])
+
+
+def _throughput_section(throughput: Any) -> Section:
+    if throughput is None:
+        return Section("Throughput", [_empty("Throughput was not computed.")])
+
+    def get(name: str):
+        return getattr(throughput, name, None)
+
+    mfu = get("mfu_pct")
+    rows = [
+        ("steps per second", fmt_rate(get("steps_per_s"), "steps/s")),
+        ("samples per second", fmt_rate(get("samples_per_s"), "samples/s")),
+        ("tokens per second", fmt_rate(get("tokens_per_s"), "tokens/s")),
+        ("FLOPs per step", fmt_si(get("flops_per_step"), "FLOP")),
+        ("achieved FLOP rate", fmt_si(get("achieved_flops_per_s"), "FLOP/s")),
+        ("device peak FLOP rate", fmt_si(get("peak_flops_per_s"), "FLOP/s")),
+        # Significant digits, not decimals: small models on big devices sit well under 1 %.
+        ("model FLOPs utilisation (MFU)", "–" if _is_missing(mfu) else f"{float(mfu):.3g} %"),
+    ]
+    body = "".join(f"<tr><th>{escape(k)}</th><td class='num'>{escape(v)}</td></tr>" for k, v in rows)
+    return Section("Throughput", [f"<table><tbody>{body}</tbody></table>"])
+
+
+def _timeline_section(run: Run) -> Section:
+    return Section(
+        "Timeline",
+        [
+            FigurePart(
+                timeline_figure(run),
+                "Utilisation and memory over time",
+                "Utilisation and memory against time; shading marks the profiler's warmup and active steps.",
+            )
+        ],
+    )
+
+
+def _breakdown_section(breakdown: pd.DataFrame | None) -> Section:
+    title = "Step time breakdown"
+    if not _has_rows(breakdown):
+        return Section(title, [_empty("No step breakdown: the profiler recorded no step (no trace).")])
+    median = breakdown.median(numeric_only=True).to_frame().T
+    # step_s renamed so its header ("step time") differs from the step number's.
+    table = (
+        pd.concat([breakdown, median], ignore_index=True)
+        .astype({"step": object})
+        .rename(columns={"step_s": "step_time_s"})
+    )
+    table.loc[len(table) - 1, "step"] = "median"
+    return Section(
+        title,
+        [
+            FigurePart(
+                breakdown_figure(breakdown),
+                "Stacked bars of step time by part",
+                "Each bar is one profiled step; its parts add up to the step's time.",
+            ),
+            _frame_table(table, agg_rows=1),
+        ],
+    )
+
+
+def _memory_section(footprint: pd.DataFrame | None, timeline: pd.DataFrame | None) -> Section:
+    section = Section("Memory by category")
+    if _has_rows(timeline):
+        section.parts.append(
+            FigurePart(
+                memory_figure(timeline),
+                "Stacked area of tensor memory by category over time",
+                "Live tensor bytes by category during the recorded steps (dashed: step starts).",
+            )
+        )
+    if _has_rows(footprint):
+        section.parts.append(_frame_table(footprint))
+    if not section.parts:
+        section.parts.append(
+            _empty(
+                "No memory categories: they are recorded only for steps the profiler recorded "
+                "with memory profiling on."
+            )
+        )
+    return section
+
+
+def _operators_section(title: str, operators: pd.DataFrame | None, metric: str, caption: str) -> Section:
+    if not _has_rows(operators):
+        return Section(title, [_empty("No operators: the profiler recorded no step (no trace).")])
+    return Section(
+        title,
+        [FigurePart(operators_figure(operators, metric=metric), title, caption), _frame_table(operators)],
+    )
+
+
+def _environment_section(run: Run) -> Section:
+    return Section(
+        "Environment",
+        [
+            _kv_table(list(run.environment.items())) if run.environment else _empty("Not recorded."),
+            "<h3>Context</h3>",
+            _kv_table(list(run.context.items())) if run.context else _empty("Not recorded."),
+        ],
+    )
+
+
+def _notes_section(notes: Sequence[str]) -> Section | None:
+    if not notes:
+        return None
+    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
+    return Section("Notes", [f"<ul>{items}</ul>"])
+
+
+def report_sections(
+    run: Run,
+    *,
+    breakdown: pd.DataFrame | None = None,
+    footprint: pd.DataFrame | None = None,
+    timeline: pd.DataFrame | None = None,
+    operators_time: pd.DataFrame | None = None,
+    operators_memory: pd.DataFrame | None = None,
+    throughput: Any = None,
+    verdict: Verdict | None = None,
+    findings: Sequence[Finding] | None = None,
+) -> list[Section]:
+    """The report's sections in order (the notebook shows the same ones)."""
+    sections = [
+        _summary_section(run),
+        _verdict_section(verdict),
+        _findings_section(findings),
+        _throughput_section(throughput),
+        _timeline_section(run),
+        _breakdown_section(breakdown),
+        _memory_section(footprint, timeline),
+        _operators_section(
+            "Top operators by self time",
+            operators_time,
+            "self_time_s",
+            "Time spent in each operator itself, children excluded, over the profiled steps.",
+        ),
+        _operators_section(
+            "Top operators by memory allocated",
+            operators_memory,
+            "alloc_bytes",
+            "Bytes each operator allocated over the profiled steps.",
+        ),
+        _environment_section(run),
+        _notes_section(run.notes),
+    ]
+    return [s for s in sections if s is not None]
+
+
+def report_html(
+    run: Run,
+    *,
+    breakdown: pd.DataFrame | None = None,
+    footprint: pd.DataFrame | None = None,
+    timeline: pd.DataFrame | None = None,
+    operators_time: pd.DataFrame | None = None,
+    operators_memory: pd.DataFrame | None = None,
+    throughput: Any = None,
+    verdict: Verdict | None = None,
+    findings: Sequence[Finding] | None = None,
+) -> str:
+    """The whole report as one HTML document.
+
+    Takes the analyses' outputs (``step_breakdown``, ``memory_footprint``,
+    ``memory_timeline``, ``top_operators`` by time and by memory, throughput with
+    ``steps_per_s`` … ``mfu_pct`` attributes, the advisor's verdict and findings); any of
+    them may be None or empty, as for a run without a trace, and its section then says so.
+    """
+    name = run.label or run.id
+    sections = report_sections(
+        run,
+        breakdown=breakdown,
+        footprint=footprint,
+        timeline=timeline,
+        operators_time=operators_time,
+        operators_memory=operators_memory,
+        throughput=throughput,
+        verdict=verdict,
+        findings=findings,
+    )
+    body = [
+        f"<h1>swift_nb report — {escape(name)}</h1>",
+        f"<p class='sub'>run {escape(run.id)} · started {escape(run.started_at or '–')} · "
+        f"status {escape(run.status)}</p>",
+        *(section.html() for section in sections),
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>swift_nb report — {escape(name)}</title><style>{STYLE}</style></head>"
+        f"<body>{''.join(body)}</body></html>\n"
+    )
+
+
+def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:
+    """The keyword arguments of ``report_html``/``report_sections`` for an Analysis."""
+    if analysis is None:
+        return {}
+    return dict(
+        breakdown=analysis.breakdown,
+        footprint=analysis.footprint,
+        timeline=analysis.timeline,
+        operators_time=analysis.operators_time,
+        operators_memory=analysis.operators_memory,
+        throughput=analysis.throughput,
+        verdict=analysis.verdict,
+        findings=analysis.findings,
+    )
+
+
+def render_report(run: Run, analysis: Analysis | None) -> str:
+    """``report_html`` of everything ``swift_nb.analysis.analyze(run)`` returned."""
+    return report_html(run, **analysis_fields(analysis))
+
+
+def write_report(run: Run, html: str) -> Path:
+    """Write ``html`` to ``report.html`` in the run folder (atomically) and name it in
+    ``run.files["report"]``; saving ``run.json`` again is the caller's job."""
+    if run.path is None:
+        raise ValueError("this run has not been saved yet; save it (swift_nb.save) before writing its report")
+    path = Path(run.path) / REPORT_FILE
+    atomic_write_text(path, html)
+    run.files["report"] = REPORT_FILE
+    return path
