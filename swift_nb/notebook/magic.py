@@ -149,7 +149,7 @@ def show_run(run: Run, analysis: Analysis | None = None) -> None:
 
 
 def _display_html(fragments: list[str], title: str) -> None:
-    if fragments and any(not f.startswith("<h4>") for f in fragments):
+    if fragments:
         html = f"<div class='swift-nb-section'>{''.join(fragments)}</div>"
         display({"text/html": html, "text/plain": f"[{title}: see the HTML output or report.html]"}, raw=True)
 
