@@ -40,23 +40,33 @@ def step_breakdown(run: Run, trace: Trace | None = None) -> pd.DataFrame:
     """One row per profiled step: ``step``, ``step_s`` (the ProfilerStep span) and the
     seconds of each part (``data_s`` … ``untraced_s``; they sum to ``step_s``)."""
     trace = trace if trace is not None else load_trace(run)
-    rows = []
     ev = trace.events
+    # Classify every event once; names repeat, so match each distinct name once.
+    names = pd.Series(ev["name"].unique())
+    kinds = {
+        "data": DATA,
+        "opt": OPTIM,
+        "comm": COMM,
+        "copy": COPY,
+        "bwd": BACKWARD,
+        "own": re.compile("^" + OWN),
+    }
+    flags = pd.DataFrame(
+        {k: ev["name"].map(dict(zip(names, names.str.contains(rx), strict=True))) for k, rx in kinds.items()}
+    )
+    flags["host"] = ~ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"])
+    rows = []
     for step, start, end, tid in trace.steps[["step", "start_us", "end_us", "tid"]].itertuples(index=False):
-        rows.append(_one_step(ev[ev["step"] == step], start, end, tid, step))
+        in_step = (ev["step"] == step).to_numpy()
+        rows.append(_one_step(ev[in_step], flags[in_step], start, end, tid, step))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _one_step(ev: pd.DataFrame, start: float, end: float, tid, step: int) -> dict:
-    names = ev["name"]
+def _one_step(ev: pd.DataFrame, flags: pd.DataFrame, start: float, end: float, tid, step: int) -> dict:
     main = (ev["tid"] == tid).to_numpy()
-    is_data = names.str.contains(DATA).to_numpy()
-    is_opt = names.str.contains(OPTIM).to_numpy()
-    is_comm = names.str.contains(COMM).to_numpy()
-    is_copy = names.str.contains(COPY).to_numpy()
-    is_bwd = names.str.contains(BACKWARD).to_numpy()
-    host = ~ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"]).to_numpy()
-    is_own = names.str.startswith(OWN).to_numpy()
+    is_data, is_opt, is_comm, is_copy, is_bwd, is_own, host = (
+        flags[k].to_numpy(dtype=bool) for k in ("data", "opt", "comm", "copy", "bwd", "own", "host")
+    )
     plain = main & host & ~(is_data | is_opt | is_comm | is_copy | is_bwd | is_own)
     first_bwd = ev.loc[is_bwd & host, "ts_us"].min() if (is_bwd & host).any() else np.inf
     ts, te = ev["ts_us"].to_numpy(), ev["end_us"].to_numpy()

@@ -7,12 +7,12 @@ event carries the profiler step it falls in (``step``, from ``ProfilerStep#N``).
 from __future__ import annotations
 
 import gzip
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from swift_nb.record import Run
@@ -43,52 +43,52 @@ class Trace:
 
 
 def _shapes(args: dict) -> str:
+    # str() of a list of int lists is valid JSON and several times faster than json.dumps
     dims = args.get("Input Dims")
-    return json.dumps(dims, separators=(",", ":")) if dims else ""
+    return str(dims) if dims else ""
 
 
 def parse_events(raw: list[dict]) -> Trace:
     """Build a Trace from Chrome trace events (the ``traceEvents`` list)."""
-    rows, mem = [], []
-    for e in raw:
-        ph = e.get("ph")
-        if ph == "X":
-            args = e.get("args") or {}
-            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-            rows.append(
-                (
-                    e.get("name", ""),
-                    e.get("cat", ""),
-                    ts,
-                    dur,
-                    ts + dur,
-                    e.get("pid"),
-                    e.get("tid"),
-                    -1,
-                    _shapes(args),
-                    args.get("External id"),
-                )
-            )
-        elif ph == "i" and e.get("name") == "[memory]":
-            a = e.get("args") or {}
-            mem.append(
-                (
-                    float(e["ts"]),
-                    int(a.get("Bytes", 0)),
-                    int(a.get("Total Allocated", 0)),
-                    int(a.get("Device Type", 0)),
-                    int(a.get("Device Id", -1)),
-                    a.get("Addr"),
-                    -1,
-                )
-            )
-    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    memory = pd.DataFrame(mem, columns=MEMORY_COLUMNS).sort_values("ts_us", kind="stable", ignore_index=True)
-    m = events["name"].str.extract(_STEP.pattern, expand=False)
-    is_step = m.notna()
+    # One comprehension per column: much faster than one loop building row tuples.
+    xs = [e for e in raw if e.get("ph") == "X"]
+    args = [e.get("args") or {} for e in xs]
+    ts = np.fromiter((e["ts"] for e in xs), dtype=float, count=len(xs))
+    dur = np.fromiter((e.get("dur", 0.0) for e in xs), dtype=float, count=len(xs))
+    events = pd.DataFrame(
+        {
+            "name": [e.get("name", "") for e in xs],
+            "cat": [e.get("cat", "") for e in xs],
+            "ts_us": ts,
+            "dur_us": dur,
+            "end_us": ts + dur,
+            "pid": [e.get("pid") for e in xs],
+            "tid": [e.get("tid") for e in xs],
+            "step": -1,
+            "input_dims": [_shapes(a) for a in args],
+            "ext_id": [a.get("External id") for a in args],
+        },
+        columns=EVENT_COLUMNS,
+    )
+    mem_events = [e for e in raw if e.get("ph") == "i" and e.get("name") == "[memory]"]
+    margs = [e.get("args") or {} for e in mem_events]
+    memory = pd.DataFrame(
+        {
+            "ts_us": [float(e["ts"]) for e in mem_events],
+            "bytes": [int(a.get("Bytes", 0)) for a in margs],
+            "total_allocated": [int(a.get("Total Allocated", 0)) for a in margs],
+            "device_type": [int(a.get("Device Type", 0)) for a in margs],
+            "device_id": [int(a.get("Device Id", -1)) for a in margs],
+            "addr": [a.get("Addr") for a in margs],
+            "step": -1,
+        },
+        columns=MEMORY_COLUMNS,
+    ).sort_values("ts_us", kind="stable", ignore_index=True)
+    events = events.astype({"name": str, "cat": str, "input_dims": str})  # typed even when empty
+    is_step = events["name"].str.startswith("ProfilerStep#")
     steps = (
         events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
-        .assign(step=m[is_step].astype(int))
+        .assign(step=events.loc[is_step, "name"].str.extract(_STEP.pattern, expand=False).astype(int))
         .rename(columns={"ts_us": "start_us"})
         .sort_values("start_us", ignore_index=True)[["step", "start_us", "end_us", "dur_us", "tid"]]
     )
@@ -115,5 +115,5 @@ def load_trace(run: Run) -> Trace:
     if path is None or not Path(path).exists():
         return parse_events([])
     with gzip.open(path, "rb") as f:
-        doc = json.load(f)
+        doc = orjson.loads(f.read())
     return parse_events(doc.get("traceEvents", []))

@@ -147,7 +147,8 @@ class Sampler:
         self._step_pending = False
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
-        self._proc.cpu_percent(None)  # prime: the first call always returns 0.0
+        self._cpu_last: tuple[float, float] | None = None  # (wall s, process CPU s)
+        self._cpu_pct: float | None = None
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
         self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
         if reason:
@@ -189,6 +190,19 @@ class Sampler:
         with self._lock:
             return list(self._rows)
 
+    def _cpu_percent(self) -> float | None:
+        """Process CPU % since the last reading at least 50 ms ago (100 = one core).
+        CPU times tick in 10 ms steps: shorter windows give values like 600 % on 2 cores,
+        so a sample that soon after the last one repeats its value."""
+        times = self._proc.cpu_times()
+        now, cpu = self._clock(), times.user + times.system
+        if self._cpu_last is None:
+            self._cpu_last = (now, cpu)
+        elif now - self._cpu_last[0] >= 0.05:
+            self._cpu_pct = 100.0 * (cpu - self._cpu_last[1]) / (now - self._cpu_last[0])
+            self._cpu_last = (now, cpu)
+        return self._cpu_pct
+
     def _loop(self) -> None:
         # Lowest priority for this thread only (Linux threads are tasks): on a machine
         # whose cores all run the training's intra-op threads, a sample waits for a
@@ -214,9 +228,7 @@ class Sampler:
         row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
         try:
             with self._proc.oneshot():
-                cpu = self._proc.cpu_percent(None)
-                # the first reading covers the few µs since priming: meaningless
-                row["cpu_pct"] = cpu if self._rows else None
+                row["cpu_pct"] = self._cpu_percent()
                 row["rss_bytes"] = self._proc.memory_info().rss
             vm = psutil.virtual_memory()
             row["sys_mem_used_bytes"] = vm.total - vm.available

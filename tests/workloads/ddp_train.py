@@ -25,9 +25,9 @@ def worker(rank: int, world: int, port: int, out: str, kind: str) -> None:
     if kind == "heavy_comm":  # 8 M parameters, almost no compute: the all-reduce dominates
         model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048))
         make_batch = lambda: torch.randn(1, 2048)  # noqa: E731
-    else:  # 4 k parameters, a lot of compute per step
+    else:  # 8 k parameters, a lot of compute per step (jitter between the ranks stays small)
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
-        make_batch = lambda: torch.randn(32768, 64)  # noqa: E731
+        make_batch = lambda: torch.randn(131072, 64)  # noqa: E731
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     with swift_nb.profile(out_dir=os.path.join(out, f"rank{rank}"), wait=1, warmup=1, active=3) as run:
