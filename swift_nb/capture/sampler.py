@@ -11,6 +11,7 @@ visible).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -148,7 +149,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
         self._cpu_last: tuple[float, float] | None = None  # (wall s, process CPU s)
-        self._cpu_pct: float | None = None
+        self._cpu_pct = math.nan
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
         self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
         if reason:
@@ -190,7 +191,7 @@ class Sampler:
         with self._lock:
             return list(self._rows)
 
-    def _cpu_percent(self) -> float | None:
+    def _cpu_percent(self) -> float:
         """Process CPU % since the last reading at least 50 ms ago (100 = one core).
         CPU times tick in 10 ms steps: shorter windows give values like 600 % on 2 cores,
         so a sample that soon after the last one repeats its value."""
@@ -224,7 +225,7 @@ class Sampler:
                     self._sample("periodic")
 
     def _sample(self, kind: str) -> None:
-        row: dict[str, Any] = dict.fromkeys(SAMPLE_COLUMNS)
+        row: dict[str, Any] = dict.fromkeys(SAMPLE_COLUMNS, math.nan)  # missing reads stay NaN
         row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
         try:
             with self._proc.oneshot():
