@@ -6,6 +6,7 @@ notebook magic and the CLI call these same functions.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,26 +14,35 @@ from swift_nb.analysis import Analysis, analyze
 from swift_nb.capture.session import Session, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.record import Run, load_run, save
-from swift_nb.render.report import render_report, write_report
+from swift_nb.render.report import Section, analysis_fields, document_html, report_sections, write_report
 
 
-def report(run: Run | Path | str) -> tuple[Run, Analysis | None]:
-    """Analyse a saved run, write its ``report.html`` and return both. A failing analysis
-    is noted in the run instead of raised: what was measured is never lost to it."""
+@dataclass
+class Reported:
+    """A saved run with its analyses (None when they failed) and the report's sections
+    (figures rendered once, for report.html and the notebook alike)."""
+
+    run: Run
+    analysis: Analysis | None
+    sections: list[Section]
+
+
+def report(run: Run | Path | str) -> Reported:
+    """Analyse a saved run and write its ``report.html``. A failing analysis is noted in
+    the run instead of raised: what was measured is never lost to it."""
     run = run if isinstance(run, Run) else load_run(run)
     try:
         analysis = analyze(run)
-        write_report(run, render_report(run, analysis))
     except Exception as e:  # a bug in an analysis must not cost the user the run
         run.notes.append(f"analysis failed ({type(e).__name__}: {e}); the run's data is intact")
         analysis = None
+    sections = report_sections(run, **analysis_fields(analysis))
+    write_report(run, document_html(run, sections))
     save(run)
-    return run, analysis
+    return Reported(run, analysis, sections)
 
 
-def finish(
-    session: Session, status: str = "ok", error: BaseException | None = None
-) -> tuple[Run, Analysis | None]:
+def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
     """Stop a session, save its record, then analyse it and write the report."""
     return report(session.finish(status, error))
 
@@ -94,5 +104,5 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         return self.session.start()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        _, self.analysis = finish(self.session, status_of(exc_type), exc)
+        self.analysis = finish(self.session, status_of(exc_type), exc).analysis
         return False

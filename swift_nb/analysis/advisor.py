@@ -18,6 +18,7 @@ import pandas as pd
 from swift_nb.analysis.breakdown import step_breakdown
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_growth
+from swift_nb.analysis.operators import op_self_times_us
 from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
 from swift_nb.units import fmt_bytes
@@ -90,7 +91,7 @@ def gather(
     ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
     n_steps = max(1, len(trace.steps))
     ops_per_step = len(ops) / n_steps
-    self_us = _self_times_us(ops) if len(ops) else pd.Series(dtype=float)
+    self_us = op_self_times_us(trace.events).reindex(ops.index)
     median_op_us = float(self_us.median()) if len(ops) else float("nan")
     span_us = float(trace.steps["dur_us"].sum()) if len(trace.steps) else 0.0
     heavy = float(self_us[self_us >= th.tiny_op_us].sum() / span_us) if span_us else 0.0
@@ -113,24 +114,6 @@ def gather(
         growth_bytes_per_step=growth,
         growth_source=source,
     )
-
-
-def _self_times_us(ops: pd.DataFrame) -> pd.Series:
-    """Self time of top-level-or-nested ops: duration minus direct children (same tid)."""
-    ordered = ops.reset_index(drop=True).sort_values(
-        ["tid", "ts_us", "dur_us"], ascending=[True, True, False]
-    )
-    rows = ordered.index.to_numpy()
-    tid, ts, end, dur = (ordered[c].to_numpy() for c in ("tid", "ts_us", "end_us", "dur_us"))
-    out = ordered["dur_us"].to_numpy(dtype=float).copy()
-    stack: list[int] = []
-    for j in range(len(rows)):
-        while stack and (tid[stack[-1]] != tid[j] or end[stack[-1]] <= ts[j]):
-            stack.pop()
-        if stack:
-            out[stack[-1]] -= dur[j]
-        stack.append(j)
-    return pd.Series(np.clip(out, 0, None))
 
 
 def _eager_attention(ops: pd.DataFrame, n_steps: int) -> tuple[int, list[int], int]:

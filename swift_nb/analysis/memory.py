@@ -14,7 +14,11 @@ FOOTPRINT_COLUMNS = ["category", "at_peak_bytes", "max_bytes", "share_pct"]
 def memory_footprint(run: Run) -> pd.DataFrame:
     """One row per category: bytes at the recorded steps' peak (median over those steps),
     the category's own maximum, and its share of the peak (%). Empty when the profiler
-    recorded no step with memory profiling on."""
+    recorded no step with memory profiling on.
+
+    Where a recorded step follows another recorded step, only such steps are used: the
+    profiler saw every allocation alive in them, while the first step of a recording also
+    holds tensors whose allocation it never saw."""
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     steps = run.steps
     if not set(cols) <= set(steps.columns):
@@ -22,8 +26,12 @@ def memory_footprint(run: Run) -> pd.DataFrame:
     recorded = steps.dropna(subset=cols)
     if recorded.empty:
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
+    followers = recorded[recorded["step"].isin(recorded["step"] + 1)]
+    if len(followers):
+        recorded = followers
     at_peak = recorded[cols].median()
-    maxima = run.memory[cols].max() if len(run.memory) else recorded[cols].max()
+    timeline = run.memory[run.memory["step"].isin(recorded["step"])] if len(run.memory) else run.memory
+    maxima = timeline[cols].max() if len(timeline) else recorded[cols].max()
     total = float(at_peak.sum()) or 1.0
     return pd.DataFrame(
         {

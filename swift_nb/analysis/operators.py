@@ -41,17 +41,8 @@ def top_operators(
     if ops.empty:
         return pd.DataFrame(columns=COLUMNS)
 
-    thread = ops.groupby(["pid", "tid"], sort=False, dropna=False).ngroup().to_numpy()
+    thread, idx, parent, self_us = _self_times(ops)
     start, dur = ops["ts_us"].to_numpy(float), ops["dur_us"].to_numpy(float)
-    # Zero-length events hold no time and no other event; leaving them out of the nesting
-    # keeps "an end comes before a start at the same instant" true for every event.
-    nested = np.flatnonzero(dur > 0)
-    order, parent = _nesting(thread[nested], start[nested], dur[nested])
-    idx = nested[order]
-    child_us = np.bincount(parent[parent >= 0], weights=dur[idx][parent >= 0], minlength=len(idx))
-    self_us = np.zeros(len(ops))
-    # Clipped: events that overlap without nesting (rare, rounding) must not go negative.
-    self_us[idx] = np.clip(dur[idx] - child_us, 0.0, None)
 
     alloc = np.zeros(len(ops))
     is_cpu = (ops["cat"].to_numpy() == "cpu_op")[idx]
@@ -81,7 +72,32 @@ def top_operators(
     return out if n is None else out.head(n).reset_index(drop=True)
 
 
-def _profiled_ops(events: pd.DataFrame) -> pd.DataFrame:
+def op_self_times_us(events: pd.DataFrame) -> pd.Series:
+    """Self time (µs) of each operator event of the profiled steps: its duration minus
+    its direct children's on the same thread (index: the events' index)."""
+    ops = _profiled_ops(events, keep_index=True)
+    if ops.empty:
+        return pd.Series(dtype=float)
+    return pd.Series(_self_times(ops.reset_index(drop=True))[3], index=ops.index)
+
+
+def _self_times(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(thread id per op, nesting order, parent in that order, self µs per op)."""
+    thread = ops.groupby(["pid", "tid"], sort=False, dropna=False).ngroup().to_numpy()
+    start, dur = ops["ts_us"].to_numpy(float), ops["dur_us"].to_numpy(float)
+    # Zero-length events hold no time and no other event; leaving them out of the nesting
+    # keeps "an end comes before a start at the same instant" true for every event.
+    nested = np.flatnonzero(dur > 0)
+    order, parent = _nesting(thread[nested], start[nested], dur[nested])
+    idx = nested[order]
+    child_us = np.bincount(parent[parent >= 0], weights=dur[idx][parent >= 0], minlength=len(idx))
+    self_us = np.zeros(len(ops))
+    # Clipped: events that overlap without nesting (rare, rounding) must not go negative.
+    self_us[idx] = np.clip(dur[idx] - child_us, 0.0, None)
+    return thread, idx, parent, self_us
+
+
+def _profiled_ops(events: pd.DataFrame, keep_index: bool = False) -> pd.DataFrame:
     """Operator events of the profiled steps. A kernel runs after the host op that launched
     it, possibly past the last step's end, so a kernel also counts when its launching op
     (same external id) is in a profiled step."""
@@ -90,7 +106,7 @@ def _profiled_ops(events: pd.DataFrame) -> pd.DataFrame:
     kernel = cat == "kernel"
     launched = events["ext_id"].isin(events.loc[cpu, "ext_id"].dropna())
     keep = cpu | (kernel & ((events["step"] >= 0) | launched))
-    return events.loc[keep].reset_index(drop=True)
+    return events.loc[keep] if keep_index else events.loc[keep].reset_index(drop=True)
 
 
 def _nesting(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

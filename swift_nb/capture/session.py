@@ -292,20 +292,27 @@ class Session:
 
     def _on_boundary(self, trigger: str, optimizer: torch.optim.Optimizer | None) -> None:
         t_in = time.perf_counter()
-        now = t_in - self._t0
         k = self._step
-        self._rows.append(self._row(k, self._step_start, now, trigger, self._hook_cost_now))
-        if self._sampler is not None and (k + 1) % self.sample_every == 0:
-            self._sampler.on_step(self.sync_samples)
         self._step = k + 1
         if self._trace is not None:
+            # ProfilerStep#k ends first, and our bookkeeping below is a named event of the
+            # next step, so the trace's step spans match steps.csv's durations.
             self._trace.step()
-            self._snapshot_if_recorded()
-        if self._flop_step is not None:
-            self._count_flops_if_due()
+            with torch.profiler.record_function(OWN_EVENT_PREFIX + "step_hook"):
+                self._bookkeeping(k, t_in, trigger)
+        else:
+            self._bookkeeping(k, t_in, trigger)
         self._step_start = time.perf_counter() - self._t0
         self._hook_cost_now = self._step_start + self._t0 - t_in
         self._hook_cost += self._hook_cost_now
+
+    def _bookkeeping(self, k: int, t_in: float, trigger: str) -> None:
+        self._rows.append(self._row(k, self._step_start, t_in - self._t0, trigger, self._hook_cost_now))
+        if self._sampler is not None and (k + 1) % self.sample_every == 0:
+            self._sampler.on_step(self.sync_samples)
+        self._snapshot_if_recorded()
+        if self._flop_step is not None:
+            self._count_flops_if_due()
 
     def _row(self, k: int, start: float, end: float, trigger: str, overhead: float) -> tuple:
         peak = reserved = math.nan
@@ -335,9 +342,7 @@ class Session:
             return
         k = self._step
         if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
-            # Named in the trace so the step breakdown can leave our own time out.
-            with torch.profiler.record_function(OWN_EVENT_PREFIX + "snapshot"):
-                self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
+            self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
 
     def _add_memory_categories(self, run: Run, steps: pd.DataFrame, trace) -> None:
         """Per recorded step: category bytes at the step's peak (steps.csv) and the

@@ -15,14 +15,12 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from swift_nb.analysis import Analysis
 from swift_nb.api import finish
 from swift_nb.capture.session import Session, cell_source, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.errors import ConfigError, RunDirError
 from swift_nb.record import Run, runs
-from swift_nb.render.figures import figure_png
-from swift_nb.render.report import analysis_fields, report_sections
+from swift_nb.render.report import Section
 from swift_nb.render.tables import runs_html, runs_text, summary_html, summary_text
 
 
@@ -106,8 +104,9 @@ class SwiftMagics(Magics):
                 status = "interrupted"
             else:
                 status = "failed" if err is not None else "ok"
-            run, analysis = finish(session, status, err)
-            show_run(run, analysis)
+            reported = finish(session, status, err)
+            run = reported.run
+            show_run(run, reported.sections)
         if err is not None:
             raise ProfiledCellError(run.id)
 
@@ -121,12 +120,14 @@ class SwiftMagics(Magics):
         display({"text/html": runs_html(table), "text/plain": runs_text(table)}, raw=True)
 
 
-def show_run(run: Run, analysis: Analysis | None = None) -> None:
+def show_run(run: Run, sections: list[Section]) -> None:
     """Display a run's report, section by section, as static outputs: HTML for text and
     tables, image/png for figures (they survive nbconvert and GitHub's viewer), each with a
     plain-text fallback for terminals."""
     display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
-    for section in report_sections(run, **analysis_fields(analysis))[1:]:
+    for section in sections:
+        if section.title == "Summary":
+            continue  # shown above, with its plain-text twin
         if section.title in ("Environment", "Notes"):
             continue  # in the summary's notes and report.html; not worth the cell's space
         html = [f"<h4>{escape(section.title)}</h4>"]
@@ -138,7 +139,7 @@ def show_run(run: Run, analysis: Analysis | None = None) -> None:
             html = []
             display(
                 {
-                    "image/png": base64.b64encode(figure_png(part.figure)).decode("ascii"),
+                    "image/png": base64.b64encode(part.png).decode("ascii"),
                     "text/plain": f"[{part.alt}]",
                 },
                 raw=True,

@@ -14,6 +14,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -154,8 +155,12 @@ class FigurePart:
     alt: str
     caption: str
 
+    @cached_property
+    def png(self) -> bytes:
+        return figure_png(self.figure)
+
     def html(self) -> str:
-        data = base64.b64encode(figure_png(self.figure)).decode("ascii")
+        data = base64.b64encode(self.png).decode("ascii")
         return (
             f"<figure><img alt='{escape(self.alt)}' src='data:image/png;base64,{data}'>"
             f"<figcaption>{escape(self.caption)}</figcaption></figure>"
@@ -394,7 +399,6 @@ def report_html(
     ``steps_per_s`` … ``mfu_pct`` attributes, the advisor's verdict and findings); any of
     them may be None or empty, as for a run without a trace, and its section then says so.
     """
-    name = run.label or run.id
     sections = report_sections(
         run,
         breakdown=breakdown,
@@ -406,6 +410,12 @@ def report_html(
         verdict=verdict,
         findings=findings,
     )
+    return document_html(run, sections)
+
+
+def document_html(run: Run, sections: Sequence[Section]) -> str:
+    """The report document around already-built sections."""
+    name = run.label or run.id
     body = [
         f"<h1>swift_nb report — {escape(name)}</h1>",
         f"<p class='sub'>run {escape(run.id)} · started {escape(run.started_at or '–')} · "
