@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from swift_nb.analysis import Analysis, analyze
+from swift_nb.analysis.trace import TABLES_FILE, parse_events, save_tables
 from swift_nb.capture.session import Session, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.record import Run, load_run, save
@@ -27,12 +28,17 @@ class Reported:
     sections: list[Section]
 
 
-def report(run: Run | Path | str) -> Reported:
+def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Reported:
     """Analyse a saved run and write its ``report.html``. A failing analysis is noted in
-    the run instead of raised: what was measured is never lost to it."""
+    the run instead of raised: what was measured is never lost to it. ``trace_events``:
+    the trace's events when the caller holds them already (saves reading the file)."""
     run = run if isinstance(run, Run) else load_run(run)
     try:
-        analysis = analyze(run)
+        trace = None
+        if trace_events is not None and run.trace_path is not None:
+            trace = parse_events(trace_events)
+            save_tables(trace, run.trace_path.with_name(TABLES_FILE))
+        analysis = analyze(run, trace=trace)
     except Exception as e:  # a bug in an analysis must not cost the user the run
         run.notes.append(f"analysis failed ({type(e).__name__}: {e}); the run's data is intact")
         analysis = None
@@ -44,7 +50,8 @@ def report(run: Run | Path | str) -> Reported:
 
 def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
     """Stop a session, save its record, then analyse it and write the report."""
-    return report(session.finish(status, error))
+    run = session.finish(status, error)
+    return report(run, session.take_trace_events())
 
 
 def status_of(exc_type: type[BaseException] | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas.testing as pdt
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ import swift_nb
 from swift_nb.analysis import analyze
 from swift_nb.analysis.breakdown import PARTS, step_breakdown
 from swift_nb.analysis.memory import memory_footprint
+from swift_nb.analysis.trace import TABLES_FILE, load_trace
 from swift_nb.demo import make_model
 
 B, T, D, H, L, V = 4, 64, 64, 2, 2, 256
@@ -68,3 +70,16 @@ def test_analyze_and_report_from_a_run_folder(gpt_run):
     assert result.verdict.kind in ("compute-bound", "overhead-bound", "memory-bound")
     assert result.throughput.batch_size == B and result.throughput.seq_len == T
     assert len(result.operators_time) == 15 and result.operators_memory["alloc_bytes"].iloc[0] > 0
+
+
+def test_trace_tables_cache_matches_the_json_and_survives_corruption(gpt_run):
+    run, _, _ = gpt_run
+    cache = run.trace_path.with_name(TABLES_FILE)
+    assert cache.is_file()  # written when the run was analysed
+    cache.unlink()
+    fresh = load_trace(run)  # from the JSON; writes the cache again
+    cached = load_trace(run)
+    for name in ("events", "memory", "steps"):
+        pdt.assert_frame_equal(getattr(fresh, name), getattr(cached, name), check_dtype=False)
+    cache.write_bytes(b"not an npz")
+    pdt.assert_frame_equal(load_trace(run).events, fresh.events, check_dtype=False)

@@ -13,9 +13,9 @@ from swift_nb.analysis.advisor import Thresholds, advise
 from swift_nb.analysis.breakdown import device_busy, step_breakdown
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
-from swift_nb.analysis.operators import top_operators
+from swift_nb.analysis.operators import by_memory, top_operators
 from swift_nb.analysis.throughput import Throughput, throughput
-from swift_nb.analysis.trace import load_trace
+from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
 
 
@@ -34,17 +34,22 @@ class Analysis:
     findings: list[Finding]
 
 
-def analyze(run: Run, thresholds: Thresholds | None = None, top_n: int = 15) -> Analysis:
-    trace = load_trace(run)
+def analyze(
+    run: Run, thresholds: Thresholds | None = None, top_n: int = 15, trace: Trace | None = None
+) -> Analysis:
+    """All analyses of ``run``; ``trace`` saves reading the trace file when the caller
+    already holds it."""
+    trace = trace if trace is not None else load_trace(run)
     breakdown = step_breakdown(run, trace)
     verdict, findings = advise(run, trace, thresholds, breakdown)
+    ops = top_operators(run, by="self_time", n=None, trace=trace)  # nesting computed once
     return Analysis(
         breakdown=breakdown,
         device_busy=device_busy(run, trace),
         footprint=memory_footprint(run),
         timeline=memory_timeline(run),
-        operators_time=top_operators(run, by="self_time", n=top_n, trace=trace),
-        operators_memory=top_operators(run, by="memory", n=top_n, trace=trace),
+        operators_time=ops.head(top_n).reset_index(drop=True),
+        operators_memory=by_memory(ops).head(top_n).reset_index(drop=True),
         throughput=throughput(run, trace),
         verdict=verdict,
         findings=findings,

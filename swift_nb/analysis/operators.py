@@ -66,10 +66,18 @@ def top_operators(
             "input_shapes": _common_shapes(codes, ops["input_dims"], len(names)),
         }
     )
-    key = SORT_COLUMNS[by]
-    others = [c for c in ("self_time_s", "alloc_bytes") if c != key]
-    out = out.sort_values([key, *others, "name"], ascending=[False, False, True], ignore_index=True)
+    out = _sorted(out, SORT_COLUMNS[by])
     return out if n is None else out.head(n).reset_index(drop=True)
+
+
+def by_memory(table: pd.DataFrame) -> pd.DataFrame:
+    """A ``top_operators`` table re-sorted as ``by="memory"`` would sort it."""
+    return _sorted(table, SORT_COLUMNS["memory"])
+
+
+def _sorted(table: pd.DataFrame, key: str) -> pd.DataFrame:
+    others = [c for c in ("self_time_s", "alloc_bytes") if c != key]
+    return table.sort_values([key, *others, "name"], ascending=[False, False, True], ignore_index=True)
 
 
 def op_self_times_us(events: pd.DataFrame) -> pd.Series:

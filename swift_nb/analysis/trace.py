@@ -21,6 +21,7 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 EVENT_COLUMNS = ["name", "cat", "ts_us", "dur_us", "end_us", "pid", "tid", "step", "input_dims", "ext_id"]
 MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
+STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
 
 
 @dataclass
@@ -90,7 +91,7 @@ def parse_events(raw: list[dict]) -> Trace:
         events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
         .assign(step=events.loc[is_step, "name"].str.extract(_STEP.pattern, expand=False).astype(int))
         .rename(columns={"ts_us": "start_us"})
-        .sort_values("start_us", ignore_index=True)[["step", "start_us", "end_us", "dur_us", "tid"]]
+        .sort_values("start_us", ignore_index=True)[STEP_COLUMNS]
     )
     events = events.loc[~is_step & (events["cat"] != "Trace")].reset_index(drop=True)
     events["step"] = _assign_steps(events["ts_us"].to_numpy(), steps)
@@ -108,12 +109,76 @@ def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.clip(idx, 0, None)], -1)
 
 
+TABLES_FILE = "trace.tables.npz"
+_TEXT_COLUMNS = {"events": ["name", "cat", "pid", "tid", "input_dims"], "memory": ["addr"], "steps": ["tid"]}
+
+
 def load_trace(run: Run) -> Trace:
-    """The run's trace as tables; an empty Trace when there is none. Parsing a big trace
-    takes a while: load it once and pass it to each analysis (``analyze`` does)."""
+    """The run's trace as tables; an empty Trace when there is none.
+
+    Decoding a big trace's JSON takes seconds, so the tables are kept beside it in
+    ``trace.tables.npz`` (plain arrays, no pickles) and read from there while they are
+    newer than the trace; an unreadable copy is ignored and rebuilt.
+    """
     path = run.trace_path
     if path is None or not Path(path).exists():
         return parse_events([])
+    cache = Path(path).with_name(TABLES_FILE)
+    if cache.exists() and cache.stat().st_mtime >= Path(path).stat().st_mtime:
+        try:
+            return _read_tables(cache)
+        except (OSError, ValueError, KeyError):
+            pass
     with gzip.open(path, "rb") as f:
         doc = orjson.loads(f.read())
-    return parse_events(doc.get("traceEvents", []))
+    trace = parse_events(doc.get("traceEvents", []))
+    save_tables(trace, cache)
+    return trace
+
+
+def save_tables(trace: Trace, path: Path) -> None:
+    """Write ``trace``'s tables to ``path`` (best effort: a read-only folder just means the
+    JSON is decoded again next time)."""
+    arrays: dict[str, np.ndarray] = {}
+    for table_name in ("events", "memory", "steps"):
+        table = getattr(trace, table_name)
+        for col in table.columns:
+            key = f"{table_name}/{col}"
+            if col in _TEXT_COLUMNS[table_name]:
+                codes, uniques = pd.factorize(table[col], use_na_sentinel=True)
+                arrays[key] = codes.astype(np.int32)
+                labels = orjson.dumps([u if isinstance(u, (int, str)) else str(u) for u in uniques])
+                arrays[key + "#labels"] = np.frombuffer(labels, dtype=np.uint8)
+            else:
+                arrays[key] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    try:
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_tables(path: Path) -> Trace:
+    columns = {"events": EVENT_COLUMNS, "memory": MEMORY_COLUMNS, "steps": STEP_COLUMNS}
+    tables = {}
+    with np.load(path, allow_pickle=False) as z:
+        for table_name, cols in columns.items():
+            data = {}
+            for col in cols:
+                key = f"{table_name}/{col}"
+                if col in _TEXT_COLUMNS[table_name]:
+                    labels = np.array([*orjson.loads(z[key + "#labels"].tobytes()), None], dtype=object)
+                    data[col] = labels[z[key]]  # code -1 (missing) picks the trailing None
+                else:
+                    data[col] = z[key]
+            tables[table_name] = pd.DataFrame(data, columns=cols)
+    events, memory, steps = tables["events"], tables["memory"], tables["steps"]
+    for table, ints in (
+        (events, ["step"]),
+        (memory, ["bytes", "total_allocated", "device_type", "device_id", "step"]),
+        (steps, ["step"]),
+    ):
+        for col in ints:
+            table[col] = table[col].astype(np.int64)
+    return Trace(events.astype({"name": str, "cat": str, "input_dims": str}), memory, steps)

@@ -172,6 +172,9 @@ class Session:
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
         self._snapshots: dict[int, memcat.Snapshot] = {}
+        # The trace's events once finished, so the analysis need not read the file again;
+        # whoever analyses the run takes them (take_trace_events) and the memory goes.
+        self.trace_events: list[dict] | None = None
         self._sampler: Sampler | None = None
         self._trace: TraceRecorder | None = None
         self._stderr = StderrFilter()
@@ -215,6 +218,10 @@ class Session:
             self.finish("failed")
             raise
         return run
+
+    def take_trace_events(self) -> list[dict] | None:
+        events, self.trace_events = self.trace_events, None
+        return events
 
     def begin_step(self) -> None:
         """Mark the start of the current step (time before it belongs to no step)."""
@@ -269,6 +276,7 @@ class Session:
         if trace is not None and trace.path is not None:
             run.files["trace"] = TRACE_FILE
             run.summary["trace_events"] = len(trace.events)
+            self.trace_events = trace.events
             run.summary["recorded_steps"] = trace.recorded_steps
             self._add_memory_categories(run, steps, trace)
         elif self.profiler_cfg is not None:
