@@ -9,7 +9,6 @@ Schedule: ``wait`` steps skip start-up noise, ``warmup`` steps let the profiler 
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 from torch.profiler import ProfilerActivity
 
@@ -124,7 +124,7 @@ class TraceRecorder:
             return TraceResult(None, [], [])
         out = self._folder / "trace.json.gz"
         try:
-            docs = [json.loads(p.read_bytes()) for p in parts]
+            docs = [orjson.loads(p.read_bytes()) for p in parts]
             doc = docs[0]
             for extra in docs[1:]:
                 doc["traceEvents"].extend(extra["traceEvents"])
@@ -139,8 +139,8 @@ class TraceRecorder:
                 with parts[0].open("rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
             else:
-                with gzip.open(tmp, "wt", compresslevel=3, encoding="utf-8") as dst:
-                    json.dump(doc, dst)
+                with gzip.open(tmp, "wb", compresslevel=3) as dst:
+                    dst.write(orjson.dumps(doc))
             os.replace(tmp, out)
         finally:
             for p in parts:
