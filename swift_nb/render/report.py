@@ -353,7 +353,10 @@ def report_sections(
     verdict: Verdict | None = None,
     findings: Sequence[Finding] | None = None,
 ) -> list[Section]:
-    """The report's sections in order (the notebook shows the same ones)."""
+    """The report's sections in order (the notebook shows the same ones), from the
+    analyses' outputs (``step_breakdown``, ``memory_footprint``, ``memory_timeline``,
+    ``top_operators`` by time and by memory, throughput, the advisor's verdict and
+    findings); a missing or empty one makes its section say so."""
     sections = [
         _summary_section(run),
         _verdict_section(verdict),
@@ -380,37 +383,10 @@ def report_sections(
     return [s for s in sections if s is not None]
 
 
-def report_html(
-    run: Run,
-    *,
-    breakdown: pd.DataFrame | None = None,
-    footprint: pd.DataFrame | None = None,
-    timeline: pd.DataFrame | None = None,
-    operators_time: pd.DataFrame | None = None,
-    operators_memory: pd.DataFrame | None = None,
-    throughput: Any = None,
-    verdict: Verdict | None = None,
-    findings: Sequence[Finding] | None = None,
-) -> str:
-    """The whole report as one HTML document.
-
-    Takes the analyses' outputs (``step_breakdown``, ``memory_footprint``,
-    ``memory_timeline``, ``top_operators`` by time and by memory, throughput with
-    ``steps_per_s`` … ``mfu_pct`` attributes, the advisor's verdict and findings); any of
-    them may be None or empty, as for a run without a trace, and its section then says so.
-    """
-    sections = report_sections(
-        run,
-        breakdown=breakdown,
-        footprint=footprint,
-        timeline=timeline,
-        operators_time=operators_time,
-        operators_memory=operators_memory,
-        throughput=throughput,
-        verdict=verdict,
-        findings=findings,
-    )
-    return document_html(run, sections)
+def report_html(run: Run, **analyses: Any) -> str:
+    """The whole report as one HTML document; ``analyses`` are ``report_sections``'s
+    keyword arguments (any may be missing, as for a run without a trace)."""
+    return document_html(run, report_sections(run, **analyses))
 
 
 def document_html(run: Run, sections: Sequence[Section]) -> str:
