@@ -113,8 +113,7 @@ def seq_to_heads(group: Group, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
     b, h, s, d = xs[0].shape
     # One buffer [P, n, batch, heads/P, seq/P, head_dim]: chunk j (dim 0) goes to rank j, and
     # q, k and v travel in a single collective (one latency instead of three).
-    send = torch.stack([x.reshape(b, p, h // p, s, d).transpose(0, 1) for x in xs], dim=1)
-    recv = _all_to_all(send, group)
+    recv = _all_to_all(torch.stack([x.reshape(b, p, h // p, s, d).transpose(0, 1) for x in xs], dim=1), group)
     # Chunk j of what arrived holds rank j's tokens: put the shards back in sequence order.
     return tuple(recv[:, i].permute(1, 2, 0, 3, 4).reshape(b, h // p, p * s, d) for i in range(len(xs)))
 
@@ -122,13 +121,16 @@ def seq_to_heads(group: Group, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
 def heads_to_seq(group: Group, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     p = group.size
     b, hp, seq, d = xs[0].shape
-    send = torch.stack([x.reshape(b, hp, p, seq // p, d).permute(2, 0, 1, 3, 4) for x in xs], dim=1)
-    recv = _all_to_all(send, group)
+    recv = _all_to_all(
+        torch.stack([x.reshape(b, hp, p, seq // p, d).permute(2, 0, 1, 3, 4) for x in xs], dim=1), group
+    )
     # Chunk j of what arrived holds head group j of this rank's tokens.
     return tuple(recv[:, i].transpose(0, 1).reshape(b, p * hp, seq // p, d) for i in range(len(xs)))
 
 
 def _all_to_all(send: torch.Tensor, group: Group) -> torch.Tensor:
+    """The send buffer is only referenced here, so it is freed before the caller copies the
+    received chunks into place."""
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group.pg)
     return recv
