@@ -6,6 +6,13 @@ A run folder holds
 - ``samples.csv``: one row per resource sample (see ``SAMPLE_COLUMNS``);
 - ``trace.json.gz``: the profiler's Chrome/Perfetto trace (written by the capture layer).
 
+A job of several ranks (see ``swift_nb.capture.ranks``) keeps rank 0's view in those
+files, its traces as ``trace.rank<R>.json.gz``, and adds
+- ``ranks.csv``: one row per rank (``swift_nb.capture.ranks.RANK_COLUMNS``);
+- ``rank_steps.csv`` / ``rank_samples.csv``: every rank's steps and (decimated) samples,
+  with a ``rank`` column;
+- ``rank<R>/``: each rank's own record, written before rank 0 gathered them.
+
 Every write is atomic (temp file + rename), so a reader never sees half a file. This
 module knows nothing of torch, IPython or the capture machinery: any layer can load a
 record without them.
@@ -41,7 +48,12 @@ STEPS_FILE = "steps.csv"
 SAMPLES_FILE = "samples.csv"
 MEMORY_FILE = "memory.csv"
 TRACE_FILE = "trace.json.gz"
+RANKS_FILE = "ranks.csv"
+RANK_STEPS_FILE = "rank_steps.csv"
+RANK_SAMPLES_FILE = "rank_samples.csv"
 PIN_FILE = "PINNED"
+STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
+STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step
 
 STATUSES = ("running", "ok", "failed", "interrupted")
 
@@ -124,6 +136,9 @@ class Run:
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
     samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SAMPLE_COLUMNS))
     memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
+    ranks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rank_samples: pd.DataFrame = field(default_factory=pd.DataFrame)
     path: Path | None = None
 
     @property
@@ -132,6 +147,60 @@ class Run:
         if self.path is None or "trace" not in self.files:
             return None
         return self.path / self.files["trace"]
+
+    def rank_trace_paths(self) -> dict[int, Path]:
+        """Each rank's trace file in this folder (rank 0's is ``trace_path``)."""
+        if self.path is None:
+            return {}
+        out = {0: self.trace_path} if self.trace_path is not None else {}
+        for key, name in self.files.items():
+            if key.startswith("trace_rank"):
+                out[int(key.removeprefix("trace_rank"))] = self.path / name
+        if not len(self.ranks) and out:
+            out = {int(self.environment.get("rank", 0)): out[0]}
+        return dict(sorted(out.items()))
+
+    @property
+    def per_rank(self) -> pd.DataFrame:
+        """One row per rank (one row for a single process): ``rank``, ``local_rank``,
+        ``node_rank``, ``host``, ``device``, ``status``, ``steps``, ``step_time_median_s``,
+        ``peak_mem_bytes``, ``comm_s_per_step`` (s in collectives per recorded step),
+        ``comm_share`` (0..1 of the step), ``busy_s`` (median step time outside
+        collectives) and ``straggler``: ``busy_s`` at least 15 % above the ranks'
+        median, and by at least 20 % of the median step (jitter on a busy machine, or in
+        steps that are nearly all communication, is no straggler). Collectives make every
+        rank's step as long as the slowest one's, so a slow rank shows up as the one that
+        waits least in them, i.e. the busiest."""
+        if len(self.ranks):
+            df = self.ranks.copy()
+        else:
+            s, env = self.summary, self.environment
+            df = pd.DataFrame(
+                [
+                    {
+                        "rank": env.get("rank", 0),
+                        "local_rank": env.get("local_rank", env.get("rank", 0)),
+                        "node_rank": env.get("node_rank", 0),
+                        "host": self.host,
+                        "device": env.get("rank_device", env.get("device")),
+                        "status": self.status,
+                        "steps": s.get("steps"),
+                        "step_time_median_s": s.get("step_time_median_s"),
+                        "peak_mem_bytes": s.get("peak_mem_bytes"),
+                        "comm_s_per_step": s.get("comm_s_per_step", 0.0 if "trace" in self.files else None),
+                        "comm_share": s.get("comm_share", 0.0 if "trace" in self.files else None),
+                    }
+                ]
+            )
+        for col in ("steps", "step_time_median_s", "peak_mem_bytes", "comm_s_per_step", "comm_share"):
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+        step = df["step_time_median_s"]
+        df["busy_s"] = step * (1.0 - df["comm_share"].fillna(0.0))
+        present = df["busy_s"].dropna()
+        ref = float(present.median()) if len(present) >= 2 else float("nan")
+        margin = max(STRAGGLER_EXCESS * ref, STRAGGLER_MIN_STEP_SHARE * float(step.median()))
+        df["straggler"] = (df["busy_s"] >= ref + margin).fillna(False).astype(bool)
+        return df.reset_index(drop=True)
 
     @property
     def pinned(self) -> bool:
@@ -151,7 +220,12 @@ class Run:
         )
 
 
-_TABLES = {"steps", "samples", "memory", "path"}  # Run fields that are not stored in run.json
+_TABLES = {"steps", "samples", "memory", "ranks", "rank_steps", "rank_samples", "path"}
+_RANK_TABLES = {
+    "ranks": RANKS_FILE,
+    "rank_steps": RANK_STEPS_FILE,
+    "rank_samples": RANK_SAMPLES_FILE,
+}  # Run fields that are not stored in run.json
 
 
 def new_run_id(label: str | None = None, now: datetime | None = None) -> str:
@@ -236,6 +310,11 @@ def save(run: Run, path: Path | str | None = None) -> Path:
     if len(run.memory):
         run.files.setdefault("memory", MEMORY_FILE)
         atomic_write_text(folder / MEMORY_FILE, _frame_to_csv(run.memory))
+    for name, file in _RANK_TABLES.items():
+        table = getattr(run, name)
+        if len(table):
+            run.files.setdefault(name, file)
+            atomic_write_text(folder / file, _frame_to_csv(table))
     # run.json last: its presence means the tables it names are complete.
     atomic_write_text(folder / RUN_FILE, json.dumps(run.meta(), indent=2, default=str))
     return folder
@@ -295,6 +374,9 @@ def load_run(path: Path | str) -> Run:
     run.steps = _read_csv(folder / STEPS_FILE, STEP_COLUMNS)
     run.samples = _read_csv(folder / SAMPLES_FILE, SAMPLE_COLUMNS)
     run.memory = _read_csv(folder / MEMORY_FILE, MEMORY_COLUMNS)
+    for name, file in _RANK_TABLES.items():
+        if name in run.files:
+            setattr(run, name, _read_csv(folder / file, []))
     run.path = folder
     return run
 
@@ -350,6 +432,7 @@ RUNS_COLUMNS = [
     "peak_mem_bytes",
     "pinned",
     "path",
+    "world_size",
 ]
 
 
@@ -357,7 +440,7 @@ def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFra
     """Recent runs under ``root`` (default ``default_root()``), newest first.
 
     Columns: id, label, status, started_at (ISO, UTC), wall_s, steps, step_time_median_s,
-    peak_mem_bytes, pinned, path. A record left ``running`` by a process that no longer
+    peak_mem_bytes, pinned, path, world_size (ranks of the job; 1 for a single process). A record left ``running`` by a process that no longer
     exists shows status ``crashed``. Unreadable folders are skipped with a warning.
     """
     root = Path(root) if root is not None else default_root()
@@ -379,6 +462,7 @@ def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFra
                 "peak_mem_bytes": summary.get("peak_mem_bytes"),
                 "pinned": (folder / PIN_FILE).exists(),
                 "path": str(folder),
+                "world_size": (meta.get("context") or {}).get("world_size", 1),
             }
         )
         if limit is not None and len(rows) >= limit:

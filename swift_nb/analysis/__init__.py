@@ -1,16 +1,19 @@
 """Analysis layer: pure functions over Run records, returning DataFrames or dataclasses.
 
-``analyze(run)`` runs them all over one parse of the trace.
+``analyze(run)`` runs them all over one parse of the trace (for a job of several ranks:
+rank 0's trace, plus every rank's for the collectives and the findings across ranks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
+from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.advisor import Thresholds, advise
 from swift_nb.analysis.breakdown import device_busy, step_breakdown
+from swift_nb.analysis.comm import collectives, job_collectives
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
 from swift_nb.analysis.operators import by_memory, top_operators
@@ -32,6 +35,8 @@ class Analysis:
     throughput: Throughput
     verdict: Verdict
     findings: list[Finding]
+    per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)  # Run.per_rank
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # analysis.comm, every rank
 
 
 def analyze(
@@ -43,6 +48,15 @@ def analyze(
     breakdown = step_breakdown(run, trace)
     verdict, findings = advise(run, trace, thresholds, breakdown)
     ops = top_operators(run, by="self_time", n=None, trace=trace)  # nesting computed once
+    per_rank = run.per_rank
+    if rank_analysis.is_job(run):
+        comm = job_collectives(run, {0: trace})
+        findings = rank_analysis.findings_across_ranks(run, findings, thresholds)
+        straggler = rank_analysis.straggler_finding(per_rank, comm)
+        if straggler is not None:
+            findings.append(straggler)
+    else:
+        comm = collectives(trace, 1, int(run.environment.get("rank", 0)))
     return Analysis(
         breakdown=breakdown,
         device_busy=device_busy(run, trace),
@@ -53,6 +67,8 @@ def analyze(
         throughput=throughput(run, trace),
         verdict=verdict,
         findings=findings,
+        per_rank=per_rank,
+        collectives=comm,
     )
 
 

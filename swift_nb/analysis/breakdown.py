@@ -20,12 +20,9 @@ import pandas as pd
 
 from swift_nb.analysis import intervals as iv
 from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.capture.ranks import COLLECTIVE as COMM
 from swift_nb.record import Run
 
-COMM = re.compile(
-    r"^(?:c10d::|gloo:|nccl:|nccl|record_param_comms|FSDP::|ProcessGroup|_all_to_all|all_reduce|broadcast)",
-    re.I,
-)
 DATA = re.compile(r"^enumerate\(DataLoader\)")
 OPTIM = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
 BACKWARD = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")

@@ -19,7 +19,19 @@ from swift_nb.record import Run
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
-EVENT_COLUMNS = ["name", "cat", "ts_us", "dur_us", "end_us", "pid", "tid", "step", "input_dims", "ext_id"]
+EVENT_COLUMNS = [
+    "name",
+    "cat",
+    "ts_us",
+    "dur_us",
+    "end_us",
+    "pid",
+    "tid",
+    "step",
+    "input_dims",
+    "input_types",
+    "ext_id",
+]
 MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
 STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
 
@@ -28,7 +40,8 @@ STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
 class Trace:
     """A run's trace as tables.
 
-    events: complete ("X") events; input_dims is the op's input shapes as text.
+    events: complete ("X") events; input_dims is the op's input shapes as text, input_types
+    their element types (``['float', 'TensorList', …]``, empty for ops without shapes).
     memory: ``[memory]`` allocation (bytes > 0) and free (bytes < 0) events.
     steps: one row per ``ProfilerStep#N``: step, start_us, end_us, dur_us, and the tid of
     the thread that ran the training loop.
@@ -67,6 +80,7 @@ def parse_events(raw: list[dict]) -> Trace:
             "tid": [e.get("tid") for e in xs],
             "step": -1,
             "input_dims": [_shapes(a) for a in args],
+            "input_types": [str(t) if (t := a.get("Input type")) and "Input Dims" in a else "" for a in args],
             "ext_id": [a.get("External id") for a in args],
         },
         columns=EVENT_COLUMNS,
@@ -85,7 +99,9 @@ def parse_events(raw: list[dict]) -> Trace:
         },
         columns=MEMORY_COLUMNS,
     ).sort_values("ts_us", kind="stable", ignore_index=True)
-    events = events.astype({"name": str, "cat": str, "input_dims": str})  # typed even when empty
+    events = events.astype(
+        {"name": str, "cat": str, "input_dims": str, "input_types": str}
+    )  # typed even when empty
     is_step = events["name"].str.startswith("ProfilerStep#")
     steps = (
         events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
@@ -110,20 +126,35 @@ def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 
 
 TABLES_FILE = "trace.tables.npz"
-_TEXT_COLUMNS = {"events": ["name", "cat", "pid", "tid", "input_dims"], "memory": ["addr"], "steps": ["tid"]}
+_TEXT_COLUMNS = {
+    "events": ["name", "cat", "pid", "tid", "input_dims", "input_types"],
+    "memory": ["addr"],
+    "steps": ["tid"],
+}
+
+
+def tables_path(trace_path: Path) -> Path:
+    """Where a trace's tables are cached: ``trace.json.gz`` → ``trace.tables.npz``,
+    ``trace.rank3.json.gz`` → ``trace.rank3.tables.npz``."""
+    trace_path = Path(trace_path)
+    return trace_path.with_name(trace_path.name.removesuffix(".json.gz") + ".tables.npz")
 
 
 def load_trace(run: Run) -> Trace:
-    """The run's trace as tables; an empty Trace when there is none.
+    """The run's trace as tables; an empty Trace when there is none."""
+    return load_trace_file(run.trace_path)
+
+
+def load_trace_file(path: Path | None) -> Trace:
+    """A trace file as tables; an empty Trace when there is none.
 
     Decoding a big trace's JSON takes seconds, so the tables are kept beside it in
-    ``trace.tables.npz`` (plain arrays, no pickles) and read from there while they are
+    ``<name>.tables.npz`` (plain arrays, no pickles) and read from there while they are
     newer than the trace; an unreadable copy is ignored and rebuilt.
     """
-    path = run.trace_path
     if path is None or not Path(path).exists():
         return parse_events([])
-    cache = Path(path).with_name(TABLES_FILE)
+    cache = tables_path(path)
     if cache.exists() and cache.stat().st_mtime >= Path(path).stat().st_mtime:
         try:
             return _read_tables(cache)
@@ -181,4 +212,6 @@ def _read_tables(path: Path) -> Trace:
     ):
         for col in ints:
             table[col] = table[col].astype(np.int64)
-    return Trace(events.astype({"name": str, "cat": str, "input_dims": str}), memory, steps)
+    return Trace(
+        events.astype({"name": str, "cat": str, "input_dims": str, "input_types": str}), memory, steps
+    )

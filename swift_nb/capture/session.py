@@ -8,6 +8,7 @@ and the notebook magic so that every front uses the same machinery.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import os
@@ -27,6 +28,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from swift_nb.capture import memory_categories as memcat
+from swift_nb.capture import ranks as rk
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
@@ -48,17 +50,24 @@ from swift_nb.record import (
 
 
 @contextlib.contextmanager
-def deferred_sigint():
-    """Hold back SIGINT (the kernel's interrupt) for the duration; re-raise it after."""
+def deferred_sigint(sigterm: bool = False):
+    """Hold back SIGINT (the kernel's interrupt) for the duration; re-raise it after.
+    ``sigterm``: hold back SIGTERM too (a launcher stopping the job), then deliver it with
+    its default action once the record is saved."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    signums = [signal.SIGINT, signal.SIGTERM] if sigterm else [signal.SIGINT]
+    previous = {n: signal.signal(n, lambda signum, frame: pending.append(signum)) for n in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for n, handler in previous.items():
+            signal.signal(n, handler)
+    if signal.SIGTERM in pending:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
     if pending:
         raise KeyboardInterrupt
 
@@ -72,7 +81,7 @@ def rank_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def environment() -> dict[str, Any]:
+def environment(ranks: rk.RankInfo | None = None) -> dict[str, Any]:
     rank, world = rank_info()
     env: dict[str, Any] = {
         "python": platform.python_version(),
@@ -90,6 +99,8 @@ def environment() -> dict[str, Any]:
         env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     else:
         env["devices"] = [platform.processor() or platform.machine()]
+    if ranks is not None:
+        env.update(ranks.tags())
     return env
 
 
@@ -145,7 +156,10 @@ class Session:
         sync_samples: bool = False,
         use_optimizer_hook: bool = True,
         count_flops: bool = False,
+        gather_timeout_s: float | None = None,
     ) -> None:
+        if gather_timeout_s is not None and not (gather_timeout_s > 0 and math.isfinite(gather_timeout_s)):
+            raise ConfigError("gather_timeout_s", "must be a positive number of seconds", gather_timeout_s)
         if interval_s is not None and not (interval_s > 0 and math.isfinite(interval_s)):
             raise ConfigError("interval_s", "must be a positive number of seconds", interval_s)
         if not isinstance(sample_every, int) or sample_every < 1:
@@ -172,6 +186,7 @@ class Session:
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
         self._snapshots: dict[int, memcat.Snapshot] = {}
+        self._snapshot_failed = False
         # The trace's events once finished, so the analysis need not read the file again;
         # whoever analyses the run takes them (take_trace_events) and the memory goes.
         self.trace_events: list[dict] | None = None
@@ -184,6 +199,12 @@ class Session:
         self._rss = psutil.Process().memory_info
         self._flop_step = _flop_step(profiler) if count_flops else None
         self._flops: FlopCounterMode | None = None
+        # One rank of a distributed job: see swift_nb.capture.ranks for the protocol.
+        self._ranks = rk.RankInfo.detect()
+        self._gather_timeout_s = gather_timeout_s if gather_timeout_s is not None else rk.gather_timeout_s()
+        self._group: rk.RankGroup | None = None
+        self._job_path: Path | None = None
+        self._sigterm = rk.TerminateAsInterrupt()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -191,17 +212,22 @@ class Session:
         self._watcher.install()  # refuses a nested profile before anything is written
         run = self.run
         try:
-            run.path = self.root / run.id
-            run.path.mkdir(parents=True)
+            if self._ranks is None:
+                run.path = self.root / run.id
+                run.path.mkdir(parents=True)
+            else:
+                self._join_job()
             run.status = "running"
             run.started_at = utc_now_iso()
             run.pid = os.getpid()
             run.host = socket.gethostname()
-            run.environment = environment()
+            run.environment = environment(self._ranks)
             if self.profiler_cfg is not None:
                 c = self.profiler_cfg
                 run.schedule = {k: getattr(c, k) for k in c.__dataclass_fields__}
             save(run)  # a crash from here on still leaves a readable `running` record
+            if self._ranks is not None and self._ranks.rank == 0:
+                save(Run(**{**run.__dict__, "path": None}), self._job_path)
             self._t0 = time.perf_counter()
             if self._cuda:
                 torch.cuda.reset_peak_memory_stats()
@@ -210,7 +236,11 @@ class Session:
             self._sampler.start(self._t0)
             if self.profiler_cfg is not None:
                 self._stderr.start()
-                self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
+                if self._ranks is None:
+                    self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
+                else:
+                    name = rk.trace_file(self._ranks.rank)
+                    self._trace = TraceRecorder(self.profiler_cfg, self._job_path, self.note, name)
                 self._trace.start()
                 self._snapshot_if_recorded()
             self._count_flops_if_due()
@@ -218,6 +248,24 @@ class Session:
             self.finish("failed")
             raise
         return run
+
+    def _join_job(self) -> None:
+        """Agree on the job folder with the other ranks and make this rank's part of it."""
+        info, run = self._ranks, self.run
+        job_id = None
+        if info.initialized:
+            self._group, reason = rk.RankGroup.open(info, self._gather_timeout_s)
+            if reason:
+                self.note(reason)
+            if self._group is not None:
+                job_id = self._group.agree(run.id)
+        if job_id is None:
+            job_id = rk.fallback_job_id(run.label)
+        run.id = job_id
+        self._job_path = self.root / job_id
+        run.path = rk.part_folder(self._job_path, info.rank)
+        run.path.mkdir(parents=True, exist_ok=True)
+        self._sigterm.install()
 
     def take_trace_events(self) -> list[dict] | None:
         events, self.trace_events = self.trace_events, None
@@ -241,8 +289,11 @@ class Session:
         if self._finished:
             return self.run
         self._finished = True
-        with deferred_sigint():
-            return self._finish(status, error)
+        try:
+            with deferred_sigint(sigterm=self._sigterm.installed):
+                return self._finish(status, error)
+        finally:
+            self._sigterm.restore()
 
     def _finish(self, status: str, error: BaseException | None) -> Run:
         run = self.run
@@ -253,6 +304,8 @@ class Session:
             self._flops = None
         if error is not None:
             self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
+            if self._ranks is not None:
+                run.summary["traceback"] = rk.describe_error(error)
         trace = None
         if self._trace is not None:
             try:
@@ -274,7 +327,7 @@ class Session:
             )
         steps = pd.DataFrame(self._rows, columns=STEP_COLUMNS)
         if trace is not None and trace.path is not None:
-            run.files["trace"] = TRACE_FILE
+            run.files["trace"] = TRACE_FILE if self._ranks is None else f"../{trace.path.name}"
             run.summary["trace_events"] = len(trace.events)
             self.trace_events = trace.events
             run.summary["recorded_steps"] = trace.recorded_steps
@@ -288,12 +341,62 @@ class Session:
         run.summary.update(summarize(run.steps, run.samples))
         run.summary["profiler_overhead_s"] = self._hook_cost
         self._detect_context()
+        if self._ranks is not None:
+            self._rank_summary(run, trace)
         self._watcher.optimizers.clear()  # do not keep the user's optimizers alive
         save(run)
+        if self._ranks is not None:
+            run = self._gather(run)
+            if self._ranks.rank != 0:
+                return run
         try:
             prune(self.root, self.keep, spare=run.path)
         except OSError as e:
             self.note(f"old runs could not be pruned ({e})")
+        return run
+
+    def _rank_summary(self, run: Run, trace) -> None:
+        events = trace.events if trace is not None else []
+        # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
+        self.trace_events = None
+        comm_s, share = rk.comm_per_step(events)
+        run.summary["comm_s_per_step"] = comm_s
+        run.summary["comm_share"] = share
+        run.context["layout"] = rk.parallel_layout(events, self._watcher.optimizers.values(), self._ranks)
+
+    def _gather(self, run: Run) -> Run:
+        """Send this rank's part to rank 0; on rank 0, write and return the job record."""
+        info, group = self._ranks, self._group
+        notes: list[str] = []
+        parts: dict[int, dict] = {}
+        deadline = time.monotonic()
+        if group is not None:
+            gathered, reason = group.gather(rk.payload(run, info))
+            group.close()
+            if reason:
+                notes.append(reason)
+            elif gathered is not None:
+                parts = {p["row"]["rank"]: p for p in gathered if p is not None}
+        else:
+            deadline += self._gather_timeout_s  # nobody to talk to: wait for their files
+        if info.rank != 0:
+            if notes:
+                self.note(notes[0])
+                save(run)
+            return run
+        parts[0] = rk.payload(run, info)
+        missing = [r for r in range(info.world_size) if r not in parts]
+        if missing:
+            found = rk.collect_from_disk(self._job_path, missing, deadline)
+            parts.update(found)
+            if found:
+                notes.append(
+                    f"merged the partial records of {rk.ranks_text(sorted(found))} from the job folder"
+                )
+        job = rk.build_job(run, self._job_path, parts, info.world_size, notes)
+        for f in dataclasses.fields(Run):  # the caller's Run object becomes the job record
+            setattr(run, f.name, getattr(job, f.name))
+        save(run)
         return run
 
     # -- step boundaries (hot path: keep cheap) -------------------------------------------
@@ -346,16 +449,22 @@ class Session:
         """At both edges of every step the profiler records (with memory), note what the
         optimizers hold; the memory replay needs them. Costs O(parameters), so only there."""
         cfg = self.profiler_cfg
-        if cfg is None or not cfg.profile_memory:
+        if cfg is None or not cfg.profile_memory or self._snapshot_failed:
             return
         k = self._step
         if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
-            self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
+            try:
+                self._snapshots[k] = memcat.snapshot(self._watcher.optimizers.values())
+            except RuntimeError as e:  # e.g. FSDP2's sharded parameters between steps
+                self.note(f"memory by category is not available for these parameters ({e})")
+                self._snapshot_failed = True
 
     def _add_memory_categories(self, run: Run, steps: pd.DataFrame, trace) -> None:
         """Per recorded step: category bytes at the step's peak (steps.csv) and the
         category timeline (memory.csv). On CPU the replay's peak is the step's peak
         tensor memory; on CUDA the allocator's own peak stays authoritative."""
+        if self._snapshot_failed:
+            return
         optimizers = self._watcher.optimizers.values()
         per_step = memcat.step_memory(trace.events, self._snapshots, memcat.device_type_code(optimizers))
         if not per_step:

@@ -75,9 +75,12 @@ class TraceResult:
 class TraceRecorder:
     """Owns one scheduled torch profiler for a run."""
 
-    def __init__(self, cfg: ProfilerConfig, folder: Path, note: Callable[[str], None]) -> None:
+    def __init__(
+        self, cfg: ProfilerConfig, folder: Path, note: Callable[[str], None], name: str = "trace.json.gz"
+    ) -> None:
         self.cfg = cfg
         self._folder = folder
+        self._name = name
         self._note = note
         self._parts: list[Path] = []
         with warnings.catch_warnings():
@@ -112,17 +115,17 @@ class TraceRecorder:
             self._prof.stop()
 
     def _export(self, prof: torch.profiler.profile) -> None:
-        part = self._folder / f".trace-part{len(self._parts)}.json"
+        part = self._folder / f".{self._name.removesuffix('.json.gz')}-part{len(self._parts)}.json"
         prof.export_chrome_trace(str(part))
         self._parts.append(part)
         _release_results(prof)
 
     def finish(self) -> TraceResult:
-        """Merge the exported cycles into ``trace.json.gz`` and read the step memory."""
+        """Merge the exported cycles into the gzipped trace and read the step memory."""
         parts = [p for p in self._parts if p.exists()]
         if not parts:
             return TraceResult(None, [], [])
-        out = self._folder / "trace.json.gz"
+        out = self._folder / self._name
         try:
             docs = [orjson.loads(p.read_bytes()) for p in parts]
             doc = docs[0]

@@ -303,3 +303,42 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def per_rank_figure(per_rank: pd.DataFrame, width_in: float = 10.0) -> Figure:
+    """Per rank (``Run.per_rank``): median step time split into work and time inside
+    collectives (stragglers in red), and peak tensor memory, side by side, ranks grouped
+    by node along the x axis."""
+    if per_rank is None or per_rank.empty:
+        return _empty_note("No ranks were recorded.", width_in)
+    df = per_rank.sort_values(["node_rank", "rank"] if "node_rank" in per_rank else ["rank"])
+    labels = [
+        f"{int(r)}\nnode {int(n)}" if pd.notna(n) else str(int(r))
+        for r, n in zip(df["rank"], df.get("node_rank", pd.Series(index=df.index, dtype=float)), strict=True)
+    ]
+    x = range(len(df))
+    step = _numeric(df, "step_time_median_s").fillna(0.0)
+    comm = (step * _numeric(df, "comm_share").fillna(0.0)).clip(upper=step)
+    unit, scale = _time_scale(float(step.max()) if len(step) else 0.0)
+    fig = Figure(figsize=(width_in, 3.4), layout="constrained")
+    ax_t, ax_m = fig.subplots(1, 2)
+    work_colors = ["#c0392b" if s else "#1f77b4" for s in df.get("straggler", [False] * len(df))]
+    ax_t.bar(x, (step - comm) * scale, color=work_colors, label="work (outside collectives)")
+    ax_t.bar(x, comm * scale, bottom=(step - comm) * scale, color="#f4a582", label="inside collectives")
+    ax_t.set_ylabel(f"median step time ({unit})")
+    ax_t.set_title("Step time per rank (red: straggler)", fontsize=10)
+    ax_t.legend(fontsize=8, frameon=False, loc="lower right")
+    mem = _numeric(df, "peak_mem_bytes")
+    if mem.notna().any():
+        munit, div = _bytes_scale(float(mem.max()))
+        ax_m.bar(x, mem.fillna(0.0) / div, color="#2ca02c")
+        ax_m.set_ylabel(f"peak tensor memory ({munit})")
+    else:
+        ax_m.text(0.5, 0.5, "peak tensor memory not recorded", ha="center", va="center", color="#555")
+    ax_m.set_title("Peak tensor memory per rank", fontsize=10)
+    for ax in (ax_t, ax_m):
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set_xlabel("rank")
+        ax.grid(axis="y", alpha=0.25)
+        ax.set_axisbelow(True)
+    return fig

@@ -30,6 +30,7 @@ from swift_nb.render.figures import (
     figure_png,
     memory_figure,
     operators_figure,
+    per_rank_figure,
     timeline_figure,
 )
 from swift_nb.render.tables import summary_rows
@@ -323,6 +324,51 @@ def _operators_section(title: str, operators: pd.DataFrame | None, metric: str, 
     )
 
 
+PER_RANK_TABLE = [
+    "rank",
+    "node_rank",
+    "host",
+    "device",
+    "status",
+    "steps",
+    "step_time_median_s",
+    "busy_s",
+    "comm_share",
+    "peak_mem_bytes",
+    "straggler",
+]
+
+
+def _per_rank_section(per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None) -> Section | None:
+    """For a job of several ranks: step time, collectives and memory of each rank."""
+    if per_rank is None or len(per_rank) < 2:
+        return None
+    table = per_rank[[c for c in PER_RANK_TABLE if c in per_rank.columns]].copy()
+    if "comm_share" in table:
+        table["comm_pct"] = 100.0 * pd.to_numeric(table.pop("comm_share"), errors="coerce")
+    table = table.rename(columns={"busy_s": "work_s", "step_time_median_s": "step_time_s"})
+    section = Section(
+        "Ranks",
+        [
+            FigurePart(
+                per_rank_figure(per_rank),
+                "Bars of each rank's step time and peak memory",
+                "Median step time per rank, split into work and time inside collectives, and peak tensor "
+                "memory. A rank whose work is ≥ 15 % above the median is a straggler: the others wait for it.",
+            ),
+            _frame_table(table),
+        ],
+    )
+    if _has_rows(collectives):
+        comm = collectives.rename(columns={"step_share": "step_pct", "busbw_bytes_per_s": "bus_bandwidth"})
+        comm["step_pct"] = 100.0 * pd.to_numeric(comm["step_pct"], errors="coerce")
+        comm["bus_bandwidth"] = [
+            f"{fmt_bytes(v)}/s" if not _is_missing(v) else "–" for v in comm["bus_bandwidth"]
+        ]
+        section.parts += ["<h3>Collectives per step</h3>", _frame_table(comm)]
+    return section
+
+
 def _environment_section(run: Run) -> Section:
     return Section(
         "Environment",
@@ -352,16 +398,22 @@ def report_sections(
     throughput: Any = None,
     verdict: Verdict | None = None,
     findings: Sequence[Finding] | None = None,
+    per_rank: pd.DataFrame | None = None,
+    collectives: pd.DataFrame | None = None,
 ) -> list[Section]:
     """The report's sections in order (the notebook shows the same ones), from the
     analyses' outputs (``step_breakdown``, ``memory_footprint``, ``memory_timeline``,
     ``top_operators`` by time and by memory, throughput, the advisor's verdict and
-    findings); a missing or empty one makes its section say so."""
+    findings, and for a job of several ranks ``Run.per_rank`` and the collectives); a
+    missing or empty one makes its section say so."""
+    if per_rank is None and len(run.ranks) > 1:
+        per_rank = run.per_rank
     sections = [
         _summary_section(run),
         _verdict_section(verdict),
         _findings_section(findings),
         _throughput_section(throughput),
+        _per_rank_section(per_rank, collectives),
         _timeline_section(run),
         _breakdown_section(breakdown),
         _memory_section(footprint, timeline),
@@ -420,6 +472,8 @@ def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:
         throughput=analysis.throughput,
         verdict=analysis.verdict,
         findings=analysis.findings,
+        per_rank=analysis.per_rank,
+        collectives=analysis.collectives,
     )
 
 

@@ -1,0 +1,126 @@
+"""Across the ranks of a job record: which findings hold on which ranks, and stragglers.
+
+A job record (see ``swift_nb.record``) keeps each rank's own record in ``rank<R>/``;
+the advisor runs on each of them and the findings are merged by rule, each saying the
+ranks it holds on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from swift_nb.analysis.advisor import Thresholds, advise
+from swift_nb.analysis.findings import Finding
+from swift_nb.record import STRAGGLER_EXCESS, STRAGGLER_MIN_STEP_SHARE, Run, load_run
+
+
+def is_job(run: Run) -> bool:
+    """Whether ``run`` is the record of a job of several ranks."""
+    return len(run.ranks) > 0
+
+
+def rank_records(run: Run) -> dict[int, Run]:
+    """The ranks' own records found in the job folder (rank → Run)."""
+    out: dict[int, Run] = {}
+    if run.path is None:
+        return out
+    for rank in pd.to_numeric(run.ranks.get("rank", pd.Series(dtype=float)), errors="coerce").dropna():
+        folder = Path(run.path) / f"rank{int(rank)}"
+        if (folder / "run.json").exists():
+            try:
+                out[int(rank)] = load_run(folder)
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def ranks_text(ranks: list[int], world: int) -> str:
+    if len(ranks) == world and world > 1:
+        return "every rank"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def findings_across_ranks(
+    run: Run, rank0_findings: list[Finding], thresholds: Thresholds | None = None
+) -> list[Finding]:
+    """Rank 0's findings and the other ranks', merged by rule id: each says on which ranks
+    it holds (``evidence["ranks"]``; title suffix), the first rank's numbers kept, and for
+    share-based rules each rank's value (``evidence["per_rank_pct"]``)."""
+    records = rank_records(run)
+    world = len(run.ranks)
+    by_rank: dict[int, list[Finding]] = {0: rank0_findings}
+    for rank, rec in records.items():
+        if rank == 0:
+            continue
+        try:
+            by_rank[rank] = advise(rec, thresholds=thresholds)[1]
+        except Exception:  # one rank's unreadable trace must not hide the others' findings
+            continue
+    merged: dict[str, tuple[Finding, list[int], dict[int, float]]] = {}
+    for rank in sorted(by_rank):
+        for f in by_rank[rank]:
+            _, holds, values = merged.setdefault(f.id, (f, [], {}))
+            holds.append(rank)
+            pct = next((v for k, v in f.evidence.items() if k.endswith("_pct")), None)
+            if pct is not None:
+                values[rank] = pct
+    out = []
+    for f, holds, values in merged.values():
+        evidence = {**f.evidence, "ranks": holds}
+        if len(values) > 0 and len(by_rank) > 1:
+            evidence["per_rank_pct"] = {str(r): values.get(r) for r in sorted(by_rank)}
+        others = [r for r in sorted(by_rank) if r not in holds]
+        where = ranks_text(holds, world)
+        if others:
+            where += f"; not on {ranks_text(others, world)}"
+        out.append(replace(f, title=f"{f.title} ({where})", evidence=evidence))
+    return out
+
+
+def straggler_finding(per_rank: pd.DataFrame, collectives: pd.DataFrame | None = None) -> Finding | None:
+    """A rank flagged ``straggler`` by ``Run.per_rank`` (its time outside collectives well
+    above the ranks' median): the others wait for it inside their collectives."""
+    if per_rank.empty or not per_rank["straggler"].any():
+        return None
+    slow = [int(r) for r in per_rank.loc[per_rank["straggler"], "rank"]]
+    fast = per_rank[~per_rank["straggler"] & per_rank["busy_s"].notna()]
+    median_busy = float(per_rank["busy_s"].median())
+    worst = per_rank.loc[per_rank["busy_s"].idxmax()]
+    ranks, comm = per_rank["rank"], per_rank["comm_s_per_step"]
+    waits = {str(int(r)): round(float(c), 6) for r, c in zip(ranks, comm, strict=True) if not math.isnan(c)}
+    world = len(per_rank)
+    return Finding(
+        id="straggler",
+        title=(
+            f"{ranks_text(slow, world).capitalize()} {'is' if len(slow) == 1 else 'are'} slower than the others: "
+            f"{float(worst['busy_s']):.4f} s of work per step against a median of {median_busy:.4f} s"
+        ),
+        evidence={
+            "straggler_ranks": slow,
+            "busy_s_per_step": {
+                str(int(r)): round(float(b), 6) for r, b in zip(ranks, per_rank["busy_s"], strict=True)
+            },
+            "comm_wait_s_per_step": waits,
+            "waiting_ranks": [int(r) for r in fast["rank"]],
+            "excess_pct": round(100.0 * (float(worst["busy_s"]) / median_busy - 1.0), 1)
+            if median_busy
+            else None,
+        },
+        suggestion=(
+            "The other ranks wait for it inside their collectives. Look at what differs on that rank: its "
+            "data loading (uneven shards, a slower disk), a throttled or shared device or CPU, extra work "
+            "only it does (logging, checkpointing, evaluation on rank 0), or a larger batch."
+        ),
+        predicted_effect=(
+            f"every rank's step ≈ {median_busy:.4f} s of work plus communication once the slow rank matches the median"
+        ),
+        formula=(
+            f"straggler: busy − median busy ≥ max({STRAGGLER_EXCESS:g} × median busy, "
+            f"{STRAGGLER_MIN_STEP_SHARE:g} × median step); busy = step time × (1 − comm_share)"
+        ),
+        severity="warning",
+    )

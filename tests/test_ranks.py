@@ -1,0 +1,227 @@
+"""``swift_nb.profile()`` in unmodified torchrun scripts: one record per job, gathered on
+rank 0; stragglers, collectives and faults. Real jobs through torch's elastic launcher,
+gloo on 127.0.0.1; each job is launched once and checked by several tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import swift_nb
+from swift_nb.analysis import analyze
+from swift_nb.capture.ranks import RANK_COLUMNS
+
+WORKLOAD = Path(__file__).parent / "workloads" / "ranks_job.py"
+STEPS = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_cmd(nproc: int, port: int, nnodes: int = 1, args: tuple[str, ...] = ()) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--monitor-interval=0.2",
+        str(WORKLOAD),
+        *args,
+    ]
+
+
+def _env(runs: Path, gather_timeout_s: float | None = None) -> dict[str, str]:
+    env = {**os.environ, "SWIFT_NB_DIR": str(runs), "OMP_NUM_THREADS": "1"}
+    if gather_timeout_s is not None:
+        env["SWIFT_NB_GATHER_TIMEOUT_S"] = str(gather_timeout_s)
+    return env
+
+
+class Job:
+    """A finished launch: its output, exit status and the one job record."""
+
+    def __init__(self, runs: Path, proc: subprocess.CompletedProcess) -> None:
+        self.runs = runs
+        self.proc = proc
+        folders = [p for p in runs.iterdir() if p.is_dir()] if runs.exists() else []
+        assert len(folders) == 1, (folders, proc.stdout[-3000:], proc.stderr[-3000:])
+        self.run = swift_nb.load_run(folders[0])
+
+
+def _job(tmp_path_factory, name: str, nproc: int, *args: str, gather_timeout_s: float | None = None) -> Job:
+    runs = tmp_path_factory.mktemp(name) / "runs"
+    proc = subprocess.run(
+        _launch_cmd(nproc, _free_port(), args=args),
+        env=_env(runs, gather_timeout_s),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return Job(runs, proc)
+
+
+@pytest.fixture(scope="module")
+def ddp2(tmp_path_factory) -> Job:
+    # six recorded steps: which rank waits for which varies from step to step on a busy CPU
+    return _job(tmp_path_factory, "ddp2", 2, "--steps", str(STEPS), "--active", "6")
+
+
+@pytest.fixture(scope="module")
+def ddp4(tmp_path_factory) -> Job:
+    return _job(tmp_path_factory, "ddp4", 4, "--steps", str(STEPS), "--batch", "64")
+
+
+@pytest.mark.parametrize("name", ["ddp2", "ddp4"])
+def test_one_job_record_with_every_rank(name, request):
+    job: Job = request.getfixturevalue(name)
+    world = 2 if name == "ddp2" else 4
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    run = job.run
+    assert run.status == "ok", run.notes
+    assert run.context["world_size"] == world and run.context["missing_ranks"] == []
+    assert run.context["layout"]["parallel"] == ["DDP"]
+    pr = run.per_rank
+    assert list(pr["rank"]) == list(range(world))
+    assert {"rank", "host", "steps", "step_time_median_s", "peak_mem_bytes", "comm_share", "straggler"} <= set(
+        pr.columns
+    )
+    assert (pr["steps"] == STEPS).all()  # one step per optimizer.step() on every rank
+    assert (pr["comm_share"] > 0).all() and (pr["comm_share"] < 1).all()
+    for r in range(world):
+        assert (run.path / f"trace.rank{r}.json.gz").exists()
+        assert swift_nb.load_run(run.path / f"rank{r}").status == "ok"  # each rank's own record
+    assert sorted(run.rank_steps.groupby("rank").size().items()) == [(r, STEPS) for r in range(world)]
+    assert set(run.rank_samples["rank"]) == set(range(world))
+    listed = swift_nb.runs(job.runs)
+    assert len(listed) == 1 and listed["world_size"].iloc[0] == world
+
+
+def test_no_straggler_without_delay_and_report_has_ranks(ddp2):
+    run = ddp2.run
+    assert not run.per_rank["straggler"].any(), run.per_rank
+    html = (run.path / "report.html").read_text()
+    assert "<h2>Ranks</h2>" in html and "Collectives per step" in html
+    a = analyze(run)
+    assert "straggler" not in {f.id for f in a.findings}
+    assert set(a.collectives["rank"]) == {0, 1}
+    ar = a.collectives[a.collectives["kind"] == "all_reduce"]
+    # DDP all-reduces every gradient once per step: 2 Linear(256, 256) layers, fp32
+    grad_bytes = 2 * (256 * 256 + 256) * 4
+    assert (ar["bytes_per_step"] == grad_bytes).all()
+    assert (ar["wire_bytes_per_step"] == grad_bytes).all()  # 2·(P−1)/P = 1 for P = 2
+    assert (ar["time_s_per_step"] > 0).all()
+
+
+def test_single_process_per_rank_has_one_row(runs_dir):
+    from conftest import train
+
+    with swift_nb.profile(out_dir=runs_dir, wait=0, warmup=1, active=2) as run:
+        train(4)
+    pr = swift_nb.load_run(run.path).per_rank
+    assert len(pr) == 1 and pr["rank"].iloc[0] == 0 and pr["steps"].iloc[0] == 4
+    assert pr["comm_share"].iloc[0] == 0.0 and not pr["straggler"].iloc[0]
+    assert not (run.path / "ranks.csv").exists() and (run.path / "trace.json.gz").exists()
+
+
+def test_fsdp_records_all_gather_and_reduce_scatter(tmp_path_factory):
+    job = _job(tmp_path_factory, "fsdp", 2, "--parallel", "fsdp", "--steps", "6")
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    run = job.run
+    assert run.context["layout"]["parallel"] == ["FSDP"] and run.context["layout"]["mesh"] == {"dim0": 2}
+    comm = analyze(run).collectives
+    for r in (0, 1):
+        kinds = comm[comm["rank"] == r].set_index("kind")
+        assert kinds.loc["all_gather", "time_s_per_step"] > 0
+        assert kinds.loc["reduce_scatter", "time_s_per_step"] > 0
+        params_bytes = 2 * (256 * 256 + 256) * 4
+        # forward and backward each gather every parameter; gradients are reduce-scattered once
+        assert kinds.loc["all_gather", "bytes_per_step"] == 2 * params_bytes
+        assert kinds.loc["reduce_scatter", "bytes_per_step"] == params_bytes
+
+
+def test_slow_rank_is_the_straggler(tmp_path_factory):
+    job = _job(tmp_path_factory, "slow", 2, "--sleep-rank", "1", "--sleep-s", "0.1", "--steps", "6")
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    pr = job.run.per_rank
+    assert list(pr["straggler"]) == [False, True], pr
+    # the fast rank waits for it inside the all-reduce
+    assert pr.loc[0, "comm_s_per_step"] > pr.loc[1, "comm_s_per_step"]
+    (f,) = [f for f in analyze(job.run).findings if f.id == "straggler"]
+    assert f.evidence["straggler_ranks"] == [1] and f.title.startswith("Rank 1 ")
+
+
+def test_rank_raising_fails_the_job_with_its_traceback(tmp_path_factory):
+    job = _job(
+        tmp_path_factory, "raise", 2, "--raise-rank", "1", "--pg-timeout-s", "10", "--steps", "8", gather_timeout_s=5
+    )
+    assert job.proc.returncode != 0
+    run = job.run
+    assert run.status == "failed"
+    ranks = run.ranks.set_index("rank")
+    assert ranks.loc[1, "status"] == "failed"
+    assert "ValueError: injected failure on rank 1 at step 4" in ranks.loc[1, "error"]
+    assert ranks.loc[0, "status"] in ("failed", "interrupted")
+    assert int(ranks.loc[0, "steps"]) >= 4 and int(ranks.loc[1, "steps"]) == 4
+    assert (run.path / "trace.rank0.json.gz").exists() and (run.path / "trace.rank1.json.gz").exists()
+    assert any("rank 1 ended with failed: ValueError" in n for n in run.notes), run.notes
+
+
+def _gone(pids, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_killed_rank_leaves_a_partial_record_and_no_process(tmp_path_factory):
+    job = _job(tmp_path_factory, "kill", 2, "--kill-rank", "1", "--steps", "8", gather_timeout_s=5)
+    assert job.proc.returncode != 0
+    run = job.run
+    assert run.status == "failed"
+    ranks = run.ranks.set_index("rank")
+    assert ranks.loc[1, "status"] == "running"  # it never finished: killed
+    assert int(ranks.loc[0, "steps"]) >= 4
+    assert any("rank 1 did not finish profiling" in n for n in run.notes), run.notes
+    assert _gone([int(p) for p in run.ranks["pid"].dropna()])
+
+
+def test_rank_that_never_profiles_is_named_missing(tmp_path_factory):
+    job = _job(tmp_path_factory, "skip", 2, "--skip-rank", "1", "--steps", "6", gather_timeout_s=4)
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    run = job.run
+    assert run.context["missing_ranks"] == [1]
+    assert list(run.ranks.columns) == RANK_COLUMNS
+    assert run.per_rank.set_index("rank").loc[1, "status"] == "missing"
+    assert int(run.per_rank.set_index("rank").loc[0, "steps"]) == 6
+    assert any("rank 1 never arrived" in n for n in run.notes), run.notes
+
+
+def test_two_nodes_one_record(tmp_path):
+    runs = tmp_path / "runs"
+    port = _free_port()
+    cmd = _launch_cmd(1, port, nnodes=2, args=("--steps", "6"))
+    procs = [
+        subprocess.Popen(cmd, env=_env(runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    run = Job(runs, subprocess.CompletedProcess(cmd, 0, *outs[0])).run
+    assert run.context["nnodes"] == 2
+    assert sorted(n["node_rank"] for n in run.context["nodes"]) == [0, 1]
+    assert sorted(run.per_rank["node_rank"]) == [0, 1] and (run.per_rank["steps"] == 6).all()
