@@ -6,6 +6,8 @@ notebook magic and the CLI call these same functions.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from swift_nb.capture.session import Session, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.record import Run, load_run, save
 from swift_nb.render.report import Section, analysis_fields, document_html, report_sections, write_report
+from swift_nb.toggles import Toggle, ToggleReport, build
 
 
 @dataclass
@@ -54,6 +57,38 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
     return report(run, session.take_trace_events())
 
 
+def apply_toggles(session: Session, toggles: Sequence[Toggle], namespace: Mapping[str, Any]) -> None:
+    """Apply ``toggles`` to the objects in ``namespace`` (and those built while the run
+    lasts) and record which ones in the run's context. Nothing stays applied on failure."""
+    done: list[Toggle] = []
+    try:
+        for t in toggles:
+            t.apply(namespace)
+            done.append(t)
+    except BaseException:
+        for t in reversed(done):
+            t.undo()
+        raise
+    session.run.context["toggles"] = [{"toggle": t.id, "params": dict(t.values)} for t in toggles]
+
+
+def undo_toggles(session: Session, toggles: Sequence[Toggle]) -> list[ToggleReport]:
+    """Undo ``toggles`` (newest first) and put their final reports in the run's context.
+    A failing undo is noted in the run, never raised: the run is saved regardless."""
+    reports: list[ToggleReport] = []
+    for t in reversed(toggles):
+        try:
+            report = t.undo()
+        except Exception as e:
+            session.note(f"undoing {t.id} failed ({type(e).__name__}: {e}); restart the kernel to be safe")
+            continue
+        if report is not None:
+            reports.insert(0, report)
+    if toggles:
+        session.run.context["toggles"] = [r.to_dict() for r in reports]
+    return reports
+
+
 def status_of(exc_type: type[BaseException] | None) -> str:
     if exc_type is None:
         return "ok"
@@ -71,6 +106,10 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     label: a name for the run. out_dir: root folder of run folders (default
     ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``). keep: runs to retain there (default 20).
     context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
+    toggles: optimizations applied for the block and undone after it — ids
+    (``"flash_attention"``, ``"galore:rank=64"``), ``{id: params}`` or toggle objects; they
+    act on the models and optimizers in ``namespace`` (default: the caller's variables) and
+    on those constructed inside the block. Their reports go to ``run.context["toggles"]``.
     """
 
     def __init__(
@@ -89,7 +128,11 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         keep: int | None = None,
         context: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
+        toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None = None,
+        namespace: Mapping[str, Any] | None = None,
     ) -> None:
+        self.toggles = build(toggles)
+        self.namespace = namespace
         cfg = ProfilerConfig(wait, warmup, active, repeat, record_shapes, profile_memory, with_stack)
         self.session = Session(
             profiler=cfg,
@@ -108,8 +151,19 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         return self.session.run
 
     def __enter__(self) -> Run:
-        return self.session.start()
+        if self.toggles:
+            frame = sys._getframe(1)
+            namespace = (
+                self.namespace if self.namespace is not None else {**frame.f_globals, **frame.f_locals}
+            )
+            apply_toggles(self.session, self.toggles, namespace)
+        try:
+            return self.session.start()
+        except BaseException:
+            undo_toggles(self.session, self.toggles)
+            raise
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        undo_toggles(self.session, self.toggles)
         self.analysis = finish(self.session, status_of(exc_type), exc).analysis
         return False

@@ -20,3 +20,7 @@ class ConfigError(ValueError):
 
 class RunDirError(OSError):
     """The run folder cannot be created or written."""
+
+
+class MissingDependencyError(ImportError):
+    """An optional package a feature needs is not installed; the message says how to install it."""

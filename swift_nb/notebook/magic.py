@@ -15,10 +15,11 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from swift_nb.api import finish
+from swift_nb import toggles as toggle_registry
+from swift_nb.api import apply_toggles, finish, undo_toggles
 from swift_nb.capture.session import Session, cell_source, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
-from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.record import Run, runs
 from swift_nb.render.report import Section
 from swift_nb.render.tables import runs_html, runs_text, summary_html, summary_text
@@ -31,6 +32,25 @@ class ProfiledCellError(Exception):
 
 def _flag(param: str) -> str:
     return "--" + param.replace("_", "-")
+
+
+#: magic flag → toggle id; a flag takes an optional ``key=value,...`` spec
+TOGGLE_FLAGS = {"flash_attn": "flash_attention", "grad_ckpt": "grad_checkpointing", "galore": "galore"}
+
+
+def _toggle_flag(param: str) -> str:
+    """Names a toggle parameter as the magic spells it: ``galore rank`` → ``--galore rank``."""
+    by_id = {v: k for k, v in TOGGLE_FLAGS.items()}
+    tid, _, rest = param.partition(" ")
+    return f"{_flag(by_id[tid])} {rest}".strip() if tid in by_id else _flag(param)
+
+
+def _toggles(args) -> list[toggle_registry.Toggle]:
+    return [
+        toggle_registry.parse(tid, getattr(args, flag))
+        for flag, tid in TOGGLE_FLAGS.items()
+        if getattr(args, flag) is not None
+    ]
 
 
 @magics_class
@@ -54,13 +74,40 @@ class SwiftMagics(Magics):
     )
     @argument("--keep", type=int, default=None, help="runs to keep in that folder (default 20)")
     @argument("--list", action="store_true", help="show recent runs instead of profiling")
+    @argument(
+        "--flash-attn",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="",
+        help="route attention to fused (flash) kernels for this run",
+    )
+    @argument(
+        "--grad-ckpt",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="every_n=N",
+        help="activation checkpointing on the repeated blocks for this run",
+    )
+    @argument(
+        "--galore",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="rank=R,gap=G,scale=S,proj_type=std,target=REGEX",
+        help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
+    )
     @line_cell_magic
     def swift_profile(self, line: str, cell: str | None = None) -> None:
         """Profile a training cell: torch.profiler on a step schedule plus resource
         sampling; every optimizer.step() (or swift_nb.step()) ends a step.
 
         Usage: ``%%swift_profile [--active 5] [--label NAME] ...`` on top of a cell, or
-        ``%swift_profile --list`` for recent runs.
+        ``%swift_profile --list`` for recent runs. ``--flash-attn``, ``--grad-ckpt`` and
+        ``--galore rank=64,gap=200`` apply optimizations for this run only: to the models and
+        optimizers in the notebook's variables and to those the cell constructs; they are
+        undone when the cell ends.
         """
         args = parse_argstring(self.swift_profile, line)
         if args.list:
@@ -68,6 +115,12 @@ class SwiftMagics(Magics):
             return
         if cell is None:
             raise UsageError("%swift_profile needs a cell: use %%swift_profile on top of the cell, or --list")
+        try:
+            toggles = _toggles(args)
+        except ConfigError as e:
+            raise UsageError(e.message(_toggle_flag)) from None
+        except MissingDependencyError as e:
+            raise UsageError(str(e)) from None
         try:
             cfg = ProfilerConfig(
                 args.wait,
@@ -91,14 +144,18 @@ class SwiftMagics(Magics):
         except RunDirError as e:
             raise UsageError(str(e)) from None
 
+        apply_toggles(session, toggles, self.shell.user_ns)
         try:
             session.start()
         except RuntimeError as e:  # another profile is active (a nested %%swift_profile)
+            undo_toggles(session, toggles)
             raise UsageError(str(e)) from None
         result = None
         try:
             result = self.shell.run_cell(cell, store_history=False)
         finally:
+            for report in undo_toggles(session, toggles):
+                print(report)
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
             if result is None or isinstance(err, KeyboardInterrupt):
                 status = "interrupted"

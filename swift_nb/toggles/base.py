@@ -1,0 +1,319 @@
+"""What every toggle shares: typed parameters, the report, finding models and optimizers
+in a namespace, and catching the ones constructed while a toggle is active.
+
+A toggle acts in two places. ``apply(namespace)`` changes the models and optimizers that
+already exist (the notebook's variables); while it stays applied, models that run their
+first forward and optimizers constructed afterwards are changed too (a training cell
+usually builds its model and optimizer itself). ``undo()`` puts every changed object back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from swift_nb.errors import ConfigError
+
+_KIND = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One toggle parameter: ``kind`` converts the text of a spec (``rank=64``), ``check``
+    returns an error requirement or None; ``aliases`` are short spellings (``gap``)."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+    aliases: tuple[str, ...] = ()
+
+    def convert(self, value: Any) -> Any:
+        if isinstance(value, str) and self.kind is not str:
+            text = value.strip()
+            try:
+                if self.kind is bool:
+                    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                        raise ValueError(text)
+                    value = text.lower() in ("1", "true", "yes")
+                else:
+                    value = self.kind(text)
+            except ValueError:
+                raise ConfigError(self.name, f"must be {_KIND[self.kind]}", value) from None
+        elif self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif value is not None and not isinstance(value, self.kind):
+            raise ConfigError(self.name, f"must be {_KIND[self.kind]}", value)
+        if value is not None and self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise ConfigError(self.name, problem, value)
+        return value
+
+
+def at_least(n: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be ≥ {n}"
+
+
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def valid_regex(v: str) -> str | None:
+    try:
+        re.compile(v)
+    except re.error as e:
+        return f"must be a regular expression ({e})"
+    return None
+
+
+@dataclass
+class ToggleReport:
+    """What a toggle changed (``changes``), what it could not reach and why (``notes``),
+    and numbers worth keeping (``details``, e.g. optimizer-state bytes)."""
+
+    toggle: str
+    params: dict[str, Any]
+    changes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.changes)
+
+    def change(self, msg: str) -> None:
+        self.changes.append(msg)
+
+    def note(self, msg: str) -> None:
+        if msg not in self.notes:
+            self.notes.append(msg)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "toggle": self.toggle,
+            "params": dict(self.params),
+            "applied": self.applied,
+            "changes": list(self.changes),
+            "notes": list(self.notes),
+            "details": dict(self.details),
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{self.toggle}: {c}" for c in self.changes]
+        lines += [f"{self.toggle}: {n}" for n in self.notes]
+        return "\n".join(lines) or f"{self.toggle}: nothing to change"
+
+
+class Toggle:
+    """Base class. Subclasses set ``id``, ``title`` and ``params`` and implement
+    ``_apply_model`` (called once per root model) and/or ``_apply_optimizer`` (once per
+    optimizer); each registers how to undo what it did with ``self._undo.append``."""
+
+    id: ClassVar[str]
+    title: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]] = ()
+    #: whether models constructed while applied are changed at their first forward
+    watches_models: ClassVar[bool] = False
+    #: optimizer classes whose instances constructed while applied are changed
+    watched_optimizers: ClassVar[tuple[type, ...]] = ()
+
+    def __init__(self, **values: Any) -> None:
+        self.values = self.validate(values)
+        self.report: ToggleReport | None = None
+        self._undo: list[Callable[[], None]] = []
+        self._seen_modules: set[int] = set()
+        self._seen_optimizers: set[int] = set()
+        self._hooks: list[Any] = []
+        self._namespace: Mapping[str, Any] = {}
+
+    @classmethod
+    def validate(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Full parameter values from ``values`` (names or aliases); a ConfigError names
+        the first bad one."""
+        by_name = {p.name: p for p in cls.params}
+        by_name.update({a: p for p in cls.params for a in p.aliases})
+        out = {p.name: p.default for p in cls.params}
+        for key, value in values.items():
+            p = by_name.get(key)
+            if p is None:
+                known = ", ".join(p.name for p in cls.params) or "none"
+                raise ConfigError(
+                    f"{cls.id} {key}", f"is not a parameter of {cls.id} (known: {known})", value
+                )
+            try:
+                out[p.name] = p.convert(value)
+            except ConfigError as e:
+                raise ConfigError(f"{cls.id} {key}", e.requirement, e.value) from None
+        return out
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
+        return f"{type(self).__name__}({args})"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def apply(self, namespace: Mapping[str, Any] | None = None) -> ToggleReport:
+        """Change the models and optimizers in ``namespace`` and keep changing those built
+        while applied, until ``undo()``. Returns the report, which keeps growing."""
+        if self.report is not None:
+            raise RuntimeError(f"{self.id} is already applied; undo() it first")
+        self.report = ToggleReport(self.id, dict(self.values))
+        self._namespace = namespace or {}
+        models, optimizers = find_models(namespace or {}), find_optimizers(namespace or {})
+        try:
+            for name, model in models:
+                self._model(model, name)
+            for name, opt in optimizers:
+                self._optimizer(opt, name)
+            self._watch()
+        except BaseException:
+            self.undo()
+            raise
+        return self.report
+
+    def undo(self) -> ToggleReport | None:
+        """Restore every object this toggle changed, newest change first; returns the
+        final report (None if it was not applied)."""
+        report = self.report
+        if report is not None:
+            self._finalize(report)
+            if not report.changes and not report.notes:
+                report.note(self._nothing_found())
+        for remove in self._hooks:
+            remove()
+        self._hooks.clear()
+        while self._undo:
+            self._undo.pop()()
+        self._seen_modules.clear()
+        self._seen_optimizers.clear()
+        self._namespace = {}
+        self.report = None
+        return report
+
+    def _finalize(self, report: ToggleReport) -> None:
+        """Add what is only known once the work ran (counts), before undoing."""
+
+    def _nothing_found(self) -> str:
+        return "no model or optimizer it applies to was found"
+
+    # -- per object ------------------------------------------------------------------------
+
+    def _model(self, model: nn.Module, name: str) -> None:
+        if id(model) in self._seen_modules:
+            return
+        self._seen_modules |= {id(m) for m in model.modules()}
+        if next(model.parameters(), None) is None:  # a loss function or activation, not a model
+            return
+        self._apply_model(model, name)
+        self._seen_modules |= {id(m) for m in model.modules()}  # wrappers it added
+
+    def _optimizer(self, opt: torch.optim.Optimizer, name: str) -> None:
+        if id(opt) in self._seen_optimizers:
+            return
+        self._seen_optimizers.add(id(opt))
+        self._apply_optimizer(opt, name)
+
+    def _apply_model(self, model: nn.Module, name: str) -> None:
+        """Change one root model (found under ``name``); toggles for models override it."""
+
+    def _apply_optimizer(self, opt: torch.optim.Optimizer, name: str) -> None:
+        """Change one optimizer; toggles for optimizers override it."""
+
+    # -- objects constructed while applied ---------------------------------------------------
+
+    def _watch(self) -> None:
+        if self.watches_models:
+            handle = _on_first_forward(self._seen_modules, lambda m: self._model(m, self._name_of(m)))
+            self._hooks.append(handle.remove)
+        for cls in self.watched_optimizers:
+            self._hooks.append(_on_construct(cls, lambda opt: self._optimizer(opt, self._name_of(opt))))
+
+    def _name_of(self, obj: Any) -> str:
+        """The variable holding ``obj`` in the namespace (a model built by a cell's
+        top-level code is assigned by its first forward; an optimizer is caught in its
+        constructor, before the assignment), else ``new <class>``."""
+        for name, value in _candidates(self._namespace):
+            if value is obj:
+                return name
+        return f"new {type(obj).__name__}"
+
+
+def _on_first_forward(seen: set[int], apply: Callable[[nn.Module], None]):
+    """A global forward pre-hook: the first module to run forward that is not part of an
+    already seen model is a new root model (the outermost module's hook runs before its
+    children's), so it is changed before any of its submodules computes."""
+
+    def hook(module: nn.Module, args: Any) -> None:
+        if id(module) not in seen:
+            apply(module)
+
+    return nn.modules.module.register_module_forward_pre_hook(hook)
+
+
+def _on_construct(cls: type, apply: Callable[[Any], None]) -> Callable[[], None]:
+    """Wrap ``cls.__init__`` so instances of exactly ``cls`` are passed to ``apply`` once
+    constructed, whatever name the user's code imported the class under. Returns the
+    function that unwraps it."""
+    original = cls.__dict__["__init__"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        original(self, *args, **kwargs)
+        if type(self) is cls:
+            apply(self)
+
+    cls.__init__ = __init__
+
+    def restore() -> None:
+        cls.__init__ = original
+
+    return restore
+
+
+# -- finding things in a namespace ------------------------------------------------------------
+
+
+def _candidates(namespace: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):  # IPython's output cache (_, _3) and private names
+            continue
+        yield name, value
+        for attr in ("model", "module", "optimizer"):  # Trainer-like holders
+            inner = getattr(value, attr, None) if not isinstance(value, (nn.Module, type)) else None
+            if inner is not None:
+                yield f"{name}.{attr}", inner
+
+
+def find_models(namespace: Mapping[str, Any]) -> list[tuple[str, nn.Module]]:
+    """Root ``nn.Module`` objects in ``namespace`` (a module held inside another found
+    module is not listed separately), with the name they were found under."""
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, value in _candidates(namespace):
+        if isinstance(value, nn.Module) and id(value) not in found:
+            found[id(value)] = (name, value)
+    inner: set[int] = set()
+    for _, m in found.values():
+        inner |= {id(c) for c in m.modules() if c is not m}
+    return [(n, m) for k, (n, m) in found.items() if k not in inner]
+
+
+def find_optimizers(namespace: Mapping[str, Any]) -> list[tuple[str, torch.optim.Optimizer]]:
+    found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
+    for name, value in _candidates(namespace):
+        if isinstance(value, torch.optim.Optimizer) and id(value) not in found:
+            found[id(value)] = (name, value)
+    return list(found.values())
+
+
+def hf_model(module: nn.Module) -> bool:
+    """A Hugging Face transformers model (checked without importing transformers)."""
+    return any(
+        c.__module__.startswith("transformers.") and c.__name__ == "PreTrainedModel"
+        for c in type(module).__mro__
+    )

@@ -1,0 +1,163 @@
+"""flash_attention: route attention to fused kernels.
+
+- ``F.scaled_dot_product_attention`` calls run under ``sdpa_kernel`` with the flash
+  backend first (torch has a CPU flash kernel too); where flash cannot take the inputs
+  (an unsupported mask or dtype) SDPA falls back to the next backend instead of failing.
+- Hugging Face models are switched from ``eager`` to ``sdpa`` attention, or to
+  ``flash_attention_2`` when the flash-attn package is installed and the model is on CUDA
+  in fp16/bf16.
+- swift_nb's demo model is switched from its explicit attention to SDPA.
+- Attention written by hand (softmax(q·kᵀ)·v in a module's forward) cannot be reached:
+  it is named in the report, with the fix (call ``F.scaled_dot_product_attention``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from swift_nb.demo import CausalSelfAttention
+from swift_nb.toggles.base import Toggle, hf_model
+
+_BACKENDS = [
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+_ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
+
+
+class FlashAttention(Toggle):
+    id = "flash_attention"
+    title = "FlashAttention"
+    watches_models = True
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self._calls = {"calls": 0}
+
+    def apply(self, namespace=None):
+        report = super().apply(namespace)
+        try:
+            self._route_sdpa()
+        except BaseException:
+            self.undo()
+            raise
+        return report
+
+    def _route_sdpa(self) -> None:
+        ctx = sdpa_kernel(_BACKENDS, set_priority=True)
+        ctx.__enter__()
+        self._undo.append(lambda: ctx.__exit__(None, None, None))
+        original = F.scaled_dot_product_attention
+        counter = self._calls = {"calls": 0}
+
+        # Code looks the function up at call time (F.scaled_dot_product_attention, and
+        # transformers' sdpa_attention_forward), so the count sees those calls.
+        def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+            counter["calls"] += 1
+            return original(*args, **kwargs)
+
+        F.scaled_dot_product_attention = counted
+
+        def restore() -> None:
+            F.scaled_dot_product_attention = original
+
+        self._undo.append(restore)
+
+    def _finalize(self, report) -> None:
+        calls = self._calls["calls"]
+        report.details["sdpa_calls"] = calls
+        if calls:
+            report.change(f"{calls} scaled_dot_product_attention calls ran with the flash backend preferred")
+
+    def _apply_model(self, model: nn.Module, name: str) -> None:
+        assert self.report is not None
+        if hf_model(model):
+            self._switch_hf(model, name)
+            return
+        switched = []
+        for sub_name, sub in model.named_modules():
+            path = f"{name}.{sub_name}" if sub_name else name
+            if isinstance(sub, CausalSelfAttention):
+                if sub.attn_impl != "sdpa":
+                    self._set(sub, "attn_impl", "sdpa")
+                    switched.append(path)
+            elif isinstance(sub, nn.MultiheadAttention):
+                self.report.note(
+                    f"`{path}` is nn.MultiheadAttention: it uses fused attention only when called with "
+                    "need_weights=False (the default True computes the score matrix explicitly)"
+                )
+            elif _hand_written(sub):
+                self.report.note(
+                    f"not reachable: `{path}` ({type(sub).__name__}) computes attention by hand "
+                    "(softmax of q·kᵀ); replace it with F.scaled_dot_product_attention(q, k, v, is_causal=...)"
+                )
+        if switched:
+            self.report.change(
+                f"{len(switched)} attention modules in `{name}` switched from explicit attention to SDPA"
+            )
+
+    def _switch_hf(self, model: nn.Module, name: str) -> None:
+        assert self.report is not None
+        before = model.config._attn_implementation
+        target = "flash_attention_2" if _flash_attn_usable(model) else "sdpa"
+        if before == target or (before == "flash_attention_2" and target == "sdpa"):
+            self.report.note(f"`{name}` already uses {before} attention")
+            return
+        try:
+            _set_hf_attention(model, target)
+        except (ValueError, ImportError) as e:
+            self.report.note(f"`{name}` ({type(model).__name__}) cannot use {target} attention: {e}")
+            return
+        self._undo.append(lambda: _set_hf_attention(model, before))
+        layers = sum(1 for _, m in model.named_modules() if _ATTENTION_NAME.search(type(m).__name__))
+        self.report.change(
+            f"`{name}` ({type(model).__name__}, {layers} attention layers): {before} → {target}"
+        )
+
+    def _set(self, obj: Any, attr: str, value: Any) -> None:
+        before = getattr(obj, attr)
+        setattr(obj, attr, value)
+        self._undo.append(lambda: setattr(obj, attr, before))
+
+    def _nothing_found(self) -> str:
+        return "no attention module was found in the models (SDPA calls still prefer the flash backend)"
+
+
+def _set_hf_attention(model: nn.Module, impl: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:  # transformers before 4.54 read the config at each forward
+        model.config._attn_implementation = impl
+
+
+def _hand_written(module: nn.Module) -> bool:
+    """A module named like attention whose own forward computes a softmax and never calls
+    SDPA; a container whose children do the work is not it."""
+    cls = type(module)
+    if not _ATTENTION_NAME.search(cls.__name__) or cls.__module__.startswith(("torch.", "transformers.")):
+        return False
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "softmax" in src and "scaled_dot_product_attention" not in src
+
+
+def _flash_attn_usable(model: nn.Module) -> bool:
+    p = next(model.parameters(), None)
+    return (
+        p is not None
+        and p.is_cuda
+        and p.dtype in (torch.float16, torch.bfloat16)
+        and importlib.util.find_spec("flash_attn") is not None
+    )

@@ -1,0 +1,412 @@
+"""Toggles on real models: the demo GPT, a plain PyTorch transformer, Hugging Face causal
+LMs built from configs. Exactness in fp32, reversibility, reports, and the magic's flags."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+import swift_nb
+from swift_nb import toggles
+from swift_nb.demo import CausalSelfAttention, make_model
+from swift_nb.errors import ConfigError
+from swift_nb.toggles.galore import galore_adamw, galore_state_bytes, state_bytes
+
+VOCAB, SEQ = 128, 32
+
+
+class PlainAttention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+        return self.out(
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        )
+
+
+class HandAttention(PlainAttention):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+        att = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+        return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, d: int, heads: int, attention: type[nn.Module] = PlainAttention) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.attn = attention(d, heads)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm(x))
+        return x + self.mlp(x)
+
+
+class PlainLM(nn.Module):
+    """A transformer written in plain PyTorch with F.scaled_dot_product_attention."""
+
+    def __init__(self, d: int = 64, heads: int = 4, layers: int = 3, attention=PlainAttention) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.layers = nn.ModuleList(PlainBlock(d, heads, attention) for _ in range(layers))
+        self.head = nn.Linear(d, VOCAB)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def _hf(kind: str) -> nn.Module:
+    import transformers
+
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+            attn_implementation="eager",
+        )
+        return transformers.LlamaForCausalLM(cfg)
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+        # dropout draws different masks in eager and fused attention: compare without it
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+class HFLoss(nn.Module):
+    """Calls a Hugging Face LM the way training code does (labels → loss)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=idx, labels=targets).loss
+
+
+def make(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "demo":
+        return make_model(n_layer=2, n_head=4, d_model=64, seq_len=SEQ, vocab_size=VOCAB, attn_impl="eager")
+    if kind == "plain":
+        return PlainLM()
+    return _hf(kind)
+
+
+def loss_of(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return HFLoss(model)(idx, targets) if kind_of(model) == "hf" else model(idx, targets)
+
+
+def kind_of(model: nn.Module) -> str:
+    return "hf" if type(model).__module__.startswith("transformers.") else "torch"
+
+
+def grads(model: nn.Module) -> tuple[float, dict[int, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = loss_of(model, idx, idx.roll(-1, dims=1))
+    loss.backward()
+    return loss.item(), {id(p): p.grad.clone() for p in model.parameters() if p.grad is not None}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def structure(model: nn.Module) -> list[tuple[str, type]]:
+    return [(n, type(m)) for n, m in model.named_modules()]
+
+
+MODELS = ["demo", "plain", "llama", "gpt2"]
+
+
+@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("toggle_id", ["flash_attention", "grad_checkpointing"])
+def test_toggle_is_exact_and_undone(kind, toggle_id):
+    model = make(kind)
+    before = structure(model)
+    loss0, g0 = grads(model)
+    toggle = toggles.get(toggle_id)
+    toggle.apply({"model": model})
+    loss1, g1 = grads(model)
+    report = toggle.undo()
+    assert report is not None and report.applied, str(report)
+    assert rel(torch.tensor(loss1), torch.tensor(loss0)) <= 1e-5
+    assert g0.keys() == g1.keys()
+    worst = max(g0, key=lambda k: rel(g1[k], g0[k]))
+    assert rel(g1[worst], g0[worst]) <= 1e-5, (
+        f"{toggle_id} on {kind}: gradient differs by {rel(g1[worst], g0[worst])}"
+    )
+    assert structure(model) == before, "undo must restore the module tree"
+    if kind == "demo":
+        assert all(m.attn_impl == "eager" for m in model.modules() if isinstance(m, CausalSelfAttention))
+    if kind in ("llama", "gpt2"):
+        assert model.config._attn_implementation == "eager"
+        assert not model.is_activation_checkpointing
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_reports_say_what_changed():
+    demo, plain, llama = make("demo"), make("plain"), make("llama")
+    flash = toggles.get("flash_attention")
+    flash.apply({"model": demo, "plain": plain, "llama": llama})
+    for m in (demo, plain, llama):
+        grads(m)
+    report = flash.undo()
+    text = str(report)
+    assert "2 attention modules in `model` switched from explicit attention to SDPA" in text
+    assert "`llama` (LlamaForCausalLM, 2 attention layers): eager → sdpa" in text
+    assert report.details["sdpa_calls"] == 2 + 3 + 2  # demo, plain, llama layers
+
+    ckpt = toggles.get("grad_checkpointing", every_n=2)
+    ckpt.apply({"model": plain})
+    grads(plain)
+    wrapped = [m for m in plain.modules() if isinstance(m, CheckpointWrapper)]
+    report = ckpt.undo()
+    assert len(wrapped) == 2  # blocks 0 and 2 of 3
+    assert "2 of 3 PlainBlock blocks in `model.layers` checkpointed (non-reentrant)" in str(report)
+
+
+def test_hand_written_attention_is_named_not_reachable():
+    model = PlainLM(attention=HandAttention)
+    flash = toggles.get("flash_attention")
+    flash.apply({"net": model})
+    report = flash.undo()
+    assert not report.applied
+    assert any("not reachable: `net.layers.0.attn` (HandAttention)" in n for n in report.notes), report.notes
+    assert any("F.scaled_dot_product_attention" in n for n in report.notes)
+
+
+def test_not_applicable_leaves_everything_untouched():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    sgd = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    ns = {"mlp": mlp, "sgd": sgd}
+    reports = {}
+    for tid in ("flash_attention", "grad_checkpointing", "galore"):
+        t = toggles.get(tid)
+        t.apply(ns)
+        mlp(torch.randn(4, 8)).sum().backward()
+        sgd.step()
+        reports[tid] = t.undo()
+    assert not any(r.applied for r in reports.values())
+    assert "no attention module was found" in reports["flash_attention"].notes[0]
+    assert "has no repeated blocks" in reports["grad_checkpointing"].notes[0]
+    assert "`sgd` is SGD: GaLore replaces only Adam and AdamW" in reports["galore"].notes[0]
+    assert type(sgd) is torch.optim.SGD and isinstance(mlp[0], nn.Linear)
+
+
+def test_constructed_while_applied_are_changed_then_restored():
+    ns: dict = {}
+    flash, ckpt, galore = (
+        toggles.get("flash_attention"),
+        toggles.get("grad_checkpointing"),
+        toggles.get("galore", rank=16),
+    )
+    for t in (flash, ckpt, galore):
+        t.apply(ns)
+    model = make("demo")  # built after apply, as a training cell does
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert type(opt) is galore_adamw()
+    grads(model)
+    assert all(m.attn_impl == "sdpa" for m in model.modules() if isinstance(m, CausalSelfAttention))
+    assert any(isinstance(m, CheckpointWrapper) for m in model.modules())
+    opt.step()
+    reports = [t.undo() for t in (galore, ckpt, flash)]
+    assert all(r.applied for r in reports), [str(r) for r in reports]
+    assert type(opt) is torch.optim.AdamW
+    assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
+    assert all(m.attn_impl == "eager" for m in model.modules() if isinstance(m, CausalSelfAttention))
+    # a model built after undo is left alone
+    other = make("demo")
+    grads(other)
+    assert all(m.attn_impl == "eager" for m in other.modules() if isinstance(m, CausalSelfAttention))
+
+
+def test_galore_undo_restores_optimizer_object_and_state():
+    model = make("plain")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    grads(model)
+    opt.step()
+    state_before = {id(p): {k: v for k, v in s.items()} for p, s in opt.state.items()}
+    groups_before = opt.param_groups
+    galore = toggles.get("galore", rank=16)
+    galore.apply({"opt": opt, "model": model})
+    assert type(opt) is galore_adamw() and len(opt.param_groups) == 2
+    grads(model)
+    opt.step()
+    galore.undo()
+    assert type(opt) is torch.optim.AdamW and opt.param_groups is groups_before
+    assert {id(p) for p in opt.state} == state_before.keys()
+    for p, s in opt.state.items():
+        assert all(s[k] is v for k, v in state_before[id(p)].items())
+    grads(model)
+    opt.step()  # still a working AdamW
+
+
+def test_galore_trains_like_adamw_and_its_state_is_the_analytic_size():
+    """100 steps of a noisy regression task (noise variance 1, the loss floor); GaLore at
+    rank d/2 ends within 10 % of AdamW's loss."""
+
+    def run(use_galore: bool) -> tuple[float, torch.optim.Optimizer, toggles.ToggleReport | None]:
+        torch.manual_seed(0)
+        teacher = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 64))
+        model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 64))
+        x = torch.randn(512, 64)
+        with torch.no_grad():
+            y = teacher(x) + torch.randn(512, 64)
+        galore = toggles.get("galore", rank=32, gap=50, scale=1.0) if use_galore else None
+        if galore:
+            galore.apply({"model": model})
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for i in range(100):
+            batch = slice((i * 64) % 512, (i * 64) % 512 + 64)
+            F.mse_loss(model(x[batch]), y[batch]).backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            final = F.mse_loss(model(x), y).item()
+        report = galore.undo() if galore else None
+        return final, opt, report
+
+    adamw_loss, _, _ = run(False)
+    galore_loss, _, report = run(True)
+    assert galore_loss <= 1.10 * adamw_loss, (galore_loss, adamw_loss)
+    d = report.details
+    # Linear(64→128).weight is 128×64 → moments 128×32, projection 32×64; and the other way round
+    analytic = 4 * (2 * (2 * 128 * 32 + 32 * 64) + 2 * (128 + 64))
+    assert d["optimizer_state_bytes_after"] == analytic
+    assert d["optimizer_state_bytes_measured"] == analytic
+    assert d["optimizer_state_bytes_before"] == 4 * 2 * sum(
+        p.numel() for p in nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 64)).parameters()
+    )
+
+
+def test_galore_state_formula_matches_measurement_on_every_projection():
+    for proj in ("std", "reverse_std", "left", "right", "full"):
+        model = make("plain")
+        galore = toggles.get("galore", rank=8, proj_type=proj)
+        galore.apply({"model": model})
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        grads(model)
+        opt.step()
+        assert state_bytes(opt) == galore_state_bytes(opt, 8, proj), proj
+        galore.undo()
+
+
+@pytest.mark.parametrize(
+    ("tid", "params", "message"),
+    [
+        ("galore", {"rank": 0}, "galore rank must be ≥ 1; got 0"),
+        ("galore", {"gap": -1}, "galore gap must be ≥ 1; got -1"),
+        ("galore", {"ranks": 4}, "galore ranks is not a parameter of galore (known: rank, update_proj_gap"),
+        ("galore", {"proj_type": "diag"}, "galore proj_type must be one of std, reverse_std"),
+        ("grad_checkpointing", {"every_n": "x"}, "grad_checkpointing every_n must be an integer; got 'x'"),
+        (
+            "flash_attention",
+            {"backend": "x"},
+            "flash_attention backend is not a parameter of flash_attention",
+        ),
+        ("sparse", {}, "toggle must be one of flash_attention, grad_checkpointing, galore; got 'sparse'"),
+    ],
+)
+def test_bad_parameters_are_refused_with_a_clear_message(tid, params, message):
+    with pytest.raises(ConfigError, match=None) as e:
+        toggles.get(tid, **params)
+    assert message in str(e.value)
+
+
+def test_profile_api_applies_and_records_toggles(runs_dir):
+    model = make("demo")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with swift_nb.profile(
+        wait=0, warmup=1, active=1, out_dir=runs_dir, toggles=["flash_attention", "galore:rank=16"]
+    ) as run:
+        for _ in range(3):
+            grads(model)
+            opt.step()
+    assert type(opt) is torch.optim.AdamW
+    saved = swift_nb.load_run(run.path)
+    recorded = {t["toggle"]: t for t in saved.context["toggles"]}
+    assert recorded.keys() == {"flash_attention", "galore"}
+    assert recorded["galore"]["params"]["rank"] == 16 and recorded["galore"]["applied"]
+    assert recorded["flash_attention"]["details"]["sdpa_calls"] == 2 * 3
+
+
+MAGIC_CELL = """\
+from swift_nb.demo import make_model
+import torch
+model = make_model(n_layer=2, n_head=4, d_model=64, seq_len=32, vocab_size=128, attn_impl="eager")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for _ in range(4):
+    idx = torch.randint(0, 128, (2, 32))
+    model(idx, idx).backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_magic_flags_apply_for_the_run_and_undo_after(kernel, tmp_path):
+    res = kernel.execute(
+        f"%%swift_profile --out {tmp_path} --wait 0 --warmup 1 --active 2 --flash-attn --grad-ckpt "
+        f"--galore rank=16,gap=10\n{MAGIC_CELL}"
+    )
+    assert res.status == "ok", [(e["ename"], e["evalue"], e["traceback"][-3:]) for e in res.of_type("error")]
+    out = res.text("stdout")
+    assert "flash_attention: 2 attention modules in `model` switched" in out
+    assert "grad_checkpointing: 2 of 2 Block blocks" in out
+    assert "galore: `new AdamW` (AdamW → GaLore AdamW): 9 weight matrices projected to rank 16" in out
+    assert kernel.eval(
+        "(type(opt).__name__, model.blocks[0].attn.attn_impl, type(model.blocks[0]).__name__)"
+    ) == (
+        "AdamW",
+        "eager",
+        "Block",
+    )
+    run = swift_nb.load_run(swift_nb.runs(tmp_path).path[0])
+    assert [t["toggle"] for t in run.context["toggles"]] == [
+        "flash_attention",
+        "grad_checkpointing",
+        "galore",
+    ]
+    assert all(t["applied"] for t in run.context["toggles"])
+
+
+def test_magic_refuses_bad_toggle_parameters_before_the_cell_runs(kernel, tmp_path):
+    kernel.execute("ran = False")
+    res = kernel.execute(f"%%swift_profile --out {tmp_path} --galore rank=0\nran = True")
+    usage = res.text("stderr")
+    assert "UsageError: --galore rank must be ≥ 1; got 0" in usage, usage
+    assert kernel.eval("ran") is False
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
