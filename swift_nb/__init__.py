@@ -9,6 +9,7 @@ from swift_nb.api import profile, report
 from swift_nb.capture.steps import step
 from swift_nb.errors import ConfigError, RunDirError
 from swift_nb.monitor import Report, ResourceMonitor
+from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
 from swift_nb.record import Run, load_run, pin, prune, runs, save
 
 __all__ = [
@@ -17,15 +18,19 @@ __all__ = [
     "ResourceMonitor",
     "Run",
     "RunDirError",
+    "gather_sequence",
     "load_ipython_extension",
     "load_run",
     "pin",
     "profile",
     "prune",
     "report",
+    "ring_attention",
     "runs",
     "save",
+    "shard_sequence",
     "step",
+    "ulysses_attention",
 ]
 __version__ = "0.1.0"
 
