@@ -95,9 +95,15 @@ def test_one_job_record_with_every_rank(name, request):
     assert run.context["layout"]["parallel"] == ["DDP"]
     pr = run.per_rank
     assert list(pr["rank"]) == list(range(world))
-    assert {"rank", "host", "steps", "step_time_median_s", "peak_mem_bytes", "comm_share", "straggler"} <= set(
-        pr.columns
-    )
+    assert {
+        "rank",
+        "host",
+        "steps",
+        "step_time_median_s",
+        "peak_mem_bytes",
+        "comm_share",
+        "straggler",
+    } <= set(pr.columns)
     assert (pr["steps"] == STEPS).all()  # one step per optimizer.step() on every rank
     assert (pr["comm_share"] > 0).all() and (pr["comm_share"] < 1).all()
     for r in range(world):
@@ -165,7 +171,16 @@ def test_slow_rank_is_the_straggler(tmp_path_factory):
 
 def test_rank_raising_fails_the_job_with_its_traceback(tmp_path_factory):
     job = _job(
-        tmp_path_factory, "raise", 2, "--raise-rank", "1", "--pg-timeout-s", "10", "--steps", "8", gather_timeout_s=5
+        tmp_path_factory,
+        "raise",
+        2,
+        "--raise-rank",
+        "1",
+        "--pg-timeout-s",
+        "10",
+        "--steps",
+        "8",
+        gather_timeout_s=5,
     )
     assert job.proc.returncode != 0
     run = job.run

@@ -369,7 +369,7 @@ class Session:
         info, group = self._ranks, self._group
         notes: list[str] = []
         parts: dict[int, dict] = {}
-        deadline = time.monotonic()
+        t0 = deadline = time.monotonic()
         if group is not None:
             gathered, reason = group.gather(rk.payload(run, info))
             group.close()
@@ -394,6 +394,7 @@ class Session:
                     f"merged the partial records of {rk.ranks_text(sorted(found))} from the job folder"
                 )
         job = rk.build_job(run, self._job_path, parts, info.world_size, notes)
+        job.summary["gather_s"] = time.monotonic() - t0  # rank 0's wait and merge, before saving
         for f in dataclasses.fields(Run):  # the caller's Run object becomes the job record
             setattr(run, f.name, getattr(job, f.name))
         save(run)
