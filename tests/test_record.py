@@ -98,3 +98,44 @@ def test_records_hold_no_tensor_contents(runs_dir):
 def test_run_ids_are_sortable_and_safe():
     rid = new_run_id("my run/<x>")
     assert "/" not in rid and "<" not in rid and rid[:8].isdigit()
+
+
+def _fake_job(root, comm_shares, missing=()) -> Run:
+    """A job record as rank 0 writes it: rank 0's tables plus ranks.csv and rank_steps.csv."""
+    from swift_nb.capture.ranks import RANK_COLUMNS
+
+    run = _fake_run(root, 9)
+    world = len(comm_shares) + len(missing)
+    rows = []
+    for r in range(world):
+        row = dict.fromkeys(RANK_COLUMNS)
+        if r in missing:
+            row.update(rank=r, status="missing", source="missing")
+        else:
+            share = comm_shares[r]
+            row.update(rank=r, node_rank=r // 2, host="h", status="ok", source="gather", steps=2)
+            row.update(
+                step_time_median_s=0.1, peak_mem_bytes=1e6, comm_share=share, comm_s_per_step=0.1 * share
+            )
+        rows.append(row)
+    run.ranks = pd.DataFrame(rows, columns=RANK_COLUMNS)
+    run.rank_steps = pd.concat([run.steps.assign(rank=r) for r in range(len(comm_shares))], ignore_index=True)
+    run.context.update(world_size=world, nnodes=(world + 1) // 2, missing_ranks=list(missing))
+    save(run)
+    return swift_nb.load_run(run.path)
+
+
+def test_per_rank_flags_the_rank_the_others_wait_for(runs_dir):
+    run = _fake_job(runs_dir, [0.5, 0.05, 0.5, 0.45], missing=[4])
+    pr = run.per_rank
+    assert list(pr["rank"]) == [0, 1, 2, 3, 4]
+    assert list(pr["straggler"]) == [False, True, False, False, False]
+    assert pr.loc[4, "status"] == "missing" and pd.isna(pr.loc[4, "busy_s"])
+    assert sorted(run.rank_steps["rank"].unique()) == [0, 1, 2, 3]
+    assert swift_nb.runs(runs_dir)["world_size"].iloc[0] == 5
+
+
+def test_per_rank_ignores_jitter(runs_dir):
+    # ±10 % of a step spent waiting differently is no straggler
+    pr = _fake_job(runs_dir, [0.5, 0.4, 0.45]).per_rank
+    assert not pr["straggler"].any()

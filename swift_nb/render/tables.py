@@ -34,7 +34,7 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
         ),
         ("device", f"{env.get('device', '–')} ({devices})"),
-        ("ranks", str(env.get("world_size", 1))),
+        ("ranks", _ranks_text(run)),
     ]
     if sched:
         recorded = s.get("recorded_steps") or []
@@ -50,6 +50,21 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
         if run.trace_path is not None:
             rows.append(("trace", f"{run.trace_path} (open in ui.perfetto.dev)"))
     return rows
+
+
+def _ranks_text(run: Run) -> str:
+    """``4`` for a single record, ``4 on 2 nodes; missing: 3`` for a job record."""
+    world = run.context.get("world_size", run.environment.get("world_size", 1))
+    if not len(run.ranks):
+        return str(world)
+    nodes = run.context.get("nnodes", 1)
+    text = f"{world} on {nodes} node{'s' if nodes != 1 else ''}"
+    layout = run.context.get("layout") or {}
+    if layout.get("parallel"):
+        text += f" ({', '.join(layout['parallel'])})"
+    if run.context.get("missing_ranks"):
+        text += "; missing: " + ", ".join(map(str, run.context["missing_ranks"]))
+    return text
 
 
 def summary_html(run: Run) -> str:
@@ -77,7 +92,12 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
     shown["step_time_median_s"] = shown["step_time_median_s"].map(fmt_seconds)
     shown["peak_mem_bytes"] = shown["peak_mem_bytes"].map(fmt_bytes)
     return shown.rename(
-        columns={"wall_s": "wall", "step_time_median_s": "step (median)", "peak_mem_bytes": "peak memory"}
+        columns={
+            "wall_s": "wall",
+            "step_time_median_s": "step (median)",
+            "peak_mem_bytes": "peak memory",
+            "world_size": "ranks",
+        }
     )
 
 
