@@ -3,12 +3,12 @@
 The cell runs through the shell's own ``run_cell``, so its output, its last expression
 and its traceback look exactly as without the magic. When it fails, the magic marks the
 outer cell failed too (so "Run all" and nbclient stop) without a second traceback.
+While the cell runs, a live panel shows its progress (``live.py``); afterwards the run is
+shown as a results panel and as static outputs (``panel.py``). In a terminal, or with
+``--no-widgets``, only the static outputs.
 """
 
 from __future__ import annotations
-
-import base64
-from html import escape
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -20,9 +20,10 @@ from swift_nb.api import apply_toggles, finish, undo_toggles
 from swift_nb.capture.session import Session, cell_source, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
-from swift_nb.record import Run, runs
-from swift_nb.render.report import Section
-from swift_nb.render.tables import runs_html, runs_text, summary_html, summary_text
+from swift_nb.notebook.live import LivePanel
+from swift_nb.notebook.panel import show_run
+from swift_nb.record import runs
+from swift_nb.render.tables import runs_html, runs_text
 
 
 class ProfiledCellError(Exception):
@@ -75,6 +76,17 @@ class SwiftMagics(Magics):
     @argument("--keep", type=int, default=None, help="runs to keep in that folder (default 20)")
     @argument("--list", action="store_true", help="show recent runs instead of profiling")
     @argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps the cell will run, for the live panel's progress and ETA (a hint; nothing is cut)",
+    )
+    @argument(
+        "--no-widgets",
+        action="store_true",
+        help="no live panel or results tabs: static outputs only",
+    )
+    @argument(
         "--flash-attn",
         nargs="?",
         const="",
@@ -115,6 +127,8 @@ class SwiftMagics(Magics):
             return
         if cell is None:
             raise UsageError("%swift_profile needs a cell: use %%swift_profile on top of the cell, or --list")
+        if args.steps is not None and args.steps < 1:
+            raise UsageError(f"--steps must be a whole number ≥ 1; got {args.steps}")
         try:
             toggles = _toggles(args)
         except ConfigError as e:
@@ -150,10 +164,16 @@ class SwiftMagics(Magics):
         except RuntimeError as e:  # another profile is active (a nested %%swift_profile)
             undo_toggles(session, toggles)
             raise UsageError(str(e)) from None
-        result = None
+        live = result = None
         try:
+            if not args.no_widgets and widgets_available(self.shell):
+                live = LivePanel(session, total_steps=args.steps)
+                live.show()
+                live.start()
             result = self.shell.run_cell(cell, store_history=False)
         finally:
+            if live is not None:
+                live.stop()
             for report in undo_toggles(session, toggles):
                 print(report)
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
@@ -163,7 +183,9 @@ class SwiftMagics(Magics):
                 status = "failed" if err is not None else "ok"
             reported = finish(session, status, err)
             run = reported.run
-            show_run(run, reported.sections)
+            if live is not None:
+                live.close(run)
+            show_run(run, reported.sections, panel=live is not None)
         if err is not None:
             raise ProfiledCellError(run.id)
 
@@ -177,39 +199,10 @@ class SwiftMagics(Magics):
         display({"text/html": runs_html(table), "text/plain": runs_text(table)}, raw=True)
 
 
-def show_run(run: Run, sections: list[Section]) -> None:
-    """Display a run's report, section by section, as static outputs: HTML for text and
-    tables, image/png for figures (they survive nbconvert and GitHub's viewer), each with a
-    plain-text fallback for terminals."""
-    display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
-    for section in sections:
-        if section.title == "Summary":
-            continue  # shown above, with its plain-text twin
-        if section.title in ("Environment", "Notes"):
-            continue  # in the summary's notes and report.html; not worth the cell's space
-        html = [f"<h4>{escape(section.title)}</h4>"]
-        for part in section.parts:
-            if isinstance(part, str):
-                html.append(part)
-                continue
-            _display_html(html, section.title)
-            html = []
-            display(
-                {
-                    "image/png": base64.b64encode(part.png).decode("ascii"),
-                    "text/plain": f"[{part.alt}]",
-                },
-                raw=True,
-            )
-        _display_html(html, section.title)
-    if "report" in run.files:
-        print(f"report: {run.path / run.files['report']}")
-
-
-def _display_html(fragments: list[str], title: str) -> None:
-    if fragments:
-        html = f"<div class='swift-nb-section'>{''.join(fragments)}</div>"
-        display({"text/html": html, "text/plain": f"[{title}: see the HTML output or report.html]"}, raw=True)
+def widgets_available(shell) -> bool:
+    """Whether widgets can be shown: a kernel (Jupyter, VS Code, nbclient) has a frontend
+    that may render them; a terminal IPython has none, and gets text only."""
+    return getattr(shell, "kernel", None) is not None
 
 
 def load_ipython_extension(ip) -> None:

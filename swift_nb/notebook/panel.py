@@ -1,0 +1,175 @@
+"""What a profiled cell shows once its run is saved: the results panel (ipywidgets tabs)
+and the same results as static outputs.
+
+Both are built from the report's ``Section``s (figures rendered once, as for
+report.html). The static outputs — HTML for text and tables, ``image/png`` for figures,
+each with a plain-text twin — are always emitted, so nbconvert's HTML, GitHub's viewer, a
+kernel-less JupyterLab and a terminal show every result; nothing exists only in a widget.
+Where the panel renders, a style rule inside it hides those static outputs of the same
+cell (they say the same), so a live notebook shows each result once.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from html import escape
+
+import ipywidgets as widgets
+from IPython.display import display
+
+from swift_nb.record import Run
+from swift_nb.render.report import FigurePart, Section
+from swift_nb.render.tables import summary_html, summary_text
+from swift_nb.units import fmt_bytes
+
+TABS = ("Summary", "Timeline", "Memory", "Operators", "Advice", "Files")
+
+#: report section title → tab; a section not named here goes to the Summary tab
+SECTION_TAB = {
+    "Summary": None,  # the tab opens with summary_html, which also lists the notes
+    "Notes": None,
+    "Throughput": "Summary",
+    "Ranks": "Summary",
+    "Verdict": "Advice",
+    "Findings": "Advice",
+    "Timeline": "Timeline",
+    "Step time breakdown": "Timeline",
+    "Memory by category": "Memory",
+    "Top operators by self time": "Operators",
+    "Top operators by memory allocated": "Operators",
+    "Environment": "Files",
+}
+
+#: sections the static outputs leave out: in the summary's notes and report.html already
+STATIC_SKIPPED = ("Summary", "Environment", "Notes")
+
+PANEL_STYLE = """<style>
+.swift-nb-results .widget-html-content { line-height: 1.4; }
+.swift-nb-results table { border-collapse: collapse; margin: 0.4em 0; font-size: 12px; }
+.swift-nb-results th, .swift-nb-results td { padding: 0.15em 0.8em 0.15em 0; text-align: left;
+  vertical-align: top; }
+.swift-nb-results thead th { border-bottom: 1px solid #bbb; }
+.swift-nb-results td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.swift-nb-results tr.agg td { border-top: 1px solid #bbb; font-weight: 600; }
+.swift-nb-results h4 { margin: 0.8em 0 0.3em; }
+.swift-nb-results .caption, .swift-nb-results .empty { color: #666; font-size: 12px; }
+.swift-nb-results .kind { display: inline-block; padding: 0 0.6em; border-radius: 0.8em; background: #444;
+  color: #fff; font-weight: 600; margin-right: 0.5em; }
+.swift-nb-results .finding { border-left: 4px solid #e0a800; background: #fffbea; padding: 0.4em 0.8em;
+  margin: 0.6em 0; }
+.swift-nb-results .finding.info { border-color: #4c72b0; background: #f0f5fb; }
+.swift-nb-results .finding.critical { border-color: #c0392b; background: #fdf0ee; }
+.swift-nb-results .severity { text-transform: uppercase; font-size: 0.75em; color: #666; }
+.jp-OutputArea-child:has(.swift-nb-results) ~ .jp-OutputArea-child { display: none; }
+</style>"""
+
+PERFETTO_NOTE = (
+    "open it in <a href='https://ui.perfetto.dev' target='_blank' rel='noopener'>ui.perfetto.dev</a>"
+)
+
+
+def show_run(run: Run, sections: Sequence[Section], panel: bool = True) -> None:
+    """Display a saved run: the results panel when ``panel`` (a kernel with a widget
+    frontend), then the static outputs, always."""
+    if panel:
+        tabs = results_panel(run, sections)
+        bundle = tabs._repr_mimebundle_()
+        bundle["text/plain"] = "swift_nb results panel (needs a running kernel; the same results follow)"
+        display(bundle, raw=True)
+    show_static(run, sections)
+
+
+def results_panel(run: Run, sections: Sequence[Section]) -> widgets.VBox:
+    """Tabs of a run's results: Summary, Timeline, Memory, Operators, Advice, Files."""
+    content: dict[str, list[widgets.Widget]] = {t: [] for t in TABS}
+    content["Summary"].append(_html(summary_html(run)))
+    for section in sections:
+        tab = SECTION_TAB.get(section.title, "Summary")
+        if tab is not None:
+            content[tab] += _section_widgets(section)
+    content["Files"][:0] = [_html(files_html(run))]
+    for tab in TABS:
+        if not content[tab]:
+            content[tab].append(_html("<p class='empty'>Nothing recorded for this tab.</p>"))
+    tabs = widgets.Tab(children=[widgets.VBox(content[t]) for t in TABS], titles=TABS)
+    return widgets.VBox([widgets.HTML(PANEL_STYLE), tabs], _dom_classes=["swift-nb-results"])
+
+
+def files_html(run: Run) -> str:
+    """The run folder and its files, the trace with a pointer to Perfetto."""
+    if run.path is None:
+        return "<p class='empty'>The run was not saved.</p>"
+    rows = []
+    for path in sorted(p for p in run.path.iterdir() if p.is_file()):
+        note = ""
+        if run.trace_path is not None and path == run.trace_path:
+            note = f"the profiler trace: {PERFETTO_NOTE}"
+        elif path.name == run.files.get("report"):
+            note = "this report as one HTML file (opens offline)"
+        rows.append(
+            f"<tr><td><code>{escape(path.name)}</code></td><td class='num'>{escape(fmt_bytes(path.stat().st_size))}"
+            f"</td><td>{note}</td></tr>"
+        )
+    trace = (
+        f"<p>Trace: <code>{escape(str(run.trace_path))}</code> — {PERFETTO_NOTE}.</p>"
+        if run.trace_path is not None
+        else "<p class='empty'>No trace: the profiler recorded no step.</p>"
+    )
+    return (
+        f"<h4>Run folder</h4><p><code>{escape(str(run.path))}</code></p>{trace}"
+        f"<table><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _html(value: str) -> widgets.HTML:
+    return widgets.HTML(value, layout=widgets.Layout(max_width="100%"))
+
+
+def _section_widgets(section: Section) -> list[widgets.Widget]:
+    out: list[widgets.Widget] = []
+    html = [f"<h4>{escape(section.title)}</h4>"]
+    for part in section.parts:
+        if isinstance(part, str):
+            html.append(part)
+            continue
+        out.append(_html("".join(html)))
+        html = []
+        out.append(widgets.Image(value=part.png, format="png", layout=widgets.Layout(max_width="100%")))
+        out.append(_html(f"<div class='caption'>{escape(part.caption)}</div>"))
+    if html:
+        out.append(_html("".join(html)))
+    return out
+
+
+def show_static(run: Run, sections: Sequence[Section]) -> None:
+    """The run's report, section by section, as static outputs: HTML for text and tables,
+    image/png for figures, each with a plain-text fallback for terminals."""
+    display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
+    for section in sections:
+        if section.title in STATIC_SKIPPED:
+            continue
+        html = [f"<h4>{escape(section.title)}</h4>"]
+        for part in section.parts:
+            if isinstance(part, str):
+                html.append(part)
+                continue
+            _display_html(html, section.title)
+            html = []
+            _display_figure(part)
+        _display_html(html, section.title)
+    if "report" in run.files:
+        print(f"report: {run.path / run.files['report']}")
+
+
+def _display_figure(part: FigurePart) -> None:
+    display(
+        {"image/png": base64.b64encode(part.png).decode("ascii"), "text/plain": f"[{part.alt}]"},
+        raw=True,
+    )
+
+
+def _display_html(fragments: list[str], title: str) -> None:
+    if fragments:
+        html = f"<div class='swift-nb-section'>{''.join(fragments)}</div>"
+        display({"text/html": html, "text/plain": f"[{title}: see the HTML output or report.html]"}, raw=True)
