@@ -68,6 +68,8 @@ def findings_across_ranks(
             pct = next((v for k, v in f.evidence.items() if k.endswith("_pct")), None)
             if pct is not None:
                 values[rank] = pct
+    statuses = dict(zip(run.ranks["rank"], run.ranks["status"], strict=True))
+    unread = [int(r) for r in run.ranks["rank"] if int(r) not in by_rank and statuses.get(r) != "missing"]
     out = []
     for f, holds, values in merged.values():
         evidence = {**f.evidence, "ranks": holds}
@@ -77,6 +79,8 @@ def findings_across_ranks(
         where = ranks_text(holds, world)
         if others:
             where += f"; not on {ranks_text(others, world)}"
+        if unread:
+            where += f"; {ranks_text(unread, world)} not analysed (no record in this folder)"
         out.append(replace(f, title=f"{f.title} ({where})", evidence=evidence))
     return out
 

@@ -438,7 +438,8 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
             job_run.files["trace" if r == 0 else f"trace_rank{r}"] = row["trace"]
         elif row["status"] != "missing" and r in parts and parts[r]["row"]["trace"]:
             notes.append(
-                f"rank {r}'s trace is not in this folder: it is on host {row['host']} under {row['record']}/.."
+                f"rank {r}'s trace is not in this folder: it is on host {row['host']} at "
+                f"{Path(row['record']).parent / row['trace']} (its own record beside it)"
             )
     job_run.ranks = ranks
     frames = [p["steps"].assign(rank=r) for r, p in sorted(parts.items()) if len(p["steps"])]
