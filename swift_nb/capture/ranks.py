@@ -61,7 +61,8 @@ MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 #   comm_s_per_step: seconds per recorded step inside collectives (any thread);
 #   comm_share: comm_s_per_step / the recorded steps' mean duration (0..1);
 #   trace: the rank's trace file in the job folder; record: its partial record folder;
-#   error: the traceback that ended the rank's profile, if one did.
+#   error: the traceback that ended the rank's profile, if one did;
+#   started_at: when the rank's profile started (ISO, UTC): its steps' clock starts there.
 RANK_COLUMNS = [
     "rank",
     "local_rank",
@@ -81,6 +82,7 @@ RANK_COLUMNS = [
     "trace",
     "record",
     "error",
+    "started_at",
 ]
 
 
@@ -325,6 +327,7 @@ def rank_row(run: Run, info: RankInfo, source: str) -> dict[str, Any]:
         "trace": trace_file(info.rank) if "trace" in run.files else "",
         "record": str(run.path),
         "error": s.get("traceback", ""),
+        "started_at": run.started_at,
     }
 
 

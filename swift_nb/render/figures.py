@@ -327,7 +327,7 @@ def per_rank_figure(per_rank: pd.DataFrame, width_in: float = 10.0) -> Figure:
     ax_t.bar(x, comm * scale, bottom=(step - comm) * scale, color="#f4a582", label="inside collectives")
     ax_t.set_ylabel(f"median step time ({unit})")
     ax_t.set_title("Step time per rank (red: straggler)", fontsize=10)
-    ax_t.legend(fontsize=8, frameon=False, loc="lower right")
+    fig.legend(fontsize=8, frameon=False, loc="outside lower left", ncols=2)
     mem = _numeric(df, "peak_mem_bytes")
     if mem.notna().any():
         munit, div = _bytes_scale(float(mem.max()))
@@ -341,4 +341,50 @@ def per_rank_figure(per_rank: pd.DataFrame, width_in: float = 10.0) -> Figure:
         ax.set_xlabel("rank")
         ax.grid(axis="y", alpha=0.25)
         ax.set_axisbelow(True)
+    return fig
+
+
+def rank_timeline_figure(rank_steps: pd.DataFrame, ranks: pd.DataFrame, width_in: float = 10.0) -> Figure:
+    """Every rank's steps against time since the first rank started (s), one row per rank
+    (node order), coloured by the profiler's phase; stragglers and gaps show as misaligned
+    or longer bars. ``rank_steps``: a job's steps with a ``rank`` column; ``ranks``: its
+    ranks.csv (``started_at`` aligns the ranks' clocks)."""
+    if rank_steps is None or rank_steps.empty or "rank" not in rank_steps:
+        return _empty_note("No steps from the ranks.", width_in)
+    starts = (
+        pd.to_datetime(ranks.get("started_at"), errors="coerce", utc=True) if "started_at" in ranks else None
+    )
+    offsets: dict[int, float] = {}
+    if starts is not None and starts.notna().any():
+        first = starts.min()
+        offsets = {
+            int(r): (t - first).total_seconds()
+            for r, t in zip(ranks["rank"], starts, strict=True)
+            if pd.notna(t) and pd.notna(r)
+        }
+    order = (
+        ranks.sort_values(["node_rank", "rank"])["rank"].dropna().astype(int).tolist()
+        if "node_rank" in ranks
+        else sorted(rank_steps["rank"].unique())
+    )
+    fig = Figure(figsize=(width_in, 0.9 + 0.35 * len(order)), layout="constrained")
+    ax = fig.subplots()
+    colors = {"wait": "#bbbbbb", "none": "#9ecae1", **PHASE_COLORS, "active": "#3182bd"}
+    for y, rank in enumerate(order):
+        steps = rank_steps[rank_steps["rank"] == rank]
+        start = _numeric(steps, "start_s") + offsets.get(rank, 0.0)
+        dur = _numeric(steps, "duration_s")
+        phase = steps["phase"] if "phase" in steps else pd.Series("none", index=steps.index)
+        ax.broken_barh(
+            list(zip(start, dur, strict=True)),
+            (y - 0.4, 0.8),
+            facecolors=[colors.get(p, "#9ecae1") for p in phase],
+            edgecolor="white",
+            linewidth=0.3,
+        )
+    ax.set_yticks(range(len(order)), [f"rank {r}" for r in order], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the first rank started profiling (s)")
+    ax.set_title("Steps of every rank (dark: recorded by the profiler)", fontsize=10)
+    ax.grid(axis="x", alpha=0.25)
     return fig

@@ -31,6 +31,7 @@ from swift_nb.render.figures import (
     memory_figure,
     operators_figure,
     per_rank_figure,
+    rank_timeline_figure,
     timeline_figure,
 )
 from swift_nb.render.tables import summary_rows
@@ -339,8 +340,11 @@ PER_RANK_TABLE = [
 ]
 
 
-def _per_rank_section(per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None) -> Section | None:
-    """For a job of several ranks: step time, collectives and memory of each rank."""
+def _per_rank_section(
+    run: Run, per_rank: pd.DataFrame | None, collectives: pd.DataFrame | None
+) -> Section | None:
+    """For a job of several ranks: step time, collectives and memory of each rank, and
+    their steps against time."""
     if per_rank is None or len(per_rank) < 2:
         return None
     table = per_rank[[c for c in PER_RANK_TABLE if c in per_rank.columns]].copy()
@@ -359,6 +363,14 @@ def _per_rank_section(per_rank: pd.DataFrame | None, collectives: pd.DataFrame |
             _frame_table(table),
         ],
     )
+    if len(run.rank_steps) and len(run.ranks):
+        section.parts.append(
+            FigurePart(
+                rank_timeline_figure(run.rank_steps, run.ranks),
+                "Each rank's steps against time",
+                "One row per rank; each bar is a step, darker where the profiler recorded it.",
+            )
+        )
     if _has_rows(collectives):
         comm = collectives.rename(columns={"step_share": "step_pct", "busbw_bytes_per_s": "bus_bandwidth"})
         comm["step_pct"] = 100.0 * pd.to_numeric(comm["step_pct"], errors="coerce")
@@ -413,7 +425,7 @@ def report_sections(
         _verdict_section(verdict),
         _findings_section(findings),
         _throughput_section(throughput),
-        _per_rank_section(per_rank, collectives),
+        _per_rank_section(run, per_rank, collectives),
         _timeline_section(run),
         _breakdown_section(breakdown),
         _memory_section(footprint, timeline),
