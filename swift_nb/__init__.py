@@ -5,7 +5,7 @@ with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook c
 run.summary, run.steps, run.samples  # plain data, also saved in run.path
 """
 
-from swift_nb.api import profile, report
+from swift_nb.api import compare, profile, report
 from swift_nb.capture.steps import step
 from swift_nb.errors import ConfigError, RunDirError
 from swift_nb.monitor import Report, ResourceMonitor
@@ -18,6 +18,7 @@ __all__ = [
     "ResourceMonitor",
     "Run",
     "RunDirError",
+    "compare",
     "gather_sequence",
     "load_ipython_extension",
     "load_run",
@@ -38,5 +39,7 @@ __version__ = "0.1.0"
 def load_ipython_extension(ip) -> None:
     """``%load_ext swift_nb``: registers ``%%swift_profile`` and ``%swift_runs``."""
     from swift_nb.notebook.magic import load_ipython_extension as load
+    from swift_nb.rerun.history import install
 
     load(ip)
+    install(ip)  # reruns replay the session's cells that succeeded

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from swift_nb.analysis import Analysis, analyze
+from swift_nb.analysis.compare import compare_runs
 from swift_nb.analysis.trace import TABLES_FILE, parse_events, save_tables
 from swift_nb.capture.session import Session, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.record import Run, load_run, save
+from swift_nb.render.compare import COMPARE_FILE, write_compare
 from swift_nb.render.report import Section, analysis_fields, document_html, report_sections, write_report
 from swift_nb.toggles import Toggle, ToggleReport, build
 
@@ -167,3 +169,30 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         undo_toggles(self.session, self.toggles)
         self.analysis = finish(self.session, status_of(exc_type), exc).analysis
         return False
+
+
+def findings_of(run: Run | None) -> list:
+    """The advisor's findings for ``run`` (empty when it cannot be analysed)."""
+    if run is None:
+        return []
+    try:
+        return analyze(run).findings
+    except Exception:  # predictions are optional; a missing trace must not stop the table
+        return []
+
+
+def compare(*runs: Run | Path | str, names: Sequence[str] | None = None, html: bool = False):
+    """Compare runs side by side; the first is the baseline. Returns the table (one row
+    per run: step time, throughput, peak memory by category, utilisation, ratios to the
+    baseline, the baseline advisor's prediction for each variant's toggles).
+    ``html=True`` also writes ``compare.html`` into the baseline's folder."""
+    loaded = [r if isinstance(r, Run) else load_run(r) for r in runs]
+    if names is None:
+        names = [r.context.get("variant") or r.label or r.id for r in loaded]
+    rows = [(n, r, None, []) for n, r in zip(names, loaded, strict=True)]
+    table = compare_runs(rows, findings_of(loaded[0] if loaded else None))
+    if html and loaded and loaded[0].path is not None:
+        write_compare(
+            loaded[0].path / COMPARE_FILE, table, list(zip(names, loaded, strict=True)), "comparison"
+        )
+    return table

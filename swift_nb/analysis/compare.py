@@ -1,0 +1,129 @@
+"""Side-by-side comparison of runs: one row per variant, ratios to the baseline, and the
+advisor's predicted effect next to the measured one.
+
+Predictions come from the baseline's own numbers: its memory by category and its
+findings' evidence, plus what each toggle reported it did in the variant's run
+(``run.context["toggles"]``). Where a single-toggle variant's measured peak memory differs
+from the predicted peak by more than ``DISAGREE`` (relative), the row says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.memory import memory_footprint
+from swift_nb.record import MEMORY_CATEGORIES, Run
+
+DISAGREE = 0.25
+COMPARE_COLUMNS = [
+    "variant",
+    "status",
+    "steps",
+    "step_time_median_s",
+    "steps_per_s",
+    "peak_mem_bytes",
+    *[f"{c}_bytes" for c in MEMORY_CATEGORIES],
+    "mean_util_pct",
+    "step_time_ratio",
+    "peak_mem_ratio",
+    "predicted",
+    "predicted_peak_bytes",
+    "notes",
+    "run",
+]
+
+
+def _footprint(run: Run) -> dict[str, float]:
+    fp = memory_footprint(run)
+    return {f"{r.category}_bytes": float(r.at_peak_bytes) for r in fp.itertuples()}
+
+
+def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> dict:
+    row: dict = dict.fromkeys(COMPARE_COLUMNS, np.nan)
+    row.update(
+        variant=name, status=status or (run.status if run else "failed"), notes="; ".join(notes), run=""
+    )
+    row["predicted"] = ""
+    if run is None:
+        return row
+    s = run.summary
+    cats = _footprint(run)
+    row.update(cats)
+    row.update(
+        steps=s.get("steps"),
+        step_time_median_s=s.get("step_time_median_s"),
+        steps_per_s=(1.0 / s["step_time_median_s"]) if s.get("step_time_median_s") else np.nan,
+        peak_mem_bytes=sum(cats.values()) if cats else s.get("peak_mem_bytes"),
+        mean_util_pct=s.get("mean_util_pct"),
+        run=str(run.path or ""),
+    )
+    return row
+
+
+def predicted_peak(base: dict, toggle: str, details: dict, findings: Sequence[Finding]) -> float | None:
+    """Peak tensor bytes the baseline would have with ``toggle`` alone, or None when its
+    numbers do not tell. ``base``: the baseline's row; ``details``: the toggle's report
+    details in the variant's run."""
+    peak = base.get("peak_mem_bytes")
+    if not peak or not np.isfinite(peak):
+        return None
+    act = base.get("activations_bytes") or 0.0
+    if toggle == "galore" and "optimizer_state_bytes_after" in details:
+        return peak - (base.get("optimizer_state_bytes") or 0.0) + details["optimizer_state_bytes_after"]
+    if toggle == "grad_checkpointing" and details.get("checkpointed_blocks"):
+        blocks = details["checkpointed_blocks"]
+        return peak - act + 2 * act / blocks  # block inputs kept + one block recomputed
+    if toggle == "flash_attention":
+        for f in findings:
+            if f.id == "eager_attention":
+                ev = f.evidence
+                saved = 2 * ev["score_matrix_bytes"] * max(1, ev.get("attention_calls_per_step", 1))
+                return peak - min(saved, act)
+    return None
+
+
+def compare_runs(
+    runs: Sequence[tuple[str, Run | None, str | None, list[str]]],
+    findings: Sequence[Finding] = (),
+) -> pd.DataFrame:
+    """The comparison table. ``runs``: ``(variant, run or None, status override, notes)``
+    with the baseline first; ``findings``: the baseline's advisor findings.
+
+    Columns: step_time_median_s (s), steps_per_s, peak_mem_bytes and ``<category>_bytes``
+    (tensor bytes at the step peak), mean_util_pct (%), step_time_ratio and
+    peak_mem_ratio (variant / baseline), predicted (the advisor's words for the toggles
+    of the variant), predicted_peak_bytes, notes, run (its folder)."""
+    rows = [_row(name, run, status, list(notes)) for name, run, status, notes in runs]
+    if not rows:
+        return pd.DataFrame(columns=COMPARE_COLUMNS)
+    base = rows[0]
+    for (_, run, _, _), row in zip(runs, rows, strict=True):
+        for col, ratio in (("step_time_median_s", "step_time_ratio"), ("peak_mem_bytes", "peak_mem_ratio")):
+            b = base.get(col)
+            if b and np.isfinite(b) and row.get(col) is not None and np.isfinite(row[col]):
+                row[ratio] = row[col] / b
+        if run is None or row is base:
+            continue
+        toggles = run.context.get("toggles") or []
+        words = [
+            f"{f.toggle}: {f.predicted_effect}"
+            for f in findings
+            if f.toggle in {t["toggle"] for t in toggles}
+        ]
+        row["predicted"] = "; ".join(words)
+        if len(toggles) == 1:
+            pred = predicted_peak(base, toggles[0]["toggle"], toggles[0].get("details", {}), findings)
+            if pred is not None and pred > 0:
+                row["predicted_peak_bytes"] = pred
+                measured = row.get("peak_mem_bytes")
+                if measured and np.isfinite(measured) and abs(measured - pred) / pred > DISAGREE:
+                    note = (
+                        f"measured peak differs from the prediction by {100 * (measured - pred) / pred:+.0f} % "
+                        "(more than 25 %)"
+                    )
+                    row["notes"] = "; ".join(filter(None, [row["notes"], note]))
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)

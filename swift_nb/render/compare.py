@@ -1,0 +1,131 @@
+"""The comparison view: the table (HTML and text), step times and memory of every variant
+overlaid, and a self-contained ``compare.html``."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
+from swift_nb.render.figures import figure_png
+from swift_nb.render.report import CSP, STYLE
+from swift_nb.units import fmt_bytes, fmt_seconds
+
+COMPARE_FILE = "compare.html"
+
+
+def _ratio(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{x:.2f}×"
+
+
+def _num(x, fmt) -> str:
+    return "–" if x is None or (isinstance(x, float) and not np.isfinite(x)) else fmt(x)
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The comparison table with units, as strings."""
+    out = pd.DataFrame(
+        {
+            "variant": table["variant"],
+            "status": table["status"],
+            "step (median)": [_num(x, fmt_seconds) for x in table["step_time_median_s"]],
+            "× base": [_ratio(x) for x in table["step_time_ratio"]],
+            "steps/s": [_num(x, lambda v: f"{v:.2f}") for x in table["steps_per_s"]],
+            "peak memory": [_num(x, fmt_bytes) for x in table["peak_mem_bytes"]],
+            "× base ": [_ratio(x) for x in table["peak_mem_ratio"]],
+        }
+    )
+    for c in MEMORY_CATEGORIES:
+        out[c.replace("_", " ")] = [_num(x, fmt_bytes) for x in table[f"{c}_bytes"]]
+    out["util %"] = [_num(x, lambda v: f"{v:.0f}") for x in table["mean_util_pct"]]
+    out["predicted"] = [
+        " ".join(filter(None, [w, f"(peak ≈ {fmt_bytes(p)})" if p is not None and np.isfinite(p) else ""]))
+        for w, p in zip(table["predicted"], table["predicted_peak_bytes"], strict=True)
+    ]
+    out["notes"] = table["notes"]
+    return out
+
+
+def compare_table_html(table: pd.DataFrame) -> str:
+    return display_table(table).to_html(index=False, classes="swift-nb-compare", border=0, escape=True)
+
+
+def compare_table_text(table: pd.DataFrame) -> str:
+    cols = ["variant", "status", "step (median)", "× base", "peak memory", "× base ", "notes"]
+    return display_table(table)[cols].to_string(index=False)
+
+
+def step_times_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -> Figure:
+    """Step duration per step, one line per variant."""
+    fig = Figure(figsize=(width_in, 3.0), layout="constrained")
+    ax = fig.add_subplot()
+    for name, run in runs:
+        steps = run.steps[run.steps["trigger"] != "end"]
+        ax.plot(
+            steps["step"], pd.to_numeric(steps["duration_s"], errors="coerce") * 1e3, marker="o", label=name
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title("Step time per variant")
+    return fig
+
+
+def memory_curves_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -> Figure:
+    """Tensor memory over the recorded steps (sum of the categories), one line per variant."""
+    fig = Figure(figsize=(width_in, 3.0), layout="constrained")
+    ax = fig.add_subplot()
+    cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+    top = 1.0
+    for name, run in runs:
+        mem = run.memory
+        if not len(mem) or not set(cols) <= set(mem.columns):
+            continue
+        total = mem[cols].sum(axis=1)
+        t = mem["t_s"] - mem["t_s"].iloc[0]
+        ax.plot(t, total / 2**20, label=name)
+        top = max(top, float(total.max()))
+    ax.set_xlabel("time since the first recorded step (s)")
+    ax.set_ylabel("tensor memory (MiB)")
+    ax.set_ylim(bottom=0)
+    if ax.lines:
+        ax.legend(loc="best", fontsize="small")
+    ax.set_title("Memory over the recorded steps")
+    return fig
+
+
+def compare_figures(runs: Sequence[tuple[str, Run]]) -> list[tuple[str, bytes]]:
+    """(alt text, PNG) of the overlaid figures."""
+    if not runs:
+        return []
+    return [
+        ("step time per variant", figure_png(step_times_figure(runs))),
+        ("memory over the recorded steps per variant", figure_png(memory_curves_figure(runs))),
+    ]
+
+
+def compare_html(table: pd.DataFrame, figures: Sequence[tuple[str, bytes]], title: str = "comparison") -> str:
+    """A self-contained document: the table and the figures inlined."""
+    imgs = "".join(
+        f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'></figure>"
+        for alt, png in figures
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+        f"<title>swift_nb — {escape(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>swift_nb — {escape(title)}</h1>{compare_table_html(table)}{imgs}</body></html>\n"
+    )
+
+
+def write_compare(path: Path | str, table: pd.DataFrame, runs: Sequence[tuple[str, Run]], title: str) -> Path:
+    path = Path(path)
+    atomic_write_text(path, compare_html(table, compare_figures(runs), title))
+    return path

@@ -1,0 +1,124 @@
+"""A rerun's worker process: ``python -m swift_nb.rerun.worker SPEC.json``.
+
+Replays the spec's cells in a fresh IPython shell (so magics work), then runs the
+profiled cell under ``%%swift_profile`` with the variant's toggle flags, and writes
+``result.json`` beside the spec. Progress (which cell, how many optimizer steps) goes to
+``progress.json`` twice a second; the user's output goes to the log the launcher chose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from swift_nb.record import atomic_write_text
+
+PROGRESS_FILE = "progress.json"
+RESULT_FILE = "result.json"
+
+
+class Progress:
+    """Counts optimizer steps (any optimizer) and publishes the state to a file."""
+
+    def __init__(self, path: Path, n_cells: int) -> None:
+        self.path = path
+        self.state: dict[str, Any] = {"phase": "replay", "cell": 0, "cells": n_cells, "steps": 0}
+        self._stop = threading.Event()
+        self._hook = register_optimizer_step_post_hook(self._on_step)
+        self._thread = threading.Thread(
+            target=self._publish_loop, name="swift_nb-rerun-progress", daemon=True
+        )
+        self._thread.start()
+
+    def _on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.state["steps"] += 1
+
+    def set(self, **kv: Any) -> None:
+        self.state.update(kv)
+        self.publish()
+
+    def publish(self) -> None:
+        atomic_write_text(self.path, json.dumps({**self.state, "time": time.time()}))
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self.publish()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._hook.remove()
+        self.publish()
+
+
+def run(spec_path: Path) -> int:
+    spec = json.loads(spec_path.read_text())
+    folder = spec_path.parent
+    os.chdir(spec.get("cwd") or os.getcwd())
+    for p in reversed(spec.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    cells: list[str] = spec["cells"]
+    progress = Progress(folder / PROGRESS_FILE, len(cells))
+    result: dict[str, Any] = {"status": "ok", "run": None, "error": None, "failed_cell": None}
+    try:
+        for i, code in enumerate(cells):
+            progress.set(cell=i + 1)
+            res = shell.run_cell(code, store_history=True)
+            if not res.success:
+                err = res.error_before_exec or res.error_in_exec
+                result.update(
+                    status="failed", failed_cell=i + 1, error=_describe(err, f"replayed cell {i + 1}")
+                )
+                return 1
+        progress.set(phase="profile", cell=len(cells), steps=0)
+        shell.run_line_magic("load_ext", "swift_nb")
+        res = shell.run_cell(f"%%swift_profile {spec['magic_line']}\n{spec['cell']}", store_history=True)
+        result["run"] = _newest_run(Path(spec["out_dir"]))
+        if not res.success:
+            err = res.error_before_exec or res.error_in_exec
+            result.update(status="failed", error=_describe(err, "the profiled cell"))
+            return 1
+        return 0
+    except BaseException as e:  # report anything, then exit non-zero
+        result.update(status="failed", error=_describe(e, "the worker"))
+        return 1
+    finally:
+        progress.set(phase="done")
+        progress.close()
+        atomic_write_text(folder / RESULT_FILE, json.dumps(result))
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _describe(err: BaseException | None, where: str) -> str:
+    if err is None:
+        return f"{where} failed"
+    lines = traceback.format_exception(type(err), err, err.__traceback__)
+    return f"{where} raised:\n" + "".join(lines[-12:])
+
+
+def _newest_run(out_dir: Path) -> str | None:
+    folders = sorted(
+        (p for p in out_dir.iterdir() if (p / "run.json").is_file()), key=lambda p: p.stat().st_mtime
+    )
+    return str(folders[-1]) if folders else None
+
+
+if __name__ == "__main__":
+    code = run(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown (torch's takes seconds); everything is written already
+    os._exit(code)
