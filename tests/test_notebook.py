@@ -1,80 +1,66 @@
-"""End to end: a real notebook with %%swift_profile executed through nbclient/ipykernel."""
+"""End to end: the quickstart notebook executed through nbclient/ipykernel, headless on CPU,
+and its nbconvert HTML: a complete run, the widget views, and static outputs that show
+every result without a kernel."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import re
+import shutil
+from pathlib import Path
 
 import nbformat
+import pytest
 from conftest import kernel_env
 from nbclient import NotebookClient
+from nbconvert import HTMLExporter
 
 import swift_nb
 
-STEPS = 12
-SCHEDULE = {"wait": 1, "warmup": 2, "active": 3}
+QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
+STEPS = 12  # the quickstart's loader: 8 * 12 samples in batches of 8
+SCHEDULE = {"wait": 1, "warmup": 2, "active": 3}  # the magic's defaults
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+SECTIONS = ("Verdict", "Findings", "Step time breakdown", "Memory by category", "Top operators")
 
 
-def test_profiled_training_cell_produces_a_complete_run(tmp_path):
-    out = tmp_path / "runs"
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell("%load_ext swift_nb"),
-        nbformat.v4.new_code_cell(
-            "import torch\n"
-            "from swift_nb.demo import GPTConfig, GPT, make_loader\n"
-            "torch.manual_seed(0)\n"
-            "cfg = GPTConfig(seq_len=32, n_layer=2, n_head=2, d_model=64, vocab_size=256)\n"
-            "model = GPT(cfg)\n"
-            "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
-            f"loader = make_loader(cfg, batch_size=4, n_samples=4 * {STEPS})\n"
-            "param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())"
-        ),
-        nbformat.v4.new_code_cell(
-            f"%%swift_profile --label nb --out {out}\n"
-            "taken = 0\n"
-            "for x, y in loader:\n"
-            "    model(x, y).backward()\n"
-            "    opt.step()\n"
-            "    opt.zero_grad()\n"
-            "    taken += 1\n"
-            "print('trained', taken)"
-        ),
-        nbformat.v4.new_code_cell("print(taken, param_bytes)"),
-    ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory) -> tuple[nbformat.NotebookNode, Path]:
+    """The quickstart notebook executed in a fresh folder (its runs land in ./swift_nb_runs)."""
+    folder = tmp_path_factory.mktemp("quickstart")
+    shutil.copy(QUICKSTART, folder)
+    nb = nbformat.read(folder / QUICKSTART.name, as_version=4)
     client = NotebookClient(
-        nb,
-        timeout=600,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
     )
     client.execute(env=kernel_env())
+    return nb, folder
 
-    taken, param_bytes = map(int, nb.cells[3].outputs[0]["text"].split())
-    assert taken == STEPS
-    profiled = nb.cells[2].outputs
-    assert any(o.get("name") == "stdout" and f"trained {STEPS}" in o["text"] for o in profiled)
-    mimes = {m for o in profiled for m in o.get("data", {})}
-    assert {"image/png", "text/html"} <= mimes
-    html = "".join(o.get("data", {}).get("text/html", "") for o in profiled)
-    for section in ("Verdict", "Findings", "Step time breakdown", "Memory by category", "Top operators"):
-        assert section in html, section
-    assert sum("image/png" in o.get("data", {}) for o in profiled) >= 4  # timeline, breakdown, memory, ops
-    assert not any("USDT" in o.get("text", "") for o in profiled), "profiler noise reached the cell"
 
-    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+def _profiled_cell(nb) -> nbformat.NotebookNode:
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%swift_profile")]
+    return cell
+
+
+def test_quickstart_records_a_complete_run(executed):
+    nb, folder = executed
+    outputs = _profiled_cell(nb).outputs
+    assert any(o.get("name") == "stdout" and "final loss" in o["text"] for o in outputs)
+    assert not any("USDT" in o.get("text", "") for o in outputs), "profiler noise reached the cell"
+
+    (run_folder,) = [p for p in (folder / "swift_nb_runs").iterdir() if p.is_dir()]
     for name in ("run.json", "steps.csv", "samples.csv", "memory.csv", "trace.json.gz", "report.html"):
-        assert (folder / name).is_file(), name
-    run = swift_nb.load_run(folder)
-    assert run.status == "ok"
+        assert (run_folder / name).is_file(), name
+    run = swift_nb.load_run(run_folder)
+    assert run.status == "ok" and run.label == "quickstart"
     assert run.summary["steps"] == STEPS == len(run.steps)
     assert list(run.steps["step"]) == list(range(STEPS))
     assert run.samples["step"].notna().all()
-    assert run.summary["peak_mem_bytes"] >= param_bytes
+    assert run.context["dtype"] == "float32"
+    assert run.summary["peak_mem_bytes"] >= 4 * run.context["params"]
 
-    with gzip.open(folder / "trace.json.gz", "rt") as f:
+    with gzip.open(run_folder / "trace.json.gz", "rt") as f:
         events = json.load(f)["traceEvents"]
     recorded = sorted(
         int(m.group(1)) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))
@@ -82,3 +68,33 @@ def test_profiled_training_cell_produces_a_complete_run(tmp_path):
     first_active = SCHEDULE["wait"] + SCHEDULE["warmup"]
     assert recorded == list(range(first_active, first_active + SCHEDULE["active"]))
     assert list(run.steps.loc[run.steps["phase"] == "active", "step"]) == recorded
+
+
+def test_quickstart_has_widget_views_and_static_fallbacks(executed):
+    nb, _ = executed
+    outputs = _profiled_cell(nb).outputs
+    views = [o for o in outputs if WIDGET_VIEW in o.get("data", {})]
+    assert len(views) == 2, "the live panel and the results panel"
+    assert all(o["data"]["text/plain"].startswith("swift_nb") for o in views)
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert all(o["data"][WIDGET_VIEW]["model_id"] in state for o in views), "widget state saved"
+
+    static = [o for o in outputs if o.get("output_type") == "display_data" and WIDGET_VIEW not in o["data"]]
+    assert all("text/plain" in o["data"] for o in static), "a text twin for terminals"
+    assert sum("image/png" in o["data"] for o in static) >= 4  # timeline, breakdown, memory, operators
+    html = "".join(o["data"].get("text/html", "") for o in static)
+    assert "swift-nb-summary" in html
+    for section in SECTIONS:
+        assert section in html, section
+    listing = next(c for c in nb.cells if c.source.strip() == "%swift_profile --list")
+    assert "quickstart" in listing.outputs[0]["data"]["text/html"]
+
+
+def test_nbconvert_html_shows_figures_and_summary_without_a_kernel(executed):
+    nb, _ = executed
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    figures = re.findall(r"<img [^>]*src=\"data:image/png;base64,[A-Za-z0-9+/=]{100,}", html)
+    assert len(figures) >= 4
+    assert "swift-nb-summary" in html and ">quickstart<" in html
+    for section in SECTIONS:
+        assert section in html, section
