@@ -226,6 +226,25 @@ def test_rank_that_never_profiles_is_named_missing(tmp_path_factory):
     assert any("rank 1 never arrived" in n for n in run.notes), run.notes
 
 
+def test_folders_not_shared_lose_nothing(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("own") / "runs"
+    proc = subprocess.run(
+        _launch_cmd(2, _free_port(), args=("--own-folders", "--steps", "6")),
+        env=_env(runs),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = Job(runs / "rank0", proc).run  # rank 0's folder holds the job record …
+    assert list(run.per_rank["steps"]) == [6, 6] and list(run.ranks["source"]) == ["gather", "gather"]
+    (elsewhere,) = (runs / "rank1").iterdir()  # … rank 1's trace and record stay in its own
+    trace = elsewhere / "trace.rank1.json.gz"
+    assert trace.exists() and swift_nb.load_run(elsewhere / "rank1").status == "ok"
+    assert any("rank 1's trace is not in this folder" in n and str(trace) in n for n in run.notes), run.notes
+    assert "trace_rank1" not in run.files
+
+
 def test_two_nodes_one_record(tmp_path):
     runs = tmp_path / "runs"
     port = _free_port()

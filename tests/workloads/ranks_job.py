@@ -34,6 +34,7 @@ def main() -> None:
     p.add_argument("--fault-step", type=int, default=4)
     p.add_argument("--skip-rank", type=int, default=-1)
     p.add_argument("--pg-timeout-s", type=float, default=1800)
+    p.add_argument("--own-folders", action="store_true", help="each rank writes under $SWIFT_NB_DIR/rank<R>")
     args = p.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
@@ -68,7 +69,8 @@ def main() -> None:
     if rank == args.skip_rank:
         train(args.steps)
     else:
-        with swift_nb.profile(wait=0, warmup=1, active=args.active, label=args.label) as run:
+        out = os.path.join(os.environ["SWIFT_NB_DIR"], f"rank{rank}") if args.own_folders else None
+        with swift_nb.profile(wait=0, warmup=1, active=args.active, label=args.label, out_dir=out) as run:
             train(args.steps)
         print(f"RUN {rank} {run.path}", flush=True)
     dist.destroy_process_group()
