@@ -11,6 +11,10 @@ Sizes: ``bytes`` is the collective's payload (all-reduce and reduce-scatter: the
 input; all-gather: its output, P × the input); ``wire_bytes`` what each rank sends with
 ring algorithms: 2·(P−1)/P × bytes for all-reduce, (P−1)/P × bytes for all-gather and
 reduce-scatter, bytes for broadcast. ``busbw_bytes_per_s`` = wire_bytes / time.
+
+``optimizer_share``: part of a kind's time inside ``Optimizer.step`` (synchronising
+master weights or gradients there, rather than overlapped with backward);
+``overlap_share`` (GPU): part of its transfer time during which a compute kernel runs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from swift_nb.analysis import intervals as iv
 from swift_nb.analysis.trace import Trace, load_trace_file
 from swift_nb.record import Run
 
@@ -68,6 +73,8 @@ COLUMNS = [
     "time_s_per_step",
     "busbw_bytes_per_s",
     "step_share",
+    "optimizer_share",
+    "overlap_share",
     "time_source",
 ]
 
@@ -135,10 +142,16 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
     transfers = transfers.sort_values("ts_us", kind="stable")
     if len(transfers) == len(issued):
         issued["time_us"] = transfers["dur_us"].to_numpy()
+        issued["t0_us"] = transfers["ts_us"].to_numpy()
         source = "transfer"
     else:
         issued["time_us"] = issued["dur_us"]
+        issued["t0_us"] = issued["ts_us"]
         source = "issuing op"
+    optim = ev[ev["name"].str.match(r"^Optimizer\.step#")]
+    optim_iv = iv.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
+    compute = ev[(ev["cat"] == "kernel") & ~ev["name"].str.match(_TRANSFER)]
+    compute_iv = iv.union(compute["ts_us"].to_numpy(), compute["end_us"].to_numpy())
     issued["bytes"] = [
         _payload_bytes(n, k, d, t, world)
         for n, k, d, t in issued[["name", "kind", "input_dims", "input_types"]].itertuples(index=False)
@@ -149,6 +162,8 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
         time_s = float(g["time_us"].sum()) / 1e6 / n_steps
         nbytes = float(g["bytes"].sum()) / n_steps
         wire = nbytes * _wire_factor(str(kind), world)
+        spans = iv.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
+        total_us = iv.length(spans)
         rows.append(
             {
                 "rank": rank,
@@ -159,10 +174,19 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
                 "time_s_per_step": time_s,
                 "busbw_bytes_per_s": wire / time_s if time_s > 0 else float("nan"),
                 "step_share": time_s / step_s if step_s > 0 else float("nan"),
+                "optimizer_share": _inside(spans, optim_iv, total_us),
+                "overlap_share": _inside(spans, compute_iv, total_us) if len(compute) else float("nan"),
                 "time_source": source,
             }
         )
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _inside(spans: np.ndarray, other: np.ndarray, total_us: float) -> float:
+    """Part of ``spans``' length covered by ``other`` (0..1)."""
+    if total_us <= 0:
+        return float("nan")
+    return (total_us - iv.length(iv.subtract(spans, other))) / total_us
 
 
 def job_collectives(run: Run, traces: dict[int, Trace] | None = None) -> pd.DataFrame:
