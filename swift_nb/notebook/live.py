@@ -268,8 +268,9 @@ class LivePanel:
         if row.get("t_s") == self._last_sample_t:
             return
         self._last_sample_t = row.get("t_s")
-        if self._series == (None, None):
-            self._series = _series(row)
+        if None in self._series:  # e.g. CPU % has no value until its second reading
+            found = _series(row)
+            self._series = (self._series[0] or found[0], self._series[1] or found[1])
         util, mem = self._series
         if util:
             self._util.add(float(row.get(util[0], math.nan)))
