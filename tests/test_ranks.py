@@ -191,7 +191,7 @@ def test_rank_raising_fails_the_job_with_its_traceback(tmp_path_factory):
     assert ranks.loc[0, "status"] in ("failed", "interrupted")
     assert int(ranks.loc[0, "steps"]) >= 4 and int(ranks.loc[1, "steps"]) == 4
     assert (run.path / "trace.rank0.json.gz").exists() and (run.path / "trace.rank1.json.gz").exists()
-    assert any("rank 1 ended with failed: ValueError" in n for n in run.notes), run.notes
+    assert any(n.startswith("rank 1: failed: ValueError: injected failure") for n in run.notes), run.notes
 
 
 def _gone(pids, within_s: float = 10.0) -> bool:
@@ -237,7 +237,7 @@ def test_folders_not_shared_lose_nothing(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = Job(runs / "rank0", proc).run  # rank 0's folder holds the job record …
-    assert list(run.per_rank["steps"]) == [6, 6] and list(run.ranks["source"]) == ["gather", "gather"]
+    assert list(run.per_rank["steps"]) == [6, 6] and list(run.ranks["source"]) == ["self", "gather"]
     (elsewhere,) = (runs / "rank1").iterdir()  # … rank 1's trace and record stay in its own
     trace = elsewhere / "trace.rank1.json.gz"
     assert trace.exists() and swift_nb.load_run(elsewhere / "rank1").status == "ok"

@@ -56,7 +56,8 @@ MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 # ranks.csv: one row per rank of the job.
 #   rank, local_rank, node_rank (torchrun's GROUP_RANK), host, device, pid;
 #   status: ok|failed|interrupted|running (never finished)|missing (nothing arrived);
-#   source: gather (sent to rank 0) | disk (read from its partial record) | missing;
+#   source: self (rank 0) | gather (sent to rank 0) | disk (read from its partial record)
+#     | missing;
 #   steps, step_time_median_s, step_time_p90_s, peak_mem_bytes, peak_rss_bytes;
 #   comm_s_per_step: seconds per recorded step inside collectives (any thread);
 #   comm_share: comm_s_per_step / the recorded steps' mean duration (0..1);
@@ -463,13 +464,9 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
     if never_done:
         job_run.notes.append(
             f"{ranks_text(never_done)} did not finish profiling (killed or hung); only what "
-            "their partial records held at the start is included"
+            f"{'its partial record' if len(never_done) == 1 else 'their partial records'} held at the start "
+            "is included"
         )
-    failed = [r for r, p in parts.items() if p["row"]["status"] in ("failed", "interrupted")]
-    for r in failed:
-        err = parts[r]["row"].get("error") or ""
-        last = err.strip().splitlines()[-1] if err.strip() else parts[r]["row"]["status"]
-        job_run.notes.append(f"rank {r} ended with {parts[r]['row']['status']}: {last}")
     statuses = [p["row"]["status"] for p in parts.values()]
     job_run.status = _worst(statuses + (["failed"] if never_done else []))
     nodes = sorted({(p["row"]["node_rank"], p["row"]["host"]) for p in parts.values()})

@@ -385,6 +385,7 @@ class Session:
                 save(run)
             return run
         parts[0] = rk.payload(run, info)
+        parts[0]["row"]["source"] = "self"
         missing = [r for r in range(info.world_size) if r not in parts]
         if missing:
             found = rk.collect_from_disk(self._job_path, missing, deadline)
