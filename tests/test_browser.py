@@ -204,6 +204,7 @@ def test_quickstart_in_jupyterlab(lab, browser, tmp_path):
     assert [t.strip() for t in tabs.all_inner_texts()] == TABS
     results.scroll_into_view_if_needed()
     assert "swift-nb-summary" in results.inner_html()
+    results.screenshot(path=tmp_path / "results_summary.png")
     # The static twins of the panel's content are hidden where the panel renders.
     static = page.locator(".jp-OutputArea-child:has(.swift-nb-results) ~ .jp-OutputArea-child")
     assert static.count() > 5 and not static.first.is_visible()
@@ -217,6 +218,8 @@ def test_quickstart_in_jupyterlab(lab, browser, tmp_path):
     tabs.filter(has_text="Files").click()
     files = results.locator(".widget-tab-contents .widget-vbox:visible").first
     assert "ui.perfetto.dev" in files.inner_text() and "report.html" in files.inner_text()
+    tabs.filter(has_text="Advice").click()
+    results.screenshot(path=tmp_path / "results_advice.png")
     tabs.filter(has_text="Memory").click()
 
     ours = errors[before_run:]

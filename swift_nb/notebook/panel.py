@@ -53,6 +53,7 @@ PANEL_STYLE = """<style>
 .swift-nb-results td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .swift-nb-results tr.agg td { border-top: 1px solid #bbb; font-weight: 600; }
 .swift-nb-results h4 { margin: 0.8em 0 0.3em; }
+.swift-nb-results h3 { font-size: 1.05em; margin: 0 0 0.4em; }
 .swift-nb-results .caption, .swift-nb-results .empty { color: #666; font-size: 12px; }
 .swift-nb-results .kind { display: inline-block; padding: 0 0.6em; border-radius: 0.8em; background: #444;
   color: #fff; font-weight: 600; margin-right: 0.5em; }
