@@ -84,10 +84,18 @@ def run(spec_path: Path) -> int:
                 return 1
         progress.set(phase="profile", cell=len(cells), steps=0)
         shell.run_line_magic("load_ext", "swift_nb")
+        # The magic runs the cell as an inner run_cell and then marks the outer one failed
+        # with its own marker exception: keep the inner (the user's) error.
+        errors: list[BaseException] = []
+        shell.events.register(
+            "post_run_cell",
+            lambda r: errors.append(r.error_before_exec or r.error_in_exec) if not r.success else None,
+        )
         res = shell.run_cell(f"%%swift_profile {spec['magic_line']}\n{spec['cell']}", store_history=True)
         result["run"] = _newest_run(Path(spec["out_dir"]))
         if not res.success:
-            err = res.error_before_exec or res.error_in_exec
+            err = next((e for e in errors if type(e).__name__ != "ProfiledCellError"), None)
+            err = err or res.error_before_exec or res.error_in_exec
             result.update(status="failed", error=_describe(err, "the profiled cell"))
             return 1
         return 0

@@ -1,0 +1,201 @@
+"""Isolated reruns and comparisons with real worker processes (and a real kernel for the
+session replay): the kernel's objects stay untouched, faults are reported per variant,
+nothing is left running."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import swift_nb
+from swift_nb.errors import ConfigError
+from swift_nb.rerun import RerunBusyError, parse_variants, run_variants
+from swift_nb.rerun.history import prepare
+from swift_nb.rerun.launcher import worker_line
+
+SETUP = (
+    "import torch\n"
+    "from swift_nb.demo import make_model\n"
+    "torch.manual_seed(0)\n"
+    "model = make_model(n_layer=2, n_head=4, d_model=64, seq_len=64, vocab_size=128, attn_impl='eager')\n"
+)
+OPT = "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+TRAIN = (
+    "for _ in range(5):\n"
+    "    idx = torch.randint(0, 128, (2, 64))\n"
+    "    model(idx, idx).backward()\n"
+    "    opt.step(); opt.zero_grad()\n"
+)
+FLAGS = "--wait 0 --warmup 1 --active 2"
+
+
+def test_parse_variants_and_worker_flags():
+    vs = parse_variants("flash_attention, grad_checkpointing+galore(rank=64,gap=200)")
+    assert [v.name for v in vs] == ["flash_attention", "grad_checkpointing+galore(rank=64,gap=200)"]
+    assert vs[1].toggles[1].values["rank"] == 64 and vs[1].toggles[1].values["update_proj_gap"] == 200
+    with pytest.raises(ConfigError, match="galore rank must be ≥ 1"):
+        parse_variants("galore(rank=0)")
+    with pytest.raises(ConfigError, match="unbalanced parentheses"):
+        parse_variants("galore(rank=4")
+    line = worker_line(
+        "--wait 0 --compare a,b --galore rank=4 --flash-attn --active 2 --out '/x y' --label z"
+    )
+    assert line == "--wait 0 --active 2"
+
+
+def test_replay_keeps_magics_drops_failed_and_marked_cells():
+    assert prepare("%%swift_profile --active 2\ntrain()") == "train()"
+    assert prepare("%%swift_profile --compare galore\ntrain()") == ""
+    assert prepare("# swift_nb: skip\nupload()") == ""
+    assert prepare("%swift_runs") == ""
+    assert prepare("%load_ext swift_nb") == "%load_ext swift_nb"
+
+
+@pytest.fixture(scope="module")
+def session_kernel(tmp_path_factory):
+    """A kernel of its own: a rerun replays the whole session, so it must hold only this."""
+    from conftest import Kernel
+
+    k = Kernel(tmp_path_factory.mktemp("rerun-kernel"))
+    for code in ("%load_ext swift_nb", SETUP, "1 / 0  # fails: a rerun must not replay it", OPT):
+        k.execute(code)
+    yield k
+    k.close()
+
+
+def test_compare_in_a_session_leaves_the_kernel_untouched(session_kernel, tmp_path):
+    k = session_kernel
+    digest = (
+        "__import__('hashlib').sha256(b''.join(p.detach().numpy().tobytes() for p in model.parameters()))"
+        ".hexdigest()"
+    )
+    before = k.eval(digest)
+    res = k.execute(
+        "from swift_nb.rerun import compare_cell\n"
+        f"c = compare_cell(get_ipython(), {FLAGS!r}, {TRAIN!r}, 'flash_attention,grad_checkpointing,galore(rank=16)',"
+        f" out_dir={str(tmp_path)!r})\n"
+        "rows = c.table[['variant', 'status', 'peak_mem_ratio', 'optimizer_state_bytes', 'activations_bytes']]"
+        ".values.tolist()",
+        timeout=600,
+    )
+    assert res.status == "ok", res.outputs
+    assert k.eval(digest) == before, "the kernel's weights changed"
+    assert k.eval("(type(opt).__name__, model.blocks[0].attn.attn_impl)") == ("AdamW", "eager")
+    rows = {r[0]: r[1:] for r in k.eval("rows")}
+    assert list(rows) == ["baseline", "flash_attention", "grad_checkpointing", "galore(rank=16)"]
+    assert all(r[0] == "ok" for r in rows.values()), rows
+    base_act, base_opt = rows["baseline"][3], rows["baseline"][2]
+    assert rows["flash_attention"][1] < 1.0 and rows["flash_attention"][3] < base_act
+    assert rows["grad_checkpointing"][3] < 0.5 * base_act
+    assert rows["galore(rank=16)"][2] < 0.5 * base_opt
+    records = swift_nb.runs(tmp_path)
+    assert len(records) == 4
+    tagged = {swift_nb.load_run(p).context.get("variant") for p in records.path}
+    assert tagged == set(rows)
+    assert sum((Path(p) / "compare.html").is_file() for p in records.path) == 1
+
+
+def _no_process_with(marker: str) -> bool:
+    return not any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+
+FAULTY = (
+    "import os, subprocess, time\n"
+    "galore = type(opt).__module__.startswith('galore')\n"
+    "flash = model.blocks[0].attn.attn_impl == 'sdpa'\n"
+    "if galore and MODE == 'raise':\n"
+    "    raise RuntimeError('boom in the galore variant')\n"
+    "if galore and MODE == 'abort':\n"
+    "    subprocess.Popen(['sleep', '301.25'])\n"
+    "    os.abort()\n"
+    "if galore and MODE == 'hang':\n"
+    "    subprocess.Popen(['sleep', '302.25'])\n"
+    "    time.sleep(600)\n" + TRAIN
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "message", "marker"),
+    [
+        ("raise", "failed", "RuntimeError: boom in the galore variant", None),
+        ("abort", "crashed", "killed by SIGABRT", "301.25"),
+        ("hang", "timeout", "no result after 45 s", "302.25"),
+    ],
+)
+def test_a_failing_variant_is_reported_and_the_others_still_run(tmp_path, mode, status, message, marker):
+    cells = [SETUP, OPT, f"MODE = {mode!r}"]
+    outcomes = run_variants(
+        cells, FAULTY, FLAGS, parse_variants("galore(rank=16),flash_attention"), tmp_path, timeout_s=45
+    )
+    by = {o.variant: o for o in outcomes}
+    assert by["baseline"].status == "ok" and by["flash_attention"].status == "ok"
+    bad = by["galore(rank=16)"]
+    assert bad.status == status, bad
+    assert message in bad.error
+    table = swift_nb.rerun.comparison(
+        [(o, swift_nb.load_run(o.run_path) if o.run_path else None) for o in outcomes]
+    ).table
+    row = table.set_index("variant").loc["galore(rank=16)"]
+    assert row["status"] == status and message.split(":")[0] in row["notes"]
+    if marker:
+        assert _no_process_with(marker), f"a process the worker started ({marker}) was left running"
+
+
+def test_toggle_that_does_not_apply_is_noted_and_the_run_completes(tmp_path):
+    mlp = (
+        "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    )
+    train = (
+        "for _ in range(4):\n    model(torch.randn(4, 8)).sum().backward()\n    opt.step(); opt.zero_grad()\n"
+    )
+    outcomes = run_variants(
+        [mlp], train, FLAGS, parse_variants("flash_attention,galore"), tmp_path, timeout_s=120
+    )
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok"]
+    assert any("no attention module was found" in n for n in outcomes[1].notes), outcomes[1].notes
+    assert any("GaLore replaces only Adam and AdamW" in n for n in outcomes[2].notes), outcomes[2].notes
+
+
+def test_a_second_rerun_while_one_runs_is_refused(tmp_path):
+    slow = "import time\ntime.sleep(8)\n"
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def first():
+        try:
+            run_variants([], slow, FLAGS, [], tmp_path / "a", timeout_s=60)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(1.0)
+    with pytest.raises(RerunBusyError, match="a rerun is already in progress"):
+        run_variants([], slow, FLAGS, [], tmp_path / "b")
+    t.join(120)
+    assert done.is_set() and not errors
+
+
+def test_compare_api_and_html(tmp_path):
+    runs = []
+    for label, toggles in (("plain", None), ("flash", ["flash_attention"])):
+        ns: dict = {}
+        exec(SETUP + OPT, ns)
+        with swift_nb.profile(
+            wait=0, warmup=1, active=2, out_dir=tmp_path, label=label, toggles=toggles, namespace=ns
+        ) as run:
+            exec(TRAIN, ns)
+        runs.append(run)
+    table = swift_nb.compare(*runs, html=True)
+    assert list(table["variant"]) == ["plain", "flash"]
+    assert table["step_time_ratio"].iloc[0] == 1.0
+    assert table["peak_mem_ratio"].iloc[1] < 1.0
+    html = (runs[0].path / "compare.html").read_text()
+    assert "<table" in html and html.count("data:image/png;base64,") == 2 and "flash" in html
