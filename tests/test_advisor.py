@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import swift_nb
+import swift_nb.analysis
 from swift_nb.analysis.advisor import Thresholds, advise
 from swift_nb.demo import make_model
 
@@ -192,3 +193,15 @@ def test_communication(tmp_path, kind, expected):
     verdict, findings = advise(run)
     assert ("communication" in _ids(findings)) is expected
     assert (verdict.kind == "communication-bound") is expected
+    # across the job: the finding holds on every rank, each spending ≥ 30 % in collectives
+    across = {f.id: f for f in swift_nb.analysis.analyze(run).findings}
+    assert ("communication" in across) is expected
+    above = run.per_rank["comm_share"] >= Thresholds().comm_share
+    assert bool(above.all() if expected else not above.any()), run.per_rank
+    if expected:
+        f = across["communication"]
+        assert f.evidence["ranks"] == [0, 1] and f.title.endswith("(every rank)")
+        assert "bucket_cap_mb" in f.suggestion and "no_sync()" in f.suggestion
+        assert "gradient_as_bucket_view" in f.suggestion and "MixedPrecisionPolicy" in f.suggestion
+        grad_bytes = 2 * (2048 * 2048 + 2048) * 4
+        assert f.evidence["gradient_bytes"] == grad_bytes  # measured: the all-reduce payload

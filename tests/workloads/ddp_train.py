@@ -1,7 +1,7 @@
 """A DDP training job over gloo on 127.0.0.1, profiled with swift_nb on every rank.
 
     python ddp_train.py OUT_DIR WORLD_SIZE PORT heavy_comm|heavy_compute
-Each rank writes its run under OUT_DIR/rank<R>; rank 0 prints its run folder.
+All ranks write one job record under OUT_DIR; rank 0 prints its folder.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def worker(rank: int, world: int, port: int, out: str, kind: str) -> None:
         make_batch = lambda: torch.randn(131072, 64)  # noqa: E731
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-    with swift_nb.profile(out_dir=os.path.join(out, f"rank{rank}"), wait=1, warmup=1, active=3) as run:
+    with swift_nb.profile(out_dir=out, wait=1, warmup=1, active=3) as run:
         for _ in range(6):
             ddp(make_batch()).pow(2).mean().backward()
             opt.step()
