@@ -75,28 +75,33 @@ def test_compare_in_a_session_leaves_the_kernel_untouched(session_kernel, tmp_pa
     )
     before = k.eval(digest)
     res = k.execute(
-        "from swift_nb.rerun import compare_cell\n"
-        f"c = compare_cell(get_ipython(), {FLAGS!r}, {TRAIN!r}, 'flash_attention,grad_checkpointing,galore(rank=16)',"
-        f" out_dir={str(tmp_path)!r})\n"
-        "rows = c.table[['variant', 'status', 'peak_mem_ratio', 'optimizer_state_bytes', 'activations_bytes']]"
-        ".values.tolist()",
+        f"%%swift_profile {FLAGS} --out {tmp_path} --compare flash_attention,grad_checkpointing,galore(rank=16)\n"
+        + TRAIN,
         timeout=600,
     )
     assert res.status == "ok", res.outputs
+    assert "Comparison" in "".join(o["data"].get("text/html", "") for o in res.of_type("display_data"))
+    assert "image/png" in res.mimetypes() and "comparison: " in res.text("stdout")
     assert k.eval(digest) == before, "the kernel's weights changed"
     assert k.eval("(type(opt).__name__, model.blocks[0].attn.attn_impl)") == ("AdamW", "eager")
-    rows = {r[0]: r[1:] for r in k.eval("rows")}
-    assert list(rows) == ["baseline", "flash_attention", "grad_checkpointing", "galore(rank=16)"]
-    assert all(r[0] == "ok" for r in rows.values()), rows
-    base_act, base_opt = rows["baseline"][3], rows["baseline"][2]
-    assert rows["flash_attention"][1] < 1.0 and rows["flash_attention"][3] < base_act
-    assert rows["grad_checkpointing"][3] < 0.5 * base_act
-    assert rows["galore(rank=16)"][2] < 0.5 * base_opt
-    records = swift_nb.runs(tmp_path)
-    assert len(records) == 4
-    tagged = {swift_nb.load_run(p).context.get("variant") for p in records.path}
-    assert tagged == set(rows)
-    assert sum((Path(p) / "compare.html").is_file() for p in records.path) == 1
+    order = ["baseline", "flash_attention", "grad_checkpointing", "galore(rank=16)"]
+    by_variant = {r.context["variant"]: r for r in map(swift_nb.load_run, swift_nb.runs(tmp_path).path)}
+    assert sorted(by_variant) == sorted(order)
+    assert all(r.context["rerun_of"] is None for r in by_variant.values())
+    table = swift_nb.compare(*(by_variant[v] for v in order)).set_index("variant")
+    assert (table["status"] == "ok").all(), table["status"]
+    base = table.loc["baseline"]
+    assert table.loc["flash_attention", "peak_mem_ratio"] < 1.0
+    assert table.loc["flash_attention", "activations_bytes"] < base["activations_bytes"]
+    assert table.loc["grad_checkpointing", "activations_bytes"] < 0.5 * base["activations_bytes"]
+    assert table.loc["galore(rank=16)", "optimizer_state_bytes"] < 0.5 * base["optimizer_state_bytes"]
+    assert sum((Path(p) / "compare.html").is_file() for p in swift_nb.runs(tmp_path).path) == 1
+
+
+def test_compare_flag_errors_are_usage_errors(session_kernel, tmp_path):
+    res = session_kernel.execute(f"%%swift_profile --out {tmp_path} --compare galore(rank=0)\n{TRAIN}")
+    assert "UsageError: --compare: galore rank must be ≥ 1; got 0" in res.text("stderr")
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
 def _no_process_with(marker: str) -> bool:

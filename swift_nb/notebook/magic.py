@@ -110,6 +110,18 @@ class SwiftMagics(Magics):
         metavar="rank=R,gap=G,scale=S,proj_type=std,target=REGEX",
         help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
     )
+    @argument(
+        "--compare",
+        type=str,
+        default=None,
+        metavar="VARIANTS",
+        help="rerun the session in worker processes: a baseline, then each variant "
+        "(e.g. flash_attention,grad_checkpointing+galore(rank=64)); the kernel's objects are not touched",
+    )
+    @argument(
+        "--setup", type=str, default=None, help="with --compare: a file to run instead of the session history"
+    )
+    @argument("--timeout", type=float, default=None, help="with --compare: seconds before a worker is ended")
     @line_cell_magic
     def swift_profile(self, line: str, cell: str | None = None) -> None:
         """Profile a training cell: torch.profiler on a step schedule plus resource
@@ -129,6 +141,9 @@ class SwiftMagics(Magics):
             raise UsageError("%swift_profile needs a cell: use %%swift_profile on top of the cell, or --list")
         if args.steps is not None and args.steps < 1:
             raise UsageError(f"--steps must be a whole number ≥ 1; got {args.steps}")
+        if args.compare is not None:
+            self._compare(line, cell, args)
+            return
         try:
             toggles = _toggles(args)
         except ConfigError as e:
@@ -188,6 +203,27 @@ class SwiftMagics(Magics):
             show_run(run, reported.sections, panel=live is not None)
         if err is not None:
             raise ProfiledCellError(run.id)
+
+    def _compare(self, line: str, cell: str, args) -> None:
+        from swift_nb.notebook.compare_view import run_comparison
+        from swift_nb.rerun import RerunBusyError, parse_variants
+
+        if _toggles(args):
+            raise UsageError(
+                "--compare takes the toggles in its list (e.g. --compare flash_attention,galore)"
+            )
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"--timeout must be a positive number of seconds; got {args.timeout}")
+        try:
+            variants = parse_variants(args.compare)
+        except ConfigError as e:
+            raise UsageError(f"--compare: {e}") from None
+        except MissingDependencyError as e:
+            raise UsageError(str(e)) from None
+        try:
+            run_comparison(self.shell, line, cell, variants, args.out, args.setup, args.timeout)
+        except (RerunBusyError, FileNotFoundError) as e:
+            raise UsageError(str(e)) from None
 
     @line_cell_magic
     def swift_runs(self, line: str, cell: str | None = None) -> None:
