@@ -165,8 +165,13 @@ def test_slow_rank_is_the_straggler(tmp_path_factory):
     assert list(pr["straggler"]) == [False, True], pr
     # the fast rank waits for it inside the all-reduce
     assert pr.loc[0, "comm_s_per_step"] > pr.loc[1, "comm_s_per_step"]
-    (f,) = [f for f in analyze(job.run).findings if f.id == "straggler"]
+    findings = {f.id: f for f in analyze(job.run).findings}
+    f = findings["straggler"]
     assert f.evidence["straggler_ranks"] == [1] and f.title.startswith("Rank 1 ")
+    # rank 0 waits in its all-reduce, so the communication finding holds on rank 0 alone
+    f = findings["communication"]
+    assert f.evidence["ranks"] == [0] and "(rank 0; others ≤ " in f.title
+    assert f.evidence["per_rank_pct"]["0"] > f.evidence["per_rank_pct"]["1"]
 
 
 def test_rank_raising_fails_the_job_with_its_traceback(tmp_path_factory):

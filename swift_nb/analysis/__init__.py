@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
-from swift_nb.analysis.advisor import Thresholds, advise
+from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
 from swift_nb.analysis.breakdown import device_busy, step_breakdown
 from swift_nb.analysis.comm import collectives, job_collectives
 from swift_nb.analysis.findings import Finding, Verdict
@@ -46,12 +46,12 @@ def analyze(
     already holds it."""
     trace = trace if trace is not None else load_trace(run)
     breakdown = step_breakdown(run, trace)
-    verdict, findings = advise(run, trace, thresholds, breakdown)
+    evidence, verdict, findings = advise_with_evidence(run, trace, thresholds, breakdown)
     ops = top_operators(run, by="self_time", n=None, trace=trace)  # nesting computed once
     per_rank = run.per_rank
     if rank_analysis.is_job(run):
         comm = job_collectives(run, {0: trace})
-        findings = rank_analysis.findings_across_ranks(run, findings, thresholds)
+        findings = rank_analysis.findings_across_ranks(run, findings, thresholds, evidence)
         straggler = rank_analysis.straggler_finding(per_rank, comm)
         if straggler is not None:
             findings.append(straggler)

@@ -201,10 +201,21 @@ def advise(
     breakdown: pd.DataFrame | None = None,
 ) -> tuple[Verdict, list[Finding]]:
     """The verdict and every finding whose rule fires for this run."""
+    _, verdict, findings = advise_with_evidence(run, trace, thresholds, breakdown)
+    return verdict, findings
+
+
+def advise_with_evidence(
+    run: Run,
+    trace: Trace | None = None,
+    thresholds: Thresholds | None = None,
+    breakdown: pd.DataFrame | None = None,
+) -> tuple[Evidence, Verdict, list[Finding]]:
+    """``advise`` and the evidence its rules read."""
     th = thresholds or Thresholds()
     ev = gather(run, trace, th, breakdown)
     findings = [f for rule in RULES if (f := rule(ev, th, run)) is not None]
-    return bottleneck(ev, th), findings
+    return ev, bottleneck(ev, th), findings
 
 
 # -- rules ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from swift_nb.analysis.advisor import Thresholds, advise
+from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
 from swift_nb.analysis.findings import Finding
 from swift_nb.record import STRAGGLER_EXCESS, STRAGGLER_MIN_STEP_SHARE, Run, load_run
 
@@ -44,44 +44,53 @@ def ranks_text(ranks: list[int], world: int) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+SHARE_OF_STEP = {"data_loading": "data", "communication": "comm"}  # rule id → breakdown part
+
+
 def findings_across_ranks(
-    run: Run, rank0_findings: list[Finding], thresholds: Thresholds | None = None
+    run: Run,
+    rank0_findings: list[Finding],
+    thresholds: Thresholds | None = None,
+    rank0_evidence: Evidence | None = None,
 ) -> list[Finding]:
     """Rank 0's findings and the other ranks', merged by rule id: each says on which ranks
-    it holds (``evidence["ranks"]``; title suffix), the first rank's numbers kept, and for
-    share-based rules each rank's value (``evidence["per_rank_pct"]``)."""
+    it holds (``evidence["ranks"]`` and a title suffix), rank 0's (or the first rank's)
+    numbers kept; a rule about a share of the step also gets every rank's share
+    (``evidence["per_rank_pct"]``) and says how high it is where the rule does not fire."""
     records = rank_records(run)
     world = len(run.ranks)
     by_rank: dict[int, list[Finding]] = {0: rank0_findings}
+    evidence: dict[int, Evidence] = {0: rank0_evidence} if rank0_evidence is not None else {}
     for rank, rec in records.items():
         if rank == 0:
             continue
         try:
-            by_rank[rank] = advise(rec, thresholds=thresholds)[1]
+            evidence[rank], _, by_rank[rank] = advise_with_evidence(rec, thresholds=thresholds)
         except Exception:  # one rank's unreadable trace must not hide the others' findings
             continue
-    merged: dict[str, tuple[Finding, list[int], dict[int, float]]] = {}
+    merged: dict[str, tuple[Finding, list[int]]] = {}
     for rank in sorted(by_rank):
         for f in by_rank[rank]:
-            _, holds, values = merged.setdefault(f.id, (f, [], {}))
-            holds.append(rank)
-            pct = next((v for k, v in f.evidence.items() if k.endswith("_pct")), None)
-            if pct is not None:
-                values[rank] = pct
+            merged.setdefault(f.id, (f, []))[1].append(rank)
     statuses = dict(zip(run.ranks["rank"], run.ranks["status"], strict=True))
     unread = [int(r) for r in run.ranks["rank"] if int(r) not in by_rank and statuses.get(r) != "missing"]
     out = []
-    for f, holds, values in merged.values():
-        evidence = {**f.evidence, "ranks": holds}
-        if len(values) > 0 and len(by_rank) > 1:
-            evidence["per_rank_pct"] = {str(r): values.get(r) for r in sorted(by_rank)}
+    for f, holds in merged.values():
+        extra = {"ranks": holds}
         others = [r for r in sorted(by_rank) if r not in holds]
         where = ranks_text(holds, world)
-        if others:
+        part = SHARE_OF_STEP.get(f.id)
+        if part is not None and evidence:
+            pct = {r: round(100.0 * ev.shares[part], 1) for r, ev in sorted(evidence.items())}
+            extra["per_rank_pct"] = {str(r): v for r, v in pct.items()}
+            rest = [pct[r] for r in others if r in pct]
+            if rest:
+                where += f"; others ≤ {max(rest):g} %"
+        elif others:
             where += f"; not on {ranks_text(others, world)}"
         if unread:
             where += f"; {ranks_text(unread, world)} not analysed (no record in this folder)"
-        out.append(replace(f, title=f"{f.title} ({where})", evidence=evidence))
+        out.append(replace(f, title=f"{f.title} ({where})", evidence={**f.evidence, **extra}))
     return out
 
 
