@@ -465,7 +465,8 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
         job_run.notes.append(
             f"{ranks_text(never_done)} did not finish profiling (killed or hung); only what "
             f"{'its partial record' if len(never_done) == 1 else 'their partial records'} held at the start "
-            "is included"
+            f"is included here ({', '.join(f'rank{r}/' for r in never_done)} in this folder keeps whatever "
+            "they saved later)"
         )
     statuses = [p["row"]["status"] for p in parts.values()]
     job_run.status = _worst(statuses + (["failed"] if never_done else []))
