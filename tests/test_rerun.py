@@ -104,6 +104,37 @@ def test_compare_flag_errors_are_usage_errors(session_kernel, tmp_path):
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+def test_panel_rerun_button_compares_and_cancel_ends_the_worker(session_kernel, tmp_path):
+    k = session_kernel
+    res = k.execute(f"%%swift_profile {FLAGS} --out {tmp_path}\n{TRAIN}")
+    assert res.status == "ok"
+    wait = "import time\nwhile ctl._thread.is_alive():\n    time.sleep(0.2)\n"
+    res = k.execute(
+        "ctl = get_ipython().magics_manager.registry['SwiftMagics'].last_controls\n"
+        "ctl.boxes['flash_attention'].value = True\nctl.rerun.click()\n" + wait,
+        timeout=300,
+    )
+    assert res.status == "ok", res.outputs
+    assert k.eval("ctl.compared.table[['variant', 'status']].values.tolist()") == [
+        ["baseline", "ok"],
+        ["flash_attention", "ok"],
+    ]
+    assert "Comparison" in k.eval("ctl.result.value") and "data:image/png" in k.eval("ctl.result.value")
+    assert {swift_nb.load_run(p).context.get("rerun_of") for p in swift_nb.runs(tmp_path).path} >= {
+        k.eval("ctl.run_id")
+    }
+    res = k.execute(
+        "ctl.rerun.click()\n"
+        "while 'profiling' not in ctl.status.value and ctl._thread.is_alive():\n    time.sleep(0.1)\n"
+        "ctl.cancel.click()\n" + wait,
+        timeout=300,
+    )
+    assert res.status == "ok", res.outputs
+    assert "Cancelled" in k.eval("ctl.status.value")
+    assert k.eval("ctl.rerun.disabled") is False
+    assert _no_process_with("swift_nb.rerun.worker")
+
+
 def _no_process_with(marker: str) -> bool:
     return not any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
 

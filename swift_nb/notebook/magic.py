@@ -10,6 +10,8 @@ shown as a results panel and as static outputs (``panel.py``). In a terminal, or
 
 from __future__ import annotations
 
+import os
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -22,7 +24,7 @@ from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_run
-from swift_nb.record import runs
+from swift_nb.record import Run, runs
 from swift_nb.render.tables import runs_html, runs_text
 
 
@@ -200,7 +202,10 @@ class SwiftMagics(Magics):
             run = reported.run
             if live is not None:
                 live.close(run)
-            show_run(run, reported.sections, panel=live is not None)
+            actions = None
+            if live is not None:
+                actions = _rerun_controls(self.shell, line, cell, run, reported)
+            show_run(run, reported.sections, panel=live is not None, actions=actions)
         if err is not None:
             raise ProfiledCellError(run.id)
 
@@ -233,6 +238,21 @@ class SwiftMagics(Magics):
     def _show_runs(self, root: str | None) -> None:
         table = runs(root, limit=20)
         display({"text/html": runs_html(table), "text/plain": runs_text(table)}, raw=True)
+
+
+def _rerun_controls(shell, line: str, cell: str, run: Run, reported):
+    """The Advice tab's rerun controls, or None where reruns cannot start (inside a rerun
+    worker, or a run that was not saved)."""
+    from swift_nb.notebook.rerun_panel import RerunControls
+    from swift_nb.rerun.history import replay_cells
+    from swift_nb.rerun.launcher import WORKER_ENV
+
+    if os.environ.get(WORKER_ENV) or run.path is None:
+        return None
+    findings = reported.analysis.findings if reported.analysis is not None else []
+    controls = RerunControls(shell, line, cell, replay_cells(shell), run.id, findings, run.path.parent)
+    shell.magics_manager.registry["SwiftMagics"].last_controls = controls  # for code driving the panel
+    return controls.widget()
 
 
 def widgets_available(shell) -> bool:

@@ -70,19 +70,24 @@ PERFETTO_NOTE = (
 )
 
 
-def show_run(run: Run, sections: Sequence[Section], panel: bool = True) -> None:
+def show_run(
+    run: Run, sections: Sequence[Section], panel: bool = True, actions: widgets.Widget | None = None
+) -> None:
     """Display a saved run: the results panel when ``panel`` (a kernel with a widget
-    frontend), then the static outputs, always."""
+    frontend; ``actions`` go to its Advice tab), then the static outputs, always."""
     if panel:
-        tabs = results_panel(run, sections)
+        tabs = results_panel(run, sections, actions)
         bundle = tabs._repr_mimebundle_()
         bundle["text/plain"] = "swift_nb results panel (needs a running kernel; the same results follow)"
         display(bundle, raw=True)
     show_static(run, sections)
 
 
-def results_panel(run: Run, sections: Sequence[Section]) -> widgets.VBox:
-    """Tabs of a run's results: Summary, Timeline, Memory, Operators, Advice, Files."""
+def results_panel(
+    run: Run, sections: Sequence[Section], actions: widgets.Widget | None = None
+) -> widgets.VBox:
+    """Tabs of a run's results: Summary, Timeline, Memory, Operators, Advice (ending with
+    ``actions``, the rerun controls, when given), Files."""
     content: dict[str, list[widgets.Widget]] = {t: [] for t in TABS}
     content["Summary"].append(_html(summary_html(run)))
     for section in sections:
@@ -90,6 +95,8 @@ def results_panel(run: Run, sections: Sequence[Section]) -> widgets.VBox:
         if tab is not None:
             content[tab] += _section_widgets(section)
     content["Files"][:0] = [_html(files_html(run))]
+    if actions is not None:
+        content["Advice"].append(actions)
     for tab in TABS:
         if not content[tab]:
             content[tab].append(_html("<p class='empty'>Nothing recorded for this tab.</p>"))

@@ -59,12 +59,14 @@ def compare_cell(
     timeout_s: float | None = None,
     rerun_of: str | None = None,
     on_progress: Callable[[str, dict[str, Any]], None] | None = None,
+    cells: list[str] | None = None,
 ) -> Compared:
-    """Rerun ``cell`` (after the session's history, or ``setup_file``) as a baseline and
-    once per variant, each in its own worker, then compare them."""
+    """Rerun ``cell`` (after the session's history, ``setup_file``, or ``cells`` when
+    given) as a baseline and once per variant, each in its own worker, then compare them."""
     if isinstance(variants, str):
         variants = parse_variants(variants)
-    cells = replay_cells(shell, setup_file)
+    if cells is None:
+        cells = replay_cells(shell, setup_file)
     root = Path(out_dir) if out_dir is not None else default_root()
     root.mkdir(parents=True, exist_ok=True)
     outcomes = run_variants(cells, cell, magic_line, variants, root, rerun_of, timeout_s, on_progress)
