@@ -14,7 +14,7 @@ from typing import Any
 
 from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.compare import compare_runs
-from swift_nb.analysis.trace import TABLES_FILE, parse_events, save_tables
+from swift_nb.analysis.trace import parse_events, save_tables, tables_path
 from swift_nb.capture.session import Session, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.record import Run, load_run, save
@@ -42,7 +42,7 @@ def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Rep
         trace = None
         if trace_events is not None and run.trace_path is not None:
             trace = parse_events(trace_events)
-            save_tables(trace, run.trace_path.with_name(TABLES_FILE))
+            save_tables(trace, tables_path(run.trace_path))
         analysis = analyze(run, trace=trace)
     except Exception as e:  # a bug in an analysis must not cost the user the run
         run.notes.append(f"analysis failed ({type(e).__name__}: {e}); the run's data is intact")
@@ -112,6 +112,8 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     (``"flash_attention"``, ``"galore:rank=64"``), ``{id: params}`` or toggle objects; they
     act on the models and optimizers in ``namespace`` (default: the caller's variables) and
     on those constructed inside the block. Their reports go to ``run.context["toggles"]``.
+    gather_timeout_s: in a torchrun job, the longest rank 0 waits for the other ranks at
+    start and end (default ``$SWIFT_NB_GATHER_TIMEOUT_S`` or 25 s).
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         source: dict[str, Any] | None = None,
         toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None = None,
         namespace: Mapping[str, Any] | None = None,
+        gather_timeout_s: float | None = None,
     ) -> None:
         self.toggles = build(toggles)
         self.namespace = namespace
@@ -145,6 +148,7 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
             context=context,
             source=source,
             count_flops=count_flops,
+            gather_timeout_s=gather_timeout_s,
         )
         self.analysis: Analysis | None = None
 

@@ -1,12 +1,14 @@
-"""``swift-nb``: list runs, print a run's summary, (re)write a run's report.html."""
+"""``swift-nb``: list runs, print a run's summary, (re)write a run's report.html, compare runs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from swift_nb.api import report
+from swift_nb.api import compare, report
 from swift_nb.record import load_run, runs
+from swift_nb.render.compare import COMPARE_FILE, compare_table_text
 from swift_nb.render.tables import runs_text, summary_text
 
 
@@ -25,10 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     p_show.add_argument("run_dir")
     p_report = sub.add_parser("report", help="analyse a run folder and write its report.html")
     p_report.add_argument("run_dir")
+    p_cmp = sub.add_parser("compare", help="compare runs side by side (the first is the baseline)")
+    p_cmp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p_cmp.add_argument(
+        "-o", "--out", default=None, help=f"where to write the page (default RUN_DIR/{COMPARE_FILE})"
+    )
     args = parser.parse_args(argv)
     if args.command == "list":
         print(runs_text(runs(args.root, limit=args.n)))
         return 0
+    if args.command == "compare":
+        return _compare(args.run_dirs, args.out)
     try:
         run = load_run(args.run_dir)
     except (FileNotFoundError, ValueError) as e:
@@ -44,6 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         print(run.path / run.files.get("report", "report.html"))
         return 0
     print(summary_text(run))
+    return 0
+
+
+def _compare(run_dirs: list[str], out: str | None) -> int:
+    try:
+        loaded = [load_run(d) for d in run_dirs]
+    except (FileNotFoundError, ValueError) as e:
+        print(f"swift-nb: {e}", file=sys.stderr)
+        return 2
+    table = compare(*loaded, html=True)
+    print(compare_table_text(table))
+    page = loaded[0].path / COMPARE_FILE
+    if out is not None:
+        Path(out).write_bytes(page.read_bytes())
+        page = Path(out)
+    print(page)
     return 0
 
 

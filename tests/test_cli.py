@@ -32,3 +32,20 @@ def test_list_and_show(runs_dir):
 def test_show_of_a_non_run_folder_is_a_clear_error(tmp_path):
     res = _cli("show", str(tmp_path))
     assert res.returncode == 2 and "not a swift_nb run folder" in res.stderr
+
+
+def test_compare_writes_a_self_contained_page(runs_dir, tmp_path):
+    paths = []
+    for label, steps in (("base", 3), ("more", 4)):
+        with swift_nb.profile(out_dir=runs_dir, label=label, wait=0, warmup=1, active=1) as run:
+            train(steps)
+        paths.append(str(run.path))
+    out = tmp_path / "cmp.html"
+    res = _cli("compare", *paths, "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "base" in res.stdout and "more" in res.stdout and "1.00×" in res.stdout
+    html = out.read_text()
+    assert "<table" in html and html.count("data:image/png;base64,") == 2
+    assert "http://" not in html and "https://" not in html.replace("https://ui.perfetto.dev", "")
+    missing = _cli("compare", paths[0], str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "swift-nb:" in missing.stderr

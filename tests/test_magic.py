@@ -110,3 +110,16 @@ def test_list_shows_recent_runs(kernel, tmp_path):
     res = kernel.execute(f"%swift_profile --list --out {tmp_path}")
     assert res.status == "ok"
     assert "listed" in res.text() and "text/html" in res.mimetypes()
+
+
+def test_open_shows_a_run_recorded_elsewhere(kernel, tmp_path):
+    from conftest import train
+
+    with swift_nb.profile(out_dir=tmp_path, label="from-a-script", wait=0, warmup=1, active=1) as run:
+        train(3)
+    res = kernel.execute(f"%swift_profile --open {run.path}")
+    assert res.status == "ok", res.outputs
+    html = "".join(o["data"].get("text/html", "") for o in res.of_type("display_data"))
+    assert "from-a-script" in html and "image/png" in res.mimetypes()
+    bad = kernel.execute(f"%swift_profile --open {tmp_path / 'nope'}")
+    assert "UsageError: --open:" in bad.text("stderr")

@@ -191,6 +191,11 @@ class Sampler:
         with self._lock:
             return list(self._rows)
 
+    def latest(self) -> dict[str, Any] | None:
+        """The newest sample (not a copy: read it, don't change it), or None."""
+        with self._lock:
+            return self._rows[-1] if self._rows else None
+
     def _cpu_percent(self) -> float:
         """Process CPU % since the last reading at least 50 ms ago (100 = one core).
         CPU times tick in 10 ms steps: shorter windows give values like 600 % on 2 cores,

@@ -127,7 +127,9 @@ def optimizer_tensors(opt: torch.optim.Optimizer):
             if p.grad is not None:
                 yield p.grad
     for state in opt.state.values():
-        yield from state.values()
+        for value in state.values():
+            # GaLore keeps its projection matrix on a projector object in the state
+            yield getattr(value, "ortho_matrix", value)
 
 
 class Session:
@@ -270,6 +272,15 @@ class Session:
     def take_trace_events(self) -> list[dict] | None:
         events, self.trace_events = self.trace_events, None
         return events
+
+    @property
+    def steps_done(self) -> int:
+        """Steps completed so far (read from any thread)."""
+        return self._step
+
+    def latest_sample(self) -> dict[str, Any] | None:
+        """The sampler's newest reading (None before the first or without a sampler)."""
+        return self._sampler.latest() if self._sampler is not None else None
 
     def begin_step(self) -> None:
         """Mark the start of the current step (time before it belongs to no step)."""

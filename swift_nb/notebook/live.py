@@ -229,7 +229,7 @@ class LivePanel:
                 return
 
     def _update(self, now: float, saving: bool = False) -> None:
-        step = int(getattr(self._session, "_step", 0) or 0)
+        step = self._session.steps_done
         self._read_sample()
         rate = self._rate(now, step)
         total = self._total
@@ -260,11 +260,9 @@ class LivePanel:
                     setattr(widget, k, v)
 
     def _read_sample(self) -> None:
-        sampler = getattr(self._session, "_sampler", None)
-        rows = getattr(sampler, "_rows", None)
-        if not rows:
+        row = self._session.latest_sample()
+        if not row:
             return
-        row = rows[-1]
         if row.get("t_s") == self._last_sample_t:
             return
         self._last_sample_t = row.get("t_s")

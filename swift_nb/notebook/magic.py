@@ -18,13 +18,13 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from swift_nb import toggles as toggle_registry
-from swift_nb.api import apply_toggles, finish, undo_toggles
+from swift_nb.api import apply_toggles, finish, report, undo_toggles
 from swift_nb.capture.session import Session, cell_source, interval_seconds
 from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_run
-from swift_nb.record import Run, runs
+from swift_nb.record import Run, load_run, runs
 from swift_nb.render.tables import runs_html, runs_text
 
 
@@ -113,6 +113,13 @@ class SwiftMagics(Magics):
         help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
     )
     @argument(
+        "--open",
+        type=str,
+        default=None,
+        metavar="RUN_DIR",
+        help="show a saved run (one a script or a torchrun job recorded) instead of profiling",
+    )
+    @argument(
         "--compare",
         type=str,
         default=None,
@@ -138,6 +145,9 @@ class SwiftMagics(Magics):
         args = parse_argstring(self.swift_profile, line)
         if args.list:
             self._show_runs(args.out)
+            return
+        if args.open is not None:
+            self._open(args.open, panel=not args.no_widgets and widgets_available(self.shell))
             return
         if cell is None:
             raise UsageError("%swift_profile needs a cell: use %%swift_profile on top of the cell, or --list")
@@ -208,6 +218,14 @@ class SwiftMagics(Magics):
             show_run(run, reported.sections, panel=live is not None, actions=actions)
         if err is not None:
             raise ProfiledCellError(run.id)
+
+    def _open(self, path: str, panel: bool) -> None:
+        try:
+            run = load_run(path)
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(f"--open: {e}") from None
+        reported = report(run)
+        show_run(reported.run, reported.sections, panel=panel)
 
     def _compare(self, line: str, cell: str, args) -> None:
         from swift_nb.notebook.compare_view import run_comparison
