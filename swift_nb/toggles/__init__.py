@@ -17,8 +17,11 @@ from swift_nb.toggles.base import Param, Toggle, ToggleReport, find_models, find
 from swift_nb.toggles.flash_attention import FlashAttention
 from swift_nb.toggles.galore import GaLore
 from swift_nb.toggles.grad_checkpointing import GradCheckpointing
+from swift_nb.toggles.sequence_parallel import SequenceParallel
 
-TOGGLES: dict[str, type[Toggle]] = {t.id: t for t in (FlashAttention, GradCheckpointing, GaLore)}
+TOGGLES: dict[str, type[Toggle]] = {
+    t.id: t for t in (FlashAttention, GradCheckpointing, GaLore, SequenceParallel)
+}
 
 __all__ = [
     "TOGGLES",
