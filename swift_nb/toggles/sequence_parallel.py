@@ -426,7 +426,7 @@ def _check_divisible(length: int, size: int) -> None:
 
 def _shard(t: torch.Tensor, size: int, rank: int) -> torch.Tensor:
     n = t.shape[1] // size
-    return t.narrow(1, rank * n, n)
+    return t.narrow(1, rank * n, n).contiguous()
 
 
 def _split_all(args: tuple, kwargs: dict, size: int, rank: int) -> tuple[tuple, dict]:
