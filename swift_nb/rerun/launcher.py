@@ -5,6 +5,12 @@ timeout, or clean-up after it exits — also ends every process it started (data
 workers, anything it spawned); nothing is left behind. One rerun at a time per process:
 starting another while one runs is refused (``RerunBusyError``), not queued, so two
 workers never compete for the same cores or GPU and distort each other's measurements.
+
+A variant whose toggles need several processes (``sequence_parallel(sp_size=P)``) runs
+as one job of P workers under torch's elastic launcher (``python -m
+torch.distributed.run``, rendezvous on 127.0.0.1 at a free port, no restarts). When a
+rank fails, the launcher stops the other ranks; the rerun fails with the first failing
+rank's traceback, and the whole process group (launcher and ranks) is ended after.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +33,7 @@ from typing import Any
 
 from swift_nb.errors import ConfigError
 from swift_nb.record import load_run, save
-from swift_nb.rerun.worker import PROGRESS_FILE, RESULT_FILE
+from swift_nb.rerun.worker import PROGRESS_FILE, result_file
 from swift_nb.toggles import Toggle, parse
 
 WORKER_ENV = "SWIFT_NB_RERUN_WORKER"  # set inside workers: a replayed cell never starts reruns
@@ -72,13 +79,20 @@ def parse_variants(spec: str) -> list[Variant]:
     return variants
 
 
-def magic_flags(toggles: list[Toggle]) -> str:
-    """The ``%%swift_profile`` flags that apply ``toggles``."""
+def _flag_of() -> dict[str, str]:
     from swift_nb.notebook.magic import TOGGLE_FLAGS
 
-    flag_of = {tid: "--" + flag.replace("_", "-") for flag, tid in TOGGLE_FLAGS.items()}
+    return {tid: "--" + flag.replace("_", "-") for flag, tid in TOGGLE_FLAGS.items()}
+
+
+def magic_flags(toggles: list[Toggle]) -> str:
+    """The ``%%swift_profile`` flags that apply ``toggles`` (those the magic has a flag for;
+    the worker applies the others itself, see ``unflagged``)."""
+    flag_of = _flag_of()
     out = []
     for t in toggles:
+        if t.id not in flag_of:
+            continue
         params = ",".join(f"{k}={v}" for k, v in t.values.items() if v is not None and v != _default(t, k))
         out.append(f"{flag_of[t.id]} {params}".strip())
     return " ".join(out)
@@ -114,6 +128,18 @@ def worker_line(line: str) -> str:
         out.append(shlex.quote(tok))
         i += 1
     return " ".join(out)
+
+
+def unflagged(toggles: list[Toggle]) -> list[dict[str, Any]]:
+    """The toggles the magic has no flag for, as the worker's spec lists them."""
+    flag_of = _flag_of()
+    return [{"toggle": t.id, "params": dict(t.values)} for t in toggles if t.id not in flag_of]
+
+
+def processes(toggles: list[Toggle]) -> int:
+    """Worker processes a variant needs (a toggle's ``processes``, e.g. sequence_parallel's
+    sp_size; 1 otherwise)."""
+    return max((int(getattr(t, "processes", 1)) for t in toggles), default=1)
 
 
 def _default(t: Toggle, name: str) -> Any:
@@ -154,10 +180,12 @@ class Worker:
             "cells": cells,
             "cell": cell,
             "magic_line": f"{worker_line(magic_line)} {magic_flags(variant.toggles)}",
+            "toggles": unflagged(variant.toggles),
             "out_dir": str(self.out_dir),
             "cwd": os.getcwd(),
             "sys_path": [p for p in sys.path if p],
         }
+        self.nproc = processes(variant.toggles)
         self.proc: subprocess.Popen | None = None
         self._t0 = 0.0
         self._cancelled = False
@@ -170,14 +198,37 @@ class Worker:
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(self.spec))
         self._t0 = time.monotonic()
+        env = {**os.environ, "MPLBACKEND": "Agg", WORKER_ENV: "1", "SWIFT_NB_DIR": str(self.out_dir)}
+        cmd = [sys.executable, "-m", "swift_nb.rerun.worker", str(spec_path)]
+        if self.nproc > 1:
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                str(self.nproc),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{_free_port()}",
+                "--max-restarts",
+                "0",
+                "--monitor-interval",
+                "0.2",
+                *cmd[1:],
+            ]
+            # torchrun would set 1 (with a warning) when unset; share the cores instead.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc)))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "swift_nb.rerun.worker", str(spec_path)],
+                cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "MPLBACKEND": "Agg", WORKER_ENV: "1", "SWIFT_NB_DIR": str(self.out_dir)},
+                env=env,
             )
 
     def progress(self) -> dict[str, Any]:
@@ -239,20 +290,22 @@ class Worker:
         assert self.proc is not None
         wall = time.monotonic() - self._t0
         out = Outcome(self.variant.name, "ok", wall_s=wall)
-        try:
-            result = json.loads((self.folder / RESULT_FILE).read_text())
-        except (OSError, ValueError):
-            result = None
-        if result is not None:
-            out.run_path = result.get("run")
-            out.status = result["status"]
-            out.error = result.get("error")
+        results = self._results()
+        if 0 in results:
+            out.run_path = results[0].get("run")
+        failed = self._failed_ranks(results)
+        if failed:
+            rank, first = failed[0]
+            out.status = first["status"]
+            out.error = first.get("error") if self.nproc == 1 else f"rank {rank}: {first.get('error')}"
+            if len(failed) > 1:
+                out.notes.append(f"ranks that failed too: {', '.join(str(r) for r, _ in failed[1:])}")
         rc = self.proc.returncode
         if self._cancelled:
             out.status, out.error = "cancelled", "cancelled by the user"
         elif timed_out:
             out.status, out.error = "timeout", f"no result after {self.timeout_s:.0f} s; the worker was ended"
-        elif result is None or (rc != 0 and out.status == "ok"):
+        elif not failed and (len(results) < self.nproc or rc != 0):
             out.status = "crashed"
             out.error = _exit_reason(rc) + _tail(self.log_path)
         if out.run_path:
@@ -262,6 +315,24 @@ class Worker:
         else:
             out.notes.append(f"worker files: {self.folder}")
         return out
+
+    def _results(self) -> dict[int, dict[str, Any]]:
+        """Each rank's result (rank 0 alone for a single worker), with when it was written."""
+        out = {}
+        for rank in range(self.nproc):
+            path = self.folder / result_file(rank)
+            try:
+                out[rank] = {**json.loads(path.read_text()), "_mtime": path.stat().st_mtime}
+            except (OSError, ValueError):
+                continue
+        return out
+
+    @staticmethod
+    def _failed_ranks(results: dict[int, dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+        """Ranks that did not finish ok, the first to fail first: the others usually
+        failed because it did (stopped by the elastic launcher, or timed out waiting)."""
+        failed = [(r, res) for r, res in results.items() if res.get("status") != "ok"]
+        return sorted(failed, key=lambda item: item[1]["_mtime"])
 
     def _tag(self, path: Path, out: Outcome) -> None:
         """Mark the worker's run record as a rerun (of which run, which variant)."""
@@ -276,6 +347,12 @@ class Worker:
         out.notes.extend(
             n for t in run.context.get("toggles", []) for n in t.get("notes", []) if isinstance(n, str)
         )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _group_alive(pgid: int) -> bool:

@@ -4,6 +4,14 @@ Replays the spec's cells in a fresh IPython shell (so magics work), then runs th
 profiled cell under ``%%swift_profile`` with the variant's toggle flags, and writes
 ``result.json`` beside the spec. Progress (which cell, how many optimizer steps) goes to
 ``progress.json`` twice a second; the user's output goes to the log the launcher chose.
+
+Under torchrun (``WORLD_SIZE`` > 1: a variant with ``sequence_parallel``), every rank
+initialises the default process group from torchrun's environment before replaying
+(NCCL when CUDA is available, the device taken from ``LOCAL_RANK``; gloo otherwise),
+replays the same cells and profiles itself; rank 0 writes ``result.json`` and the
+progress, rank R > 0 ``result.rank<R>.json``. Toggles without a magic flag (the spec's
+``toggles``) are applied on every rank around the profiled cell; rank 0 adds their
+reports to the job record.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +33,27 @@ from swift_nb.record import atomic_write_text
 
 PROGRESS_FILE = "progress.json"
 RESULT_FILE = "result.json"
+#: how long a rank waits in a collective for a peer before failing (s)
+PG_TIMEOUT_S = float(os.environ.get("SWIFT_NB_RERUN_PG_TIMEOUT_S", 600))
+
+
+def result_file(rank: int) -> str:
+    """The result file of ``rank`` (rank 0's is ``result.json``)."""
+    return RESULT_FILE if rank == 0 else f"result.rank{rank}.json"
+
+
+def init_distributed() -> int:
+    """Join the job torchrun started (nothing to do for a single process); returns the rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return 0
+    import torch.distributed as dist
+
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl"
+    dist.init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    return dist.get_rank()
 
 
 class Progress:
@@ -66,13 +96,16 @@ def run(spec_path: Path) -> int:
     for p in reversed(spec.get("sys_path", [])):
         if p not in sys.path:
             sys.path.insert(0, p)
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
+    rank = int(os.environ.get("RANK", "0"))
     cells: list[str] = spec["cells"]
-    progress = Progress(folder / PROGRESS_FILE, len(cells))
-    result: dict[str, Any] = {"status": "ok", "run": None, "error": None, "failed_cell": None}
+    progress_name = PROGRESS_FILE if rank == 0 else f"progress.rank{rank}.json"
+    progress = Progress(folder / progress_name, len(cells))
+    result: dict[str, Any] = {"status": "ok", "run": None, "error": None, "failed_cell": None, "rank": rank}
     try:
+        rank = init_distributed()
+        from IPython.core.interactiveshell import InteractiveShell
+
+        shell = InteractiveShell.instance()
         for i, code in enumerate(cells):
             progress.set(cell=i + 1)
             res = shell.run_cell(code, store_history=True)
@@ -91,8 +124,14 @@ def run(spec_path: Path) -> int:
             "post_run_cell",
             lambda r: errors.append(r.error_before_exec or r.error_in_exec) if not r.success else None,
         )
-        res = shell.run_cell(f"%%swift_profile {spec['magic_line']}\n{spec['cell']}", store_history=True)
-        result["run"] = _newest_run(Path(spec["out_dir"]))
+        toggles = _apply_toggles(spec.get("toggles") or [], shell.user_ns)
+        try:
+            res = shell.run_cell(f"%%swift_profile {spec['magic_line']}\n{spec['cell']}", store_history=True)
+        finally:
+            reports = [t.undo() for t in reversed(toggles)][::-1]
+        if rank == 0:
+            result["run"] = _newest_run(Path(spec["out_dir"]))
+            _record_toggles(result["run"], reports)
         if not res.success:
             err = next((e for e in errors if type(e).__name__ != "ProfiledCellError"), None)
             err = err or res.error_before_exec or res.error_in_exec
@@ -105,9 +144,41 @@ def run(spec_path: Path) -> int:
     finally:
         progress.set(phase="done")
         progress.close()
-        atomic_write_text(folder / RESULT_FILE, json.dumps(result))
+        atomic_write_text(folder / result_file(rank), json.dumps(result))
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _apply_toggles(specs: list[dict[str, Any]], namespace: dict[str, Any]) -> list[Any]:
+    """Apply the toggles the magic has no flag for (each ``{"toggle": id, "params": {...}}``);
+    all or none."""
+    from swift_nb.toggles import get
+
+    done = []
+    try:
+        for s in specs:
+            t = get(s["toggle"], **s.get("params", {}))
+            t.apply(namespace)
+            done.append(t)
+    except BaseException:
+        for t in reversed(done):
+            t.undo()
+        raise
+    return done
+
+
+def _record_toggles(run_path: str | None, reports: list[Any]) -> None:
+    """Add the reports of the toggles applied around the magic to its run record."""
+    reports = [r for r in reports if r is not None]
+    if not reports or run_path is None:
+        return
+    from swift_nb.record import load_run, save
+
+    for r in reports:
+        print(r)
+    run = load_run(run_path)
+    run.context["toggles"] = [*(run.context.get("toggles") or []), *(r.to_dict() for r in reports)]
+    save(run)
 
 
 def _describe(err: BaseException | None, where: str) -> str:

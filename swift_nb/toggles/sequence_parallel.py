@@ -105,6 +105,11 @@ class SequenceParallel(Toggle):
         self._plans: dict[int, _Plan] = {}
         self._counts = {"distributed": 0, "local": 0, "grad_syncs": 0, "grad_bytes": 0}
 
+    @property
+    def processes(self) -> int:
+        """Worker processes a rerun of this toggle launches (one per rank)."""
+        return self.values["sp_size"]
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def apply(self, namespace: Mapping[str, Any] | None = None) -> ToggleReport:
