@@ -183,7 +183,7 @@ def test_rerun_profiles_both_ranks_into_one_job_record(tmp_path, monkeypatch):
     assert run.context["variant"] == "sequence_parallel(sp_size=2)"
     table = swift_nb.rerun.comparison([(o, swift_nb.load_run(o.run_path)) for o in outcomes]).table
     row = table.set_index("variant").loc["sequence_parallel(sp_size=2)"]
-    assert row["status"] == "ok" and row["ranks"] == 2 and row["peak_mem_max_rank_bytes"] > 0
+    assert row["status"] == "ok" and row["ranks"] == 2 and row["peak_mem_max_rank_bytes"] > 0 and row["comm_share_max_rank"] > 0
 
 
 def test_a_failing_rank_fails_the_rerun_with_its_traceback(tmp_path, monkeypatch):

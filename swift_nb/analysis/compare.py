@@ -28,6 +28,10 @@ COMPARE_COLUMNS = [
     "peak_mem_bytes",
     *[f"{c}_bytes" for c in MEMORY_CATEGORIES],
     "mean_util_pct",
+    "ranks",
+    "step_time_max_rank_s",
+    "peak_mem_max_rank_bytes",
+    "comm_share_max_rank",
     "step_time_ratio",
     "peak_mem_ratio",
     "predicted",
@@ -61,7 +65,20 @@ def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> di
         mean_util_pct=s.get("mean_util_pct"),
         run=str(run.path or ""),
     )
+    row.update(_rank_columns(run))
     return row
+
+
+def _rank_columns(run: Run) -> dict[str, float]:
+    """The worst rank of a job (the only one of a single process): its step time, its
+    peak tensor bytes and the largest communication share of a step (0..1)."""
+    per_rank = run.per_rank
+    return {
+        "ranks": len(per_rank),
+        "step_time_max_rank_s": per_rank["step_time_median_s"].max(),
+        "peak_mem_max_rank_bytes": per_rank["peak_mem_bytes"].max(),
+        "comm_share_max_rank": per_rank["comm_share"].max(),
+    }
 
 
 def predicted_peak(base: dict, toggle: str, details: dict, findings: Sequence[Finding]) -> float | None:
@@ -94,7 +111,10 @@ def compare_runs(
     with the baseline first; ``findings``: the baseline's advisor findings.
 
     Columns: step_time_median_s (s), steps_per_s, peak_mem_bytes and ``<category>_bytes``
-    (tensor bytes at the step peak), mean_util_pct (%), step_time_ratio and
+    (tensor bytes at the step peak; rank 0's in a job of several ranks), mean_util_pct (%),
+    ranks (processes of the run), step_time_max_rank_s (s), peak_mem_max_rank_bytes and
+    comm_share_max_rank (0..1 of the step in collectives): the largest over the ranks,
+    each rank measuring itself; step_time_ratio and
     peak_mem_ratio (variant / baseline), predicted (the advisor's words for the toggles
     of the variant), predicted_peak_bytes, notes, run (its folder)."""
     rows = [_row(name, run, status, list(notes)) for name, run, status, notes in runs]
