@@ -183,7 +183,12 @@ def test_rerun_profiles_both_ranks_into_one_job_record(tmp_path, monkeypatch):
     assert run.context["variant"] == "sequence_parallel(sp_size=2)"
     table = swift_nb.rerun.comparison([(o, swift_nb.load_run(o.run_path)) for o in outcomes]).table
     row = table.set_index("variant").loc["sequence_parallel(sp_size=2)"]
-    assert row["status"] == "ok" and row["ranks"] == 2 and row["peak_mem_max_rank_bytes"] > 0 and row["comm_share_max_rank"] > 0
+    assert (
+        row["status"] == "ok"
+        and row["ranks"] == 2
+        and row["peak_mem_max_rank_bytes"] > 0
+        and row["comm_share_max_rank"] > 0
+    )
 
 
 def test_a_failing_rank_fails_the_rerun_with_its_traceback(tmp_path, monkeypatch):
@@ -198,3 +203,15 @@ def test_a_failing_rank_fails_the_rerun_with_its_traceback(tmp_path, monkeypatch
     assert out.error.startswith("rank 1: replayed cell 2 raised") and "boom on rank 1" in out.error
     assert out.wall_s < 100
     assert not _running(str(worker.folder)), "a worker process was left running"
+
+
+def test_a_hanging_rank_is_ended_with_the_whole_job_at_the_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    hang = "import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep(600)\n"
+    worker = Worker(
+        [SETUP, hang], TRAIN, FLAGS, tmp_path, Variant("sp", [get("sequence_parallel")]), timeout_s=20
+    )
+    worker.start()
+    out = worker.wait()
+    assert out.status == "timeout", out
+    assert not _running(str(worker.folder)), "a rank was left running"

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from swift_nb.errors import ConfigError
 from swift_nb.record import load_run, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
@@ -186,6 +188,7 @@ class Worker:
             "sys_path": [p for p in sys.path if p],
         }
         self.nproc = processes(variant.toggles)
+        self._groups: set[int] = set()  # the ranks' process groups (several workers)
         self.proc: subprocess.Popen | None = None
         self._t0 = 0.0
         self._cancelled = False
@@ -252,6 +255,7 @@ class Worker:
                     timed_out = True
                     self._kill_group()
                     break
+                self._track()
                 if on_progress is not None:
                     on_progress(self.progress())
                 try:
@@ -266,16 +270,38 @@ class Worker:
             self._kill_group()  # whatever the worker started and left behind
         return self._outcome(timed_out)
 
+    def _track(self) -> None:
+        """Remember the process groups of the job's ranks: torchrun starts each rank in a
+        session of its own, outside the launcher's group, and once the launcher is gone
+        they can no longer be found through it."""
+        if self.nproc == 1 or self.proc is None:
+            return
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for child in children:
+            try:
+                self._groups.add(os.getpgid(child.pid))
+            except (ProcessLookupError, PermissionError):
+                continue
+
     def _kill_group(self) -> None:
         if self.proc is None:
             return
+        self._track()
+        groups = {self.proc.pid} | self._groups
         for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
+            groups = {g for g in groups if _group_alive(g)}
+            if not groups:
                 return
+            for g in groups:
+                try:
+                    os.killpg(g, sig)
+                except (ProcessLookupError, PermissionError):
+                    continue
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _group_alive(self.proc.pid):
+            while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
                 if self.proc.poll() is None:
                     try:
                         self.proc.wait(0.1)
@@ -283,8 +309,6 @@ class Worker:
                         pass
                 else:
                     time.sleep(0.05)
-            if not _group_alive(self.proc.pid):
-                return
 
     def _outcome(self, timed_out: bool) -> Outcome:
         assert self.proc is not None
