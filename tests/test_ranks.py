@@ -16,6 +16,7 @@ import pytest
 
 import swift_nb
 from swift_nb.analysis import analyze
+from swift_nb.analysis.memory import memory_footprint
 from swift_nb.capture.ranks import RANK_COLUMNS
 
 WORKLOAD = Path(__file__).parent / "workloads" / "ranks_job.py"
@@ -156,6 +157,10 @@ def test_fsdp_records_all_gather_and_reduce_scatter(tmp_path_factory):
         # forward and backward each gather every parameter; gradients are reduce-scattered once
         assert kinds.loc["all_gather", "bytes_per_step"] == 2 * params_bytes
         assert kinds.loc["reduce_scatter", "bytes_per_step"] == params_bytes
+    # memory by category counts each rank's own shard (FSDP2 keeps DTensors)
+    assert (run.per_rank["peak_mem_bytes"] > 0).all(), run.per_rank
+    fp = memory_footprint(run).set_index("category")["at_peak_bytes"]
+    assert fp["parameters"] == params_bytes / 2
 
 
 def test_slow_rank_is_the_straggler(tmp_path_factory):

@@ -38,6 +38,12 @@ def snapshot(optimizers) -> Snapshot:
     out: Snapshot = {}
 
     def add(t, category):
+        # FSDP2 keeps its shards as DTensors (no storage of their own): count the local
+        # shard; GaLore keeps its projection on a projector object in the state.
+        for attr in ("_local_tensor", "ortho_matrix"):
+            inner = getattr(t, attr, None)
+            if inner is not None:
+                t = inner
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             st = t.untyped_storage()
             ptr = st.data_ptr()
