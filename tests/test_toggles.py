@@ -410,3 +410,12 @@ def test_magic_refuses_bad_toggle_parameters_before_the_cell_runs(kernel, tmp_pa
     assert "UsageError: --galore rank must be ≥ 1; got 0" in usage, usage
     assert kernel.eval("ran") is False
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_sequence_parallel_outside_a_rerun_is_a_usage_error(kernel, tmp_path):
+    kernel.execute("ran = False")
+    res = kernel.execute(f"%%swift_profile --out {tmp_path} --sequence-parallel sp_size=2\nran = True")
+    usage = res.text("stderr")
+    assert "UsageError: sequence_parallel runs in a rerun with sp_size worker processes" in usage, usage
+    assert kernel.eval("ran") is False
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())

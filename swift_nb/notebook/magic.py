@@ -38,7 +38,12 @@ def _flag(param: str) -> str:
 
 
 #: magic flag → toggle id; a flag takes an optional ``key=value,...`` spec
-TOGGLE_FLAGS = {"flash_attn": "flash_attention", "grad_ckpt": "grad_checkpointing", "galore": "galore"}
+TOGGLE_FLAGS = {
+    "flash_attn": "flash_attention",
+    "grad_ckpt": "grad_checkpointing",
+    "galore": "galore",
+    "sequence_parallel": "sequence_parallel",
+}
 
 
 def _toggle_flag(param: str) -> str:
@@ -113,6 +118,14 @@ class SwiftMagics(Magics):
         help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
     )
     @argument(
+        "--sequence-parallel",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="sp_size=2,sp_mode=ulysses|ring,ring_chunk_size=N",
+        help="split the sequence over sp_size ranks (only inside a multi-process rerun: use it in --compare)",
+    )
+    @argument(
         "--open",
         type=str,
         default=None,
@@ -185,7 +198,10 @@ class SwiftMagics(Magics):
         except RunDirError as e:
             raise UsageError(str(e)) from None
 
-        apply_toggles(session, toggles, self.shell.user_ns)
+        try:
+            apply_toggles(session, toggles, self.shell.user_ns)
+        except (ConfigError, RuntimeError) as e:  # e.g. sequence_parallel outside a multi-rank rerun
+            raise UsageError(str(e)) from None
         try:
             session.start()
         except RuntimeError as e:  # another profile is active (a nested %%swift_profile)

@@ -51,6 +51,14 @@ class RerunControls:
         self.boxes = {
             t: widgets.Checkbox(value=False, description=TOGGLES[t].title, indent=False) for t in OFFERED
         }
+        # sequence parallelism reruns the cell on sp_size worker processes
+        self.sp_box = widgets.Checkbox(value=False, description="Sequence parallel", indent=False)
+        self.sp_size = widgets.Dropdown(
+            options=[2, 4, 8], value=2, description="size", layout={"width": "9em"}
+        )
+        self.sp_mode = widgets.Dropdown(
+            options=["ulysses", "ring"], value="ulysses", description="mode", layout={"width": "12em"}
+        )
         self.rerun = widgets.Button(description="Rerun and compare", button_style="primary", icon="play")
         self.cancel = widgets.Button(description="Cancel", icon="stop", disabled=True)
         self.status = widgets.HTML(
@@ -75,7 +83,7 @@ class RerunControls:
     def widget(self) -> widgets.VBox:
         rows = [
             widgets.HTML("<h4>Try a fix</h4>"),
-            widgets.HBox(list(self.boxes.values())),
+            widgets.HBox([*self.boxes.values(), self.sp_box, self.sp_size, self.sp_mode]),
             widgets.HBox([self.rerun, self.cancel, *self.try_buttons]),
             self.status,
             self.result,
@@ -83,12 +91,23 @@ class RerunControls:
         return widgets.VBox(rows, _dom_classes=["swift-nb-rerun"])
 
     def _ticked(self) -> list[Variant]:
-        return [Variant(t, [get(t)]) for t, box in self.boxes.items() if box.value]
+        variants = [Variant(t, [get(t)]) for t, box in self.boxes.items() if box.value]
+        if self.sp_box.value and "sequence_parallel" in TOGGLES:
+            size, mode = self.sp_size.value, self.sp_mode.value
+            variants.append(
+                Variant(
+                    f"sequence_parallel(sp_size={size},sp_mode={mode})",
+                    [get("sequence_parallel", sp_size=size, sp_mode=mode)],
+                )
+            )
+        return variants
 
     def _buttons(self, running: bool) -> None:
         self.rerun.disabled = running
         for b in self.try_buttons:
             b.disabled = running
+        for w in (*self.boxes.values(), self.sp_box, self.sp_size, self.sp_mode):
+            w.disabled = running
         self.cancel.disabled = not running
 
     def start(self, variants: list[Variant]) -> None:

@@ -44,6 +44,12 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     for c in MEMORY_CATEGORIES:
         out[c.replace("_", " ")] = [_num(x, fmt_bytes) for x in table[f"{c}_bytes"]]
     out["util %"] = [_num(x, lambda v: f"{v:.0f}") for x in table["mean_util_pct"]]
+    if "ranks" in table and (pd.to_numeric(table["ranks"], errors="coerce").fillna(1) > 1).any():
+        # multi-rank variants (sequence parallel): the worst rank beside rank 0's numbers
+        out["ranks"] = [_num(x, lambda v: f"{v:.0f}") for x in table["ranks"]]
+        out["slowest rank step"] = [_num(x, fmt_seconds) for x in table["step_time_max_rank_s"]]
+        out["max rank peak"] = [_num(x, fmt_bytes) for x in table["peak_mem_max_rank_bytes"]]
+        out["max comm %"] = [_num(x, lambda v: f"{100 * v:.0f}") for x in table["comm_share_max_rank"]]
     out["predicted"] = [
         " ".join(filter(None, [w, f"(peak ≈ {fmt_bytes(p)})" if p is not None and np.isfinite(p) else ""]))
         for w, p in zip(table["predicted"], table["predicted_peak_bytes"], strict=True)

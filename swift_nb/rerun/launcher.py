@@ -109,8 +109,9 @@ _OWN_FLAGS = {
     "--flash-attn",
     "--grad-ckpt",
     "--galore",
+    "--sequence-parallel",
 }
-_OPTIONAL_VALUE = {"--flash-attn", "--grad-ckpt", "--galore"}
+_OPTIONAL_VALUE = {"--flash-attn", "--grad-ckpt", "--galore", "--sequence-parallel"}
 
 
 def worker_line(line: str) -> str:
@@ -141,7 +142,7 @@ def unflagged(toggles: list[Toggle]) -> list[dict[str, Any]]:
 def processes(toggles: list[Toggle]) -> int:
     """Worker processes a variant needs (a toggle's ``processes``, e.g. sequence_parallel's
     sp_size; 1 otherwise)."""
-    return max((int(getattr(t, "processes", 1)) for t in toggles), default=1)
+    return max((t.processes for t in toggles), default=1)
 
 
 def _default(t: Toggle, name: str) -> Any:

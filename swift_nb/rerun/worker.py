@@ -30,6 +30,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from swift_nb.record import atomic_write_text
+from swift_nb.toggles import applied, get
 
 PROGRESS_FILE = "progress.json"
 RESULT_FILE = "result.json"
@@ -124,11 +125,11 @@ def run(spec_path: Path) -> int:
             "post_run_cell",
             lambda r: errors.append(r.error_before_exec or r.error_in_exec) if not r.success else None,
         )
-        toggles = _apply_toggles(spec.get("toggles") or [], shell.user_ns)
-        try:
+        # toggles the magic has no flag for ({"toggle": id, "params": {...}}), applied on
+        # every rank around the profiled cell; their reports go to the run record
+        toggles = [get(t["toggle"], **t.get("params", {})) for t in spec.get("toggles") or []]
+        with applied(shell.user_ns, toggles) as reports:
             res = shell.run_cell(f"%%swift_profile {spec['magic_line']}\n{spec['cell']}", store_history=True)
-        finally:
-            reports = [t.undo() for t in reversed(toggles)][::-1]
         if rank == 0:
             result["run"] = _newest_run(Path(spec["out_dir"]))
             _record_toggles(result["run"], reports)
@@ -147,24 +148,6 @@ def run(spec_path: Path) -> int:
         atomic_write_text(folder / result_file(rank), json.dumps(result))
         sys.stdout.flush()
         sys.stderr.flush()
-
-
-def _apply_toggles(specs: list[dict[str, Any]], namespace: dict[str, Any]) -> list[Any]:
-    """Apply the toggles the magic has no flag for (each ``{"toggle": id, "params": {...}}``);
-    all or none."""
-    from swift_nb.toggles import get
-
-    done = []
-    try:
-        for s in specs:
-            t = get(s["toggle"], **s.get("params", {}))
-            t.apply(namespace)
-            done.append(t)
-    except BaseException:
-        for t in reversed(done):
-            t.undo()
-        raise
-    return done
 
 
 def _record_toggles(run_path: str | None, reports: list[Any]) -> None:

@@ -123,6 +123,8 @@ class Toggle:
     watches_models: ClassVar[bool] = False
     #: optimizer classes whose instances constructed while applied are changed
     watched_optimizers: ClassVar[tuple[type, ...]] = ()
+    #: worker processes a rerun with this toggle launches (sequence parallelism: one per rank)
+    processes: int = 1
 
     def __init__(self, **values: Any) -> None:
         self.values = self.validate(values)
