@@ -53,10 +53,16 @@ def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Rep
     return Reported(run, analysis, sections)
 
 
-def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
-    """Stop a session, save its record, then analyse it and write the report."""
+def finish(
+    session: Session, status: str = "ok", error: BaseException | None = None, analyse: bool = True
+) -> Reported:
+    """Stop a session, save its record, then (``analyse``) analyse it and write the
+    report; without, the record is complete and ``swift-nb report`` analyses it later."""
     run = session.finish(status, error)
-    return report(run, session.take_trace_events())
+    events = session.take_trace_events()
+    if not analyse:
+        return Reported(run, None, [])
+    return report(run, events)
 
 
 def apply_toggles(session: Session, toggles: Sequence[Toggle], namespace: Mapping[str, Any]) -> None:

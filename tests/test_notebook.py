@@ -38,8 +38,10 @@ def executed(tmp_path_factory) -> tuple[nbformat.NotebookNode, Path]:
     return nb, folder
 
 
-def _profiled_cell(nb) -> nbformat.NotebookNode:
-    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%swift_profile")]
+def _profiled_cell(nb, flags: str = "--label quickstart") -> nbformat.NotebookNode:
+    (cell,) = [
+        c for c in nb.cells if c.cell_type == "code" and c.source.startswith(f"%%swift_profile {flags}")
+    ]
     return cell
 
 
@@ -49,7 +51,9 @@ def test_quickstart_records_a_complete_run(executed):
     assert any(o.get("name") == "stdout" and "final loss" in o["text"] for o in outputs)
     assert not any("USDT" in o.get("text", "") for o in outputs), "profiler noise reached the cell"
 
-    (run_folder,) = [p for p in (folder / "swift_nb_runs").iterdir() if p.is_dir()]
+    (run_folder,) = [
+        p for p in (folder / "swift_nb_runs").iterdir() if swift_nb.load_run(p).label == "quickstart"
+    ]
     for name in ("run.json", "steps.csv", "samples.csv", "memory.csv", "trace.json.gz", "report.html"):
         assert (run_folder / name).is_file(), name
     run = swift_nb.load_run(run_folder)
@@ -98,3 +102,18 @@ def test_nbconvert_html_shows_figures_and_summary_without_a_kernel(executed):
     assert "swift-nb-summary" in html and ">quickstart<" in html
     for section in SECTIONS:
         assert section in html, section
+
+
+def test_quickstart_compares_toggles_in_reruns(executed):
+    nb, folder = executed
+    outputs = _profiled_cell(nb, "--compare").outputs
+    html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    assert "Comparison" in html
+    for variant in ("baseline", "flash_attention", "grad_checkpointing"):
+        assert f"<td>{variant}</td>" in html, variant
+    assert html.count("<td>ok</td>") == 3
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # step times, memory
+    tagged = {
+        swift_nb.load_run(p).context.get("variant") for p in swift_nb.runs(folder / "swift_nb_runs").path
+    }
+    assert {"baseline", "flash_attention", "grad_checkpointing"} <= tagged

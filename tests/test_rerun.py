@@ -106,7 +106,8 @@ def test_compare_flag_errors_are_usage_errors(session_kernel, tmp_path):
 
 def test_panel_rerun_button_compares_and_cancel_ends_the_worker(session_kernel, tmp_path):
     k = session_kernel
-    res = k.execute(f"%%swift_profile {FLAGS} --out {tmp_path}\n{TRAIN}")
+    # the cell sleeps after training so that Cancel, later, lands while a worker runs
+    res = k.execute(f"%%swift_profile {FLAGS} --out {tmp_path}\n{TRAIN}import time\ntime.sleep(4)\n")
     assert res.status == "ok"
     wait = "import time\nwhile ctl._thread.is_alive():\n    time.sleep(0.2)\n"
     res = k.execute(

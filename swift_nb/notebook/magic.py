@@ -89,6 +89,11 @@ class SwiftMagics(Magics):
         help="steps the cell will run, for the live panel's progress and ETA (a hint; nothing is cut)",
     )
     @argument(
+        "--no-report",
+        action="store_true",
+        help="save the run without analysing it or writing report.html (faster; swift-nb report RUN_DIR later)",
+    )
+    @argument(
         "--no-widgets",
         action="store_true",
         help="no live panel or results tabs: static outputs only",
@@ -224,7 +229,7 @@ class SwiftMagics(Magics):
                 status = "interrupted"
             else:
                 status = "failed" if err is not None else "ok"
-            reported = finish(session, status, err)
+            reported = finish(session, status, err, analyse=not args.no_report)
             run = reported.run
             if live is not None:
                 live.close(run)

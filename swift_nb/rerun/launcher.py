@@ -182,7 +182,9 @@ class Worker:
         self.spec = {
             "cells": cells,
             "cell": cell,
-            "magic_line": f"{worker_line(magic_line)} {magic_flags(variant.toggles)}",
+            # the comparison reads the records' tables; each rerun's own report waits for
+            # `swift-nb report RUN_DIR` (it would add seconds to every variant)
+            "magic_line": f"{worker_line(magic_line)} --no-report {magic_flags(variant.toggles)}",
             "toggles": unflagged(variant.toggles),
             "out_dir": str(self.out_dir),
             "cwd": os.getcwd(),
