@@ -184,7 +184,7 @@ class Worker:
             "cell": cell,
             # the comparison reads the records' tables; each rerun's own report waits for
             # `swift-nb report RUN_DIR` (it would add seconds to every variant)
-            "magic_line": f"{worker_line(magic_line)} --no-report {magic_flags(variant.toggles)}",
+            "magic_line": f"{worker_line(magic_line)} --no-report --label {variant.name} {magic_flags(variant.toggles)}",
             "toggles": unflagged(variant.toggles),
             "out_dir": str(self.out_dir),
             "cwd": os.getcwd(),
