@@ -7,15 +7,18 @@ import base64
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
-from swift_nb.render.figures import figure_png
+from swift_nb.render.figures import figure_png, new_figure
 from swift_nb.render.report import CSP, STYLE
 from swift_nb.units import fmt_bytes, fmt_seconds
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COMPARE_FILE = "compare.html"
 
@@ -69,7 +72,7 @@ def compare_table_text(table: pd.DataFrame) -> str:
 
 def step_times_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -> Figure:
     """Step duration per step, one line per variant."""
-    fig = Figure(figsize=(width_in, 3.0), layout="constrained")
+    fig = new_figure(width_in, 3.0)
     ax = fig.add_subplot()
     for name, run in runs:
         steps = run.steps[run.steps["trigger"] != "end"]
@@ -86,7 +89,7 @@ def step_times_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -
 
 def memory_curves_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -> Figure:
     """Tensor memory over the recorded steps (sum of the categories), one line per variant."""
-    fig = Figure(figsize=(width_in, 3.0), layout="constrained")
+    fig = new_figure(width_in, 3.0)
     ax = fig.add_subplot()
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     top = 1.0

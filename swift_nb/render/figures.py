@@ -4,13 +4,15 @@ they never touch the user's pyplot state or backend."""
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from swift_nb.record import MEMORY_CATEGORIES, Run
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_seconds
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PHASE_COLORS = {"warmup": "#f3e3b5", "active": "#c6dbef"}
 GIB = 1024**3
@@ -46,6 +48,14 @@ OPERATOR_METRICS = {
 OPERATOR_NAME_CHARS = 48
 
 
+def new_figure(width_in: float, height_in: float) -> Figure:
+    """An empty figure (constrained layout). matplotlib is imported here, when a figure
+    is drawn: code that only records runs (reruns, ``--no-report``) never loads it."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width_in, height_in), layout="constrained")
+
+
 def _numeric(df: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(dtype="float64")
 
@@ -70,7 +80,7 @@ def phase_spans(steps: pd.DataFrame) -> list[tuple[str, float, float]]:
 def timeline_figure(run: Run, width_in: float = 10.0) -> Figure:
     """Utilisation and memory against time (s), with step boundaries and the profiler's
     warmup/active steps shaded."""
-    fig = Figure(figsize=(width_in, 4.8), layout="constrained")
+    fig = new_figure(width_in, 4.8)
     ax_util, ax_mem = fig.subplots(2, 1, sharex=True)
     samples, steps = run.samples, run.steps
     t = _numeric(samples, "t_s")
@@ -139,7 +149,7 @@ def _bytes_scale(max_bytes: float) -> tuple[str, float]:
 
 def _empty_note(text: str, width_in: float) -> Figure:
     """A short figure that says why there is nothing to plot."""
-    fig = Figure(figsize=(width_in, 1.0), layout="constrained")
+    fig = new_figure(width_in, 1.0)
     ax = fig.subplots()
     ax.set_axis_off()
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10, color="#555", parse_math=False)
@@ -159,7 +169,7 @@ def breakdown_figure(breakdown: pd.DataFrame, width_in: float = 10.0) -> Figure:
     total = sum((values[c] for c in parts), start=pd.Series(0.0, index=breakdown.index))
     unit, scale = _time_scale(float(total.max()))
     x = _numeric(breakdown, "step")
-    fig = Figure(figsize=(width_in, 3.8), layout="constrained")
+    fig = new_figure(width_in, 3.8)
     ax = fig.subplots()
     bottom = pd.Series(0.0, index=breakdown.index)
     for c in parts:
@@ -168,6 +178,8 @@ def breakdown_figure(breakdown: pd.DataFrame, width_in: float = 10.0) -> Figure:
         bottom = bottom + values[c] * scale
     ax.set_xlabel("profiled step")
     ax.set_ylabel(f"time per step ({unit})")
+    from matplotlib.ticker import MaxNLocator
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(axis="y", alpha=0.25)
     ax.set_axisbelow(True)
@@ -195,7 +207,7 @@ def memory_figure(timeline: pd.DataFrame, width_in: float = 10.0) -> Figure:
     ys = [_numeric(data, c).fillna(0.0) for c in cols]
     total = sum(ys, start=pd.Series(0.0, index=data.index))
     unit, scale = _bytes_scale(float(total.max()))
-    fig = Figure(figsize=(width_in, 3.8), layout="constrained")
+    fig = new_figure(width_in, 3.8)
     ax = fig.subplots()
     ax.stackplot(
         t,
@@ -270,7 +282,7 @@ def operators_figure(
     if ops.empty:
         return _empty_note("No operators: the profiler recorded no step (no trace).", width_in)
     ops = ops.sort_values("_v", ascending=False, kind="stable").head(top).iloc[::-1]
-    fig = Figure(figsize=(width_in, 1.2 + 0.3 * len(ops)), layout="constrained")
+    fig = new_figure(width_in, 1.2 + 0.3 * len(ops))
     ax = fig.subplots()
     if metric.endswith("_s"):
         unit, mult = _time_scale(float(ops["_v"].max()))
@@ -320,7 +332,7 @@ def per_rank_figure(per_rank: pd.DataFrame, width_in: float = 10.0) -> Figure:
     step = _numeric(df, "step_time_median_s").fillna(0.0)
     comm = (step * _numeric(df, "comm_share").fillna(0.0)).clip(upper=step)
     unit, scale = _time_scale(float(step.max()) if len(step) else 0.0)
-    fig = Figure(figsize=(width_in, 3.4), layout="constrained")
+    fig = new_figure(width_in, 3.4)
     ax_t, ax_m = fig.subplots(1, 2)
     work_colors = ["#c0392b" if s else "#1f77b4" for s in df.get("straggler", [False] * len(df))]
     ax_t.bar(x, (step - comm) * scale, color=work_colors, label="work (outside collectives)")
@@ -367,7 +379,7 @@ def rank_timeline_figure(rank_steps: pd.DataFrame, ranks: pd.DataFrame, width_in
         if "node_rank" in ranks
         else sorted(rank_steps["rank"].unique())
     )
-    fig = Figure(figsize=(width_in, 0.9 + 0.35 * len(order)), layout="constrained")
+    fig = new_figure(width_in, 0.9 + 0.35 * len(order))
     ax = fig.subplots()
     colors = {"wait": "#bbbbbb", "none": "#9ecae1", **PHASE_COLORS, "active": "#3182bd"}
     for y, rank in enumerate(order):

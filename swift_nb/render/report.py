@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from swift_nb.analysis import Analysis
 from swift_nb.analysis.findings import Finding, Verdict
@@ -36,6 +35,9 @@ from swift_nb.render.figures import (
 )
 from swift_nb.render.tables import summary_rows
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 REPORT_FILE = "report.html"
 SEVERITIES = ("info", "warning", "critical")
