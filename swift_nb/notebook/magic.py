@@ -38,12 +38,7 @@ def _flag(param: str) -> str:
 
 
 #: magic flag → toggle id; a flag takes an optional ``key=value,...`` spec
-TOGGLE_FLAGS = {
-    "flash_attn": "flash_attention",
-    "grad_ckpt": "grad_checkpointing",
-    "galore": "galore",
-    "sequence_parallel": "sequence_parallel",
-}
+TOGGLE_FLAGS = toggle_registry.MAGIC_FLAGS
 
 
 def _toggle_flag(param: str) -> str:

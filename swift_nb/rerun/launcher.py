@@ -36,7 +36,7 @@ import psutil
 from swift_nb.errors import ConfigError
 from swift_nb.record import load_run, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
-from swift_nb.toggles import Toggle, parse
+from swift_nb.toggles import MAGIC_FLAGS, Toggle, parse
 
 WORKER_ENV = "SWIFT_NB_RERUN_WORKER"  # set inside workers: a replayed cell never starts reruns
 DEFAULT_TIMEOUT_S = float(os.environ.get("SWIFT_NB_RERUN_TIMEOUT_S", 3600))
@@ -82,9 +82,7 @@ def parse_variants(spec: str) -> list[Variant]:
 
 
 def _flag_of() -> dict[str, str]:
-    from swift_nb.notebook.magic import TOGGLE_FLAGS
-
-    return {tid: "--" + flag.replace("_", "-") for flag, tid in TOGGLE_FLAGS.items()}
+    return {tid: "--" + flag.replace("_", "-") for flag, tid in MAGIC_FLAGS.items()}
 
 
 def magic_flags(toggles: list[Toggle]) -> str:
@@ -100,18 +98,8 @@ def magic_flags(toggles: list[Toggle]) -> str:
     return " ".join(out)
 
 
-_OWN_FLAGS = {
-    "--compare",
-    "--out",
-    "--label",
-    "--setup",
-    "--timeout",
-    "--flash-attn",
-    "--grad-ckpt",
-    "--galore",
-    "--sequence-parallel",
-}
-_OPTIONAL_VALUE = {"--flash-attn", "--grad-ckpt", "--galore", "--sequence-parallel"}
+_OPTIONAL_VALUE = set(_flag_of().values())  # the toggle flags: a spec may follow
+_OWN_FLAGS = {"--compare", "--out", "--label", "--setup", "--timeout", *_OPTIONAL_VALUE}
 
 
 def worker_line(line: str) -> str:

@@ -22,8 +22,17 @@ from swift_nb.toggles.sequence_parallel import SequenceParallel
 TOGGLES: dict[str, type[Toggle]] = {
     t.id: t for t in (FlashAttention, GradCheckpointing, GaLore, SequenceParallel)
 }
+#: ``%%swift_profile`` option (argparse dest) → toggle id; each flag takes an optional
+#: ``key=value,...`` spec. Shared by the magic and by reruns, which write these flags.
+MAGIC_FLAGS = {
+    "flash_attn": "flash_attention",
+    "grad_ckpt": "grad_checkpointing",
+    "galore": "galore",
+    "sequence_parallel": "sequence_parallel",
+}
 
 __all__ = [
+    "MAGIC_FLAGS",
     "TOGGLES",
     "Param",
     "Toggle",
