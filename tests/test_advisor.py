@@ -200,7 +200,11 @@ def test_communication(tmp_path, kind, expected):
     assert bool(above.all() if expected else not above.any()), run.per_rank
     if expected:
         f = across["communication"]
-        assert f.evidence["ranks"] == [0, 1] and f.title.endswith("(every rank)")
+        assert f.evidence["ranks"] == [0, 1] and f.title.endswith("(every rank)"), (
+            f.evidence.get("per_rank_pct"),
+            run.per_rank[["rank", "comm_share"]].values.tolist(),
+            f.title,
+        )
         assert "bucket_cap_mb" in f.suggestion and "no_sync()" in f.suggestion
         assert "gradient_as_bucket_view" in f.suggestion and "MixedPrecisionPolicy" in f.suggestion
         grad_bytes = 2 * (2048 * 2048 + 2048) * 4
