@@ -67,6 +67,11 @@ class Evidence:
     growth_source: str
     world_size: int = 1
     comm: pd.DataFrame | None = None  # collectives per kind (swift_nb.analysis.comm)
+    # Part of the step spent on collectives, 0..1: the breakdown's exposed share; on CPU at
+    # least the collectives' own share, since gloo runs them on the cores the backward
+    # needs (overlapping them with compute does not hide them, and how much shows as
+    # exposed depends on which thread waited when).
+    comm_share: float = 0.0
 
 
 def gather(
@@ -103,7 +108,11 @@ def gather(
     peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
     growth, source = memory_growth(run)
     world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
+    comm_share = shares["comm"]
+    if run.environment.get("device") == "cpu":
+        comm_share = max(comm_share, float(run.summary.get("comm_share") or 0.0))
     return Evidence(
+        comm_share=comm_share,
         world_size=world,
         comm=collectives(trace, world, int(run.environment.get("rank", 0))),
         step_s=step_s,
@@ -164,8 +173,8 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
         return Verdict("unknown", "the profiler recorded no step", {})
     compute = s["forward"] + s["backward"] + s["optimizer"]
     base = {"step_s": round(ev.step_s, 6), **{f"{k}_pct": _pct(v) for k, v in s.items()}}
-    if s["comm"] >= th.comm_share and s["comm"] >= s["data"]:
-        return Verdict("communication-bound", f"{_pct(s['comm'])} % of the step waits on collectives", base)
+    if ev.comm_share >= th.comm_share and ev.comm_share >= s["data"]:
+        return Verdict("communication-bound", f"{_pct(ev.comm_share)} % of the step is in collectives", base)
     if s["data"] >= th.data_share:
         return Verdict("data-bound", f"{_pct(s['data'])} % of the step waits for the next batch", base)
     near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
@@ -439,7 +448,7 @@ def _grad_bytes(ev: Evidence, run: Run) -> tuple[float, str]:
 
 
 def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
-    share = ev.shares["comm"]
+    share = ev.comm_share
     if share < th.comm_share:
         return None
     p = max(ev.world_size, 2)

@@ -72,15 +72,6 @@ def findings_across_ranks(
     for rank in sorted(by_rank):
         for f in by_rank[rank]:
             merged.setdefault(f.id, (f, []))[1].append(rank)
-    if "communication" in merged:
-        # The exposed-communication share of one rank's breakdown depends on which thread
-        # waited when; the job's per-rank table measures every rank's collective time alike.
-        # The finding holds wherever that share is above the threshold too, as the table shows.
-        th = thresholds or Thresholds()
-        pr = run.per_rank
-        high = [int(r) for r, c in zip(pr["rank"], pr["comm_share"], strict=True) if c >= th.comm_share]
-        f, holds = merged["communication"]
-        merged["communication"] = (f, sorted(set(holds) | (set(high) & set(by_rank))))
     statuses = dict(zip(run.ranks["rank"], run.ranks["status"], strict=True))
     unread = [int(r) for r in run.ranks["rank"] if int(r) not in by_rank and statuses.get(r) != "missing"]
     out = []
