@@ -96,6 +96,7 @@ def analytic_wire_bytes(parallel: str, p: int, grad_bytes: float) -> float:
 
 def main() -> None:
     from swift_nb.analysis import analyze
+    from swift_nb.analysis.ranks import per_rank
     from swift_nb.units import fmt_bytes
 
     grad_bytes = 2 * (WIDTH * WIDTH + WIDTH) * 4
@@ -116,7 +117,7 @@ def main() -> None:
                         parallel,
                         p,
                         f"{float(pr['step_time_median_s'].median()) * 1e3:.2f}",
-                        f"{100 * float(pr['comm_share'].median() if p > 1 else share):.1f}",
+                        f"{100 * float(pr['collective_share'].median() if p > 1 else share):.1f}",
                         ", ".join(
                             f"{k} {n:g}" for k, n in zip(comm["kind"], comm["calls_per_step"], strict=True)
                         ),
@@ -149,7 +150,7 @@ def main() -> None:
                     len(run.rank_steps),
                     len(run.rank_samples),
                     f"{run.summary['gather_s'] * 1e3:.1f}",
-                    f"{float(run.per_rank['step_time_median_s'].median()) * 1e3:.2f}",
+                    f"{float(per_rank(run)['step_time_median_s'].median()) * 1e3:.2f}",
                     f"{wall:.1f}",
                 )
             )

@@ -3,7 +3,7 @@ P = 1 (the baseline rerun), 2 and 4 ranks, Ulysses and Ring, at several sequence
 
 Every number comes from the job records the reruns write (swift_nb's own memory
 analysis): ``peak`` is the largest per-rank peak tensor bytes of a recorded step
-(``run.per_rank``), ``act`` rank 0's largest activation bytes over its recorded steps
+(``analysis.ranks.per_rank``), ``act`` rank 0's largest activation bytes over its recorded steps
 (``memory_footprint``: activations are alike on every rank), ``step`` the
 slowest rank's median step time, ``comm`` the largest share of a step spent in
 collectives. Ring variants use ``ring_chunk_size`` (tokens per score tile).
@@ -22,6 +22,7 @@ import pandas as pd
 
 import swift_nb
 from swift_nb.analysis.memory import memory_footprint
+from swift_nb.analysis.ranks import per_rank
 from swift_nb.rerun import parse_variants, run_variants
 from swift_nb.units import fmt_bytes
 
@@ -60,14 +61,14 @@ def measure(seq: int, ranks: list[int], steps: int, layers: int, d_model: int, c
             row = {"seq": seq, "variant": o.variant, "status": o.status}
             if o.run_path:
                 run = swift_nb.load_run(o.run_path)
-                pr = run.per_rank
+                pr = per_rank(run)
                 fp = memory_footprint(run).set_index("category")["max_bytes"]
                 row.update(
                     ranks=len(pr),
                     peak_bytes=pr["peak_mem_bytes"].max(),
                     act_bytes=fp.get("activations"),
                     step_s=pr["step_time_median_s"].max(),
-                    comm=pr["comm_share"].max(),
+                    comm=pr["collective_share"].max(),
                 )
             else:
                 row["error"] = (o.error or "").strip().splitlines()[-1:]

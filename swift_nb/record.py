@@ -6,9 +6,9 @@ A run folder holds
 - ``samples.csv``: one row per resource sample (see ``SAMPLE_COLUMNS``);
 - ``trace.json.gz``: the profiler's Chrome/Perfetto trace (written by the capture layer).
 
-A job of several ranks (see ``swift_nb.capture.ranks``) keeps rank 0's view in those
+A job of several ranks (see ``swift_nb.capture.job``) keeps rank 0's view in those
 files, its traces as ``trace.rank<R>.json.gz``, and adds
-- ``ranks.csv``: one row per rank (``swift_nb.capture.ranks.RANK_COLUMNS``);
+- ``ranks.csv``: one row per rank (``swift_nb.capture.job.RANK_COLUMNS``);
 - ``rank_steps.csv`` / ``rank_samples.csv``: every rank's steps and (decimated) samples,
   with a ``rank`` column;
 - ``rank<R>/``: each rank's own record, written before rank 0 gathered them.
@@ -52,8 +52,6 @@ RANKS_FILE = "ranks.csv"
 RANK_STEPS_FILE = "rank_steps.csv"
 RANK_SAMPLES_FILE = "rank_samples.csv"
 PIN_FILE = "PINNED"
-STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
-STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step
 
 STATUSES = ("running", "ok", "failed", "interrupted")
 
@@ -159,48 +157,6 @@ class Run:
         if not len(self.ranks) and out:
             out = {int(self.environment.get("rank", 0)): out[0]}
         return dict(sorted(out.items()))
-
-    @property
-    def per_rank(self) -> pd.DataFrame:
-        """One row per rank (one row for a single process): ``rank``, ``local_rank``,
-        ``node_rank``, ``host``, ``device``, ``status``, ``steps``, ``step_time_median_s``,
-        ``peak_mem_bytes``, ``comm_s_per_step`` (s in collectives per recorded step),
-        ``comm_share`` (0..1 of the step), ``busy_s`` (median step time outside
-        collectives) and ``straggler``: ``busy_s`` at least 15 % above the ranks'
-        median, and by at least 20 % of the median step (jitter on a busy machine, or in
-        steps that are nearly all communication, is no straggler). Collectives make every
-        rank's step as long as the slowest one's, so a slow rank shows up as the one that
-        waits least in them, i.e. the busiest."""
-        if len(self.ranks):
-            df = self.ranks.copy()
-        else:
-            s, env = self.summary, self.environment
-            df = pd.DataFrame(
-                [
-                    {
-                        "rank": env.get("rank", 0),
-                        "local_rank": env.get("local_rank", env.get("rank", 0)),
-                        "node_rank": env.get("node_rank", 0),
-                        "host": self.host,
-                        "device": env.get("rank_device", env.get("device")),
-                        "status": self.status,
-                        "steps": s.get("steps"),
-                        "step_time_median_s": s.get("step_time_median_s"),
-                        "peak_mem_bytes": s.get("peak_mem_bytes"),
-                        "comm_s_per_step": s.get("comm_s_per_step", 0.0 if "trace" in self.files else None),
-                        "comm_share": s.get("comm_share", 0.0 if "trace" in self.files else None),
-                    }
-                ]
-            )
-        for col in ("steps", "step_time_median_s", "peak_mem_bytes", "comm_s_per_step", "comm_share"):
-            df[col] = pd.to_numeric(df[col], errors="coerce")
-        step = df["step_time_median_s"]
-        df["busy_s"] = step * (1.0 - df["comm_share"].fillna(0.0))
-        present = df["busy_s"].dropna()
-        ref = float(present.median()) if len(present) >= 2 else float("nan")
-        margin = max(STRAGGLER_EXCESS * ref, STRAGGLER_MIN_STEP_SHARE * float(step.median()))
-        df["straggler"] = (df["busy_s"] >= ref + margin).fillna(False).astype(bool)
-        return df.reset_index(drop=True)
 
     @property
     def pinned(self) -> bool:

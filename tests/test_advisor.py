@@ -14,6 +14,7 @@ from torch import nn
 import swift_nb
 import swift_nb.analysis
 from swift_nb.analysis.advisor import Thresholds, advise
+from swift_nb.analysis.ranks import per_rank
 from swift_nb.demo import make_model
 
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -196,13 +197,14 @@ def test_communication(tmp_path, kind, expected):
     # across the job: the finding holds on every rank, each spending ≥ 30 % in collectives
     across = {f.id: f for f in swift_nb.analysis.analyze(run).findings}
     assert ("communication" in across) is expected
-    above = run.per_rank["comm_share"] >= Thresholds().comm_share
-    assert bool(above.all() if expected else not above.any()), run.per_rank
+    pr = per_rank(run)
+    above = pr["collective_share"] >= Thresholds().comm_share
+    assert bool(above.all() if expected else not above.any()), pr
     if expected:
         f = across["communication"]
         assert f.evidence["ranks"] == [0, 1] and f.title.endswith("(every rank)"), (
             f.evidence.get("per_rank_pct"),
-            run.per_rank[["rank", "comm_share"]].values.tolist(),
+            pr[["rank", "collective_share"]].values.tolist(),
             f.title,
         )
         assert "bucket_cap_mb" in f.suggestion and "no_sync()" in f.suggestion

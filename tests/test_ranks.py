@@ -16,8 +16,11 @@ import pytest
 
 import swift_nb
 from swift_nb.analysis import analyze
+from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.memory import memory_footprint
-from swift_nb.capture.ranks import RANK_COLUMNS
+from swift_nb.analysis.ranks import per_rank
+from swift_nb.analysis.trace import load_trace_file
+from swift_nb.capture.job import RANK_COLUMNS
 
 WORKLOAD = Path(__file__).parent / "workloads" / "ranks_job.py"
 STEPS = 10
@@ -94,7 +97,7 @@ def test_one_job_record_with_every_rank(name, request):
     assert run.status == "ok", run.notes
     assert run.context["world_size"] == world and run.context["missing_ranks"] == []
     assert run.context["layout"]["parallel"] == ["DDP"]
-    pr = run.per_rank
+    pr = per_rank(run)
     assert list(pr["rank"]) == list(range(world))
     assert {
         "rank",
@@ -102,11 +105,16 @@ def test_one_job_record_with_every_rank(name, request):
         "steps",
         "step_time_median_s",
         "peak_mem_bytes",
-        "comm_share",
+        "collective_share",
         "straggler",
     } <= set(pr.columns)
     assert (pr["steps"] == STEPS).all()  # one step per optimizer.step() on every rank
-    assert (pr["comm_share"] > 0).all() and (pr["comm_share"] < 1).all()
+    assert (pr["collective_share"] > 0).all() and (pr["collective_share"] < 1).all()
+    # what each rank measured of itself is what the analysis measures in its trace; on CPU
+    # nothing hides a collective, so all of its time is exposed
+    for r, path in run.rank_trace_paths().items():
+        collective, exposed = comm_shares(comm_per_step(load_trace_file(path)))
+        assert collective == pytest.approx(pr.loc[r, "collective_share"]) and exposed == collective
     for r in range(world):
         assert (run.path / f"trace.rank{r}.json.gz").exists()
         assert swift_nb.load_run(run.path / f"rank{r}").status == "ok"  # each rank's own record
@@ -118,7 +126,8 @@ def test_one_job_record_with_every_rank(name, request):
 
 def test_no_straggler_without_delay_and_report_has_ranks(ddp2):
     run = ddp2.run
-    assert not run.per_rank["straggler"].any(), run.per_rank
+    pr = per_rank(run)
+    assert not pr["straggler"].any(), pr
     html = (run.path / "report.html").read_text()
     assert "<h2>Ranks</h2>" in html and "Collectives per step" in html
     a = analyze(run)
@@ -137,9 +146,9 @@ def test_single_process_per_rank_has_one_row(runs_dir):
 
     with swift_nb.profile(out_dir=runs_dir, wait=0, warmup=1, active=2) as run:
         train(4)
-    pr = swift_nb.load_run(run.path).per_rank
+    pr = per_rank(swift_nb.load_run(run.path))
     assert len(pr) == 1 and pr["rank"].iloc[0] == 0 and pr["steps"].iloc[0] == 4
-    assert pr["comm_share"].iloc[0] == 0.0 and not pr["straggler"].iloc[0]
+    assert pr["collective_share"].iloc[0] == 0.0 and not pr["straggler"].iloc[0]
     assert not (run.path / "ranks.csv").exists() and (run.path / "trace.json.gz").exists()
 
 
@@ -158,7 +167,7 @@ def test_fsdp_records_all_gather_and_reduce_scatter(tmp_path_factory):
         assert kinds.loc["all_gather", "bytes_per_step"] == 2 * params_bytes
         assert kinds.loc["reduce_scatter", "bytes_per_step"] == params_bytes
     # memory by category counts each rank's own shard (FSDP2 keeps DTensors)
-    assert (run.per_rank["peak_mem_bytes"] > 0).all(), run.per_rank
+    assert (per_rank(run)["peak_mem_bytes"] > 0).all(), per_rank(run)
     fp = memory_footprint(run).set_index("category")["at_peak_bytes"]
     assert fp["parameters"] == params_bytes / 2
 
@@ -166,10 +175,10 @@ def test_fsdp_records_all_gather_and_reduce_scatter(tmp_path_factory):
 def test_slow_rank_is_the_straggler(tmp_path_factory):
     job = _job(tmp_path_factory, "slow", 2, "--sleep-rank", "1", "--sleep-s", "0.1", "--steps", "6")
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
-    pr = job.run.per_rank
+    pr = per_rank(job.run)
     assert list(pr["straggler"]) == [False, True], pr
     # the fast rank waits for it inside the all-reduce
-    assert pr.loc[0, "comm_s_per_step"] > pr.loc[1, "comm_s_per_step"]
+    assert pr.loc[0, "collective_s_per_step"] > pr.loc[1, "collective_s_per_step"]
     findings = {f.id: f for f in analyze(job.run).findings}
     f = findings["straggler"]
     assert f.evidence["straggler_ranks"] == [1] and f.title.startswith("Rank 1 ")
@@ -231,8 +240,8 @@ def test_rank_that_never_profiles_is_named_missing(tmp_path_factory):
     run = job.run
     assert run.context["missing_ranks"] == [1]
     assert list(run.ranks.columns) == RANK_COLUMNS
-    assert run.per_rank.set_index("rank").loc[1, "status"] == "missing"
-    assert int(run.per_rank.set_index("rank").loc[0, "steps"]) == 6
+    pr = per_rank(run).set_index("rank")
+    assert pr.loc[1, "status"] == "missing" and int(pr.loc[0, "steps"]) == 6
     assert any("rank 1 never arrived" in n for n in run.notes), run.notes
 
 
@@ -247,7 +256,7 @@ def test_folders_not_shared_lose_nothing(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = Job(runs / "rank0", proc).run  # rank 0's folder holds the job record …
-    assert list(run.per_rank["steps"]) == [6, 6] and list(run.ranks["source"]) == ["self", "gather"]
+    assert list(per_rank(run)["steps"]) == [6, 6] and list(run.ranks["source"]) == ["self", "gather"]
     (elsewhere,) = (runs / "rank1").iterdir()  # … rank 1's trace and record stay in its own
     trace = elsewhere / "trace.rank1.json.gz"
     assert trace.exists() and swift_nb.load_run(elsewhere / "rank1").status == "ok"
@@ -268,4 +277,5 @@ def test_two_nodes_one_record(tmp_path):
     run = Job(runs, subprocess.CompletedProcess(cmd, 0, *outs[0])).run
     assert run.context["nnodes"] == 2
     assert sorted(n["node_rank"] for n in run.context["nodes"]) == [0, 1]
-    assert sorted(run.per_rank["node_rank"]) == [0, 1] and (run.per_rank["steps"] == 6).all()
+    pr = per_rank(run)
+    assert sorted(pr["node_rank"]) == [0, 1] and (pr["steps"] == 6).all()

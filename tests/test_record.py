@@ -11,6 +11,7 @@ import pytest
 from conftest import train
 
 import swift_nb
+from swift_nb.analysis.ranks import per_rank
 from swift_nb.record import Run, new_run_id, prune, save
 
 
@@ -102,7 +103,7 @@ def test_run_ids_are_sortable_and_safe():
 
 def _fake_job(root, comm_shares, missing=()) -> Run:
     """A job record as rank 0 writes it: rank 0's tables plus ranks.csv and rank_steps.csv."""
-    from swift_nb.capture.ranks import RANK_COLUMNS
+    from swift_nb.capture.job import RANK_COLUMNS
 
     run = _fake_run(root, 9)
     world = len(comm_shares) + len(missing)
@@ -115,7 +116,10 @@ def _fake_job(root, comm_shares, missing=()) -> Run:
             share = comm_shares[r]
             row.update(rank=r, node_rank=r // 2, host="h", status="ok", source="gather", steps=2)
             row.update(
-                step_time_median_s=0.1, peak_mem_bytes=1e6, comm_share=share, comm_s_per_step=0.1 * share
+                step_time_median_s=0.1,
+                peak_mem_bytes=1e6,
+                collective_share=share,
+                collective_s_per_step=0.1 * share,
             )
         rows.append(row)
     run.ranks = pd.DataFrame(rows, columns=RANK_COLUMNS)
@@ -127,7 +131,7 @@ def _fake_job(root, comm_shares, missing=()) -> Run:
 
 def test_per_rank_flags_the_rank_the_others_wait_for(runs_dir):
     run = _fake_job(runs_dir, [0.5, 0.05, 0.5, 0.45], missing=[4])
-    pr = run.per_rank
+    pr = per_rank(run)
     assert list(pr["rank"]) == [0, 1, 2, 3, 4]
     assert list(pr["straggler"]) == [False, True, False, False, False]
     assert pr.loc[4, "status"] == "missing" and pd.isna(pr.loc[4, "busy_s"])
@@ -137,5 +141,5 @@ def test_per_rank_flags_the_rank_the_others_wait_for(runs_dir):
 
 def test_per_rank_ignores_jitter(runs_dir):
     # ±10 % of a step spent waiting differently is no straggler
-    pr = _fake_job(runs_dir, [0.5, 0.4, 0.45]).per_rank
+    pr = per_rank(_fake_job(runs_dir, [0.5, 0.4, 0.45]))
     assert not pr["straggler"].any()

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import swift_nb
+from swift_nb.analysis.ranks import per_rank as rank_table
 from swift_nb.errors import ConfigError
 from swift_nb.rerun import Variant, Worker, parse_variants, run_variants
 from swift_nb.toggles import get
@@ -175,7 +176,7 @@ def test_rerun_profiles_both_ranks_into_one_job_record(tmp_path, monkeypatch):
     )
     assert [o.status for o in outcomes] == ["ok", "ok"], [(o.status, o.error) for o in outcomes]
     run = swift_nb.load_run(outcomes[1].run_path)
-    per_rank = run.per_rank
+    per_rank = rank_table(run)
     assert sorted(per_rank["rank"]) == [0, 1]
     assert (per_rank["steps"] == 5).all() and per_rank["peak_mem_bytes"].notna().all()
     (report,) = [t for t in run.context["toggles"] if t["toggle"] == "sequence_parallel"]
@@ -187,7 +188,7 @@ def test_rerun_profiles_both_ranks_into_one_job_record(tmp_path, monkeypatch):
         row["status"] == "ok"
         and row["ranks"] == 2
         and row["peak_mem_max_rank_bytes"] > 0
-        and row["comm_share_max_rank"] > 0
+        and row["collective_share_max_rank"] > 0
     )
 
 

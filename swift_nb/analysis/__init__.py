@@ -35,7 +35,7 @@ class Analysis:
     throughput: Throughput
     verdict: Verdict
     findings: list[Finding]
-    per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)  # Run.per_rank
+    per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)  # analysis.ranks.per_rank
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # analysis.comm, every rank
 
 
@@ -48,7 +48,7 @@ def analyze(
     breakdown = step_breakdown(run, trace)
     evidence, verdict, findings = advise_with_evidence(run, trace, thresholds, breakdown)
     ops = top_operators(run, by="self_time", n=None, trace=trace)  # nesting computed once
-    per_rank = run.per_rank
+    per_rank = rank_analysis.per_rank(run)
     if rank_analysis.is_job(run):
         comm = job_collectives(run, {0: trace})
         findings = rank_analysis.findings_across_ranks(run, findings, thresholds, evidence)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.breakdown import step_breakdown
-from swift_nb.analysis.comm import collectives
+from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_growth
 from swift_nb.analysis.operators import op_self_times_us
@@ -67,11 +67,11 @@ class Evidence:
     growth_source: str
     world_size: int = 1
     comm: pd.DataFrame | None = None  # collectives per kind (swift_nb.analysis.comm)
-    # Part of the step spent on collectives, 0..1: the breakdown's exposed share; on CPU at
-    # least the collectives' own share, since gloo runs them on the cores the backward
-    # needs (overlapping them with compute does not hide them, and how much shows as
-    # exposed depends on which thread waited when).
-    comm_share: float = 0.0
+    # Parts of the profiled steps' time, 0..1 (swift_nb.analysis.comm): collective time, and
+    # exposed communication (what no compute kernel hides; all of it on CPU, where gloo
+    # runs on the cores the backward needs).
+    collective_share: float = 0.0
+    exposed_comm_share: float = 0.0
 
 
 def gather(
@@ -108,11 +108,10 @@ def gather(
     peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
     growth, source = memory_growth(run)
     world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
-    comm_share = shares["comm"]
-    if run.environment.get("device") == "cpu":
-        comm_share = max(comm_share, float(run.summary.get("comm_share") or 0.0))
+    collective_share, exposed_comm_share = comm_shares(comm_per_step(trace))
     return Evidence(
-        comm_share=comm_share,
+        collective_share=collective_share,
+        exposed_comm_share=exposed_comm_share,
         world_size=world,
         comm=collectives(trace, world, int(run.environment.get("rank", 0))),
         step_s=step_s,
@@ -173,8 +172,9 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
         return Verdict("unknown", "the profiler recorded no step", {})
     compute = s["forward"] + s["backward"] + s["optimizer"]
     base = {"step_s": round(ev.step_s, 6), **{f"{k}_pct": _pct(v) for k, v in s.items()}}
-    if ev.comm_share >= th.comm_share and ev.comm_share >= s["data"]:
-        return Verdict("communication-bound", f"{_pct(ev.comm_share)} % of the step is in collectives", base)
+    if ev.exposed_comm_share >= th.comm_share and ev.exposed_comm_share >= s["data"]:
+        why = f"{_pct(ev.exposed_comm_share)} % of the step is exposed communication"
+        return Verdict("communication-bound", why, base)
     if s["data"] >= th.data_share:
         return Verdict("data-bound", f"{_pct(s['data'])} % of the step waits for the next batch", base)
     near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
@@ -448,7 +448,7 @@ def _grad_bytes(ev: Evidence, run: Run) -> tuple[float, str]:
 
 
 def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
-    share = ev.comm_share
+    share = ev.exposed_comm_share
     if share < th.comm_share:
         return None
     p = max(ev.world_size, 2)
@@ -459,8 +459,9 @@ def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None
     bf16 = now / 2
     bucket_mb = 25
     evidence = {
-        "comm_pct": _pct(share),
-        "comm_s_per_step": round(share * ev.step_s, 6),
+        "exposed_comm_pct": _pct(share),
+        "exposed_comm_s_per_step": round(share * ev.step_s, 6),
+        "collective_pct": _pct(ev.collective_share),
         "world_size": ev.world_size,
         "gradient_bytes": grad,
         "gradient_bytes_from": grad_source,
@@ -485,7 +486,7 @@ def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None
     ]
     return Finding(
         id="communication",
-        title=f"Collectives take {_pct(share)} % of each step",
+        title=f"Exposed communication takes {_pct(share)} % of each step",
         evidence=evidence,
         suggestion="Reduce and overlap gradient synchronisation: " + "; ".join(fixes) + ".",
         predicted_effect=(

@@ -7,51 +7,51 @@ copies (CUDA memcpy calls), backward (autograd engine, any thread), forward (oth
 the training thread before the step's first backward op), other (ops after it), and
 communication running on other threads while the training thread does nothing traced.
 What no event covers is ``untraced_s``: Python between ops, waiting, sleeping. swift_nb's
-own work inside a step (events named ``swift_nb#…``) is left out of the step, as it is of
-``steps.csv``'s durations. So the parts add up to ``step_s`` exactly.
+own work inside a step (events named ``trace_names.OWN_PREFIX`` + …) is left out of the
+step, as it is of ``steps.csv``'s durations. So the parts add up to ``step_s`` exactly.
+The event names of each part are in ``swift_nb.trace_names``.
+
+``comm_s`` is the host's share of the step given to communication by that partition; it is
+neither the collective time nor the exposed communication (``swift_nb.analysis.comm``).
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis import intervals as iv
+from swift_nb import trace_names as tn
 from swift_nb.analysis.trace import Trace, load_trace
-from swift_nb.capture.ranks import COLLECTIVE as COMM
 from swift_nb.record import Run
-
-DATA = re.compile(r"^enumerate\(DataLoader\)")
-OPTIM = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
-BACKWARD = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
-COPY = re.compile(r"cudaMemcpy|Memcpy HtoD|Memcpy DtoH|hipMemcpy")
-OWN = "swift_nb#"
 
 PARTS = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "h2d_s", "other_s", "untraced_s"]
 COLUMNS = ["step", "step_s", *PARTS]
 
 
 def step_breakdown(run: Run, trace: Trace | None = None) -> pd.DataFrame:
-    """One row per profiled step: ``step``, ``step_s`` (the ProfilerStep span) and the
-    seconds of each part (``data_s`` … ``untraced_s``; they sum to ``step_s``)."""
-    trace = trace if trace is not None else load_trace(run)
+    """``trace_breakdown`` of the run's trace (``trace``, when the caller holds it)."""
+    return trace_breakdown(trace if trace is not None else load_trace(run))
+
+
+def trace_breakdown(trace: Trace) -> pd.DataFrame:
+    """One row per profiled step: ``step``, ``step_s`` (the profiler's step span less
+    swift_nb's own work in it) and the seconds of each part (``data_s`` … ``untraced_s``;
+    they sum to ``step_s``)."""
     ev = trace.events
     # Classify every event once; names repeat, so match each distinct name once.
     names = pd.Series(ev["name"].unique())
     kinds = {
-        "data": DATA,
-        "opt": OPTIM,
-        "comm": COMM,
-        "copy": COPY,
-        "bwd": BACKWARD,
-        "own": re.compile("^" + OWN),
+        "data": tn.DATA,
+        "opt": tn.OPTIMIZER,
+        "comm": tn.COMMUNICATION,
+        "copy": tn.COPY,
+        "bwd": tn.BACKWARD,
+        "own": tn.OWN,
     }
     flags = pd.DataFrame(
         {k: ev["name"].map(dict(zip(names, names.str.contains(rx), strict=True))) for k, rx in kinds.items()}
     )
-    flags["host"] = ~ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"])
+    flags["host"] = ~ev["cat"].isin(tn.DEVICE_CATEGORIES)
     rows = []
     for step, start, end, tid in trace.steps[["step", "start_us", "end_us", "tid"]].itertuples(index=False):
         in_step = (ev["step"] == step).to_numpy()
@@ -69,7 +69,7 @@ def _one_step(ev: pd.DataFrame, flags: pd.DataFrame, start: float, end: float, t
     ts, te = ev["ts_us"].to_numpy(), ev["end_us"].to_numpy()
 
     def sel(mask):
-        return iv.clip(iv.union(ts[mask], te[mask]), start, end)
+        return tn.clip(tn.union(ts[mask], te[mask]), start, end)
 
     own = sel(is_own)
     ordered = [
@@ -86,14 +86,14 @@ def _one_step(ev: pd.DataFrame, flags: pd.DataFrame, start: float, end: float, t
     row = dict.fromkeys(PARTS, 0.0)
     covered = np.empty((0, 2))
     for name, part in ordered:
-        exclusive = iv.subtract(part, covered)
+        exclusive = tn.subtract(part, covered)
         if name != "own":
-            row["comm_s" if name == "comm_bg" else name] += iv.length(exclusive) / 1e6
-        covered = iv.union(
+            row["comm_s" if name == "comm_bg" else name] += tn.length(exclusive) / 1e6
+        covered = tn.union(
             np.concatenate([covered[:, 0], part[:, 0]]), np.concatenate([covered[:, 1], part[:, 1]])
         )
-    span = (end - start - iv.length(own)) / 1e6
-    row["untraced_s"] = max(0.0, span - (iv.length(covered) - iv.length(own)) / 1e6)
+    span = (end - start - tn.length(own)) / 1e6
+    row["untraced_s"] = max(0.0, span - (tn.length(covered) - tn.length(own)) / 1e6)
     return {"step": step, "step_s": span, **row}
 
 
@@ -102,14 +102,14 @@ def device_busy(run: Run, trace: Trace | None = None) -> pd.DataFrame:
     memset running (``busy_s``), idle seconds and ``busy_pct``. Empty on CPU runs."""
     trace = trace if trace is not None else load_trace(run)
     ev = trace.events
-    dev = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+    dev = ev[ev["cat"].isin(tn.DEVICE_WORK)]
     rows = []
     for step, start, end in trace.steps[["step", "start_us", "end_us"]].itertuples(index=False):
         in_step = dev[(dev["ts_us"] < end) & (dev["end_us"] > start)]
         span = (end - start) / 1e6
         for stream, g in in_step.groupby("tid"):
             busy = (
-                iv.length(iv.clip(iv.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)) / 1e6
+                tn.length(tn.clip(tn.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)) / 1e6
             )
             rows.append(
                 {

@@ -1,4 +1,14 @@
-"""Collective communication from the traces: time, bytes and bandwidth per kind.
+"""Collective communication from the traces: collective time and exposed communication
+per step; time, bytes and bandwidth per kind.
+
+Two measures of a step's communication, each computed once (``comm_per_step``):
+``collective_s``, the collective time: seconds inside at least one collective (issued op,
+backend annotation or transfer, on any thread or device; ``trace_names.collective_us``);
+``exposed_comm_s``, the exposed communication: the part of it during which no compute
+kernel runs (``trace_names.exposed_comm_us``). Overlapping compute hides communication
+only on a GPU; on CPU gloo runs the collectives on the cores the backward needs, so there
+the two are equal. The breakdown's ``comm_s`` is neither: it is the host time the step's
+partition gives to communication.
 
 Each collective appears twice in a trace: the ``c10d::…`` op the training thread issues
 (its name says the kind, its recorded input shapes the size) and the transfer itself —
@@ -20,36 +30,14 @@ master weights or gradients there, rather than overlapped with backward);
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis import intervals as iv
+from swift_nb import trace_names as tn
 from swift_nb.analysis.trace import Trace, load_trace_file
 from swift_nb.record import Run
 
-KINDS = {
-    "allreduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce",
-    "allgather": "all_gather",
-    "_allgather_base": "all_gather",
-    "allgather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "broadcast": "broadcast",
-    "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all",
-    "send": "send_recv",
-    "recv": "send_recv",
-    "barrier": "barrier",
-    "reduce": "reduce",
-    "gather": "gather",
-    "scatter": "scatter",
-}
-_C10D = re.compile(r"^c10d::(\w+?)_?$")
-_TRANSFER = re.compile(r"^gloo:|^nccl(?:Dev)?Kernel|^ncclKernel", re.I)
 DTYPE_BYTES = {
     "float": 4,
     "double": 8,
@@ -77,14 +65,6 @@ COLUMNS = [
     "overlap_share",
     "time_source",
 ]
-
-
-def collective_kind(name: str) -> str | None:
-    """``c10d::_reduce_scatter_base_`` → ``reduce_scatter``; None for other names."""
-    m = _C10D.match(name)
-    if m is None:
-        return None
-    return KINDS.get(m.group(1), KINDS.get(m.group(1).rstrip("_")))
 
 
 def _numel(dims) -> int:
@@ -124,6 +104,40 @@ def _wire_factor(kind: str, world: int) -> float:
     return 1.0
 
 
+PER_STEP_COLUMNS = ["step", "step_s", "collective_s", "exposed_comm_s"]
+
+
+def comm_per_step(trace: Trace) -> pd.DataFrame:
+    """One row per profiled step: ``step``, ``step_s`` (the profiler's step span),
+    ``collective_s`` (collective time) and ``exposed_comm_s`` (exposed communication), in
+    seconds (see the module's docstring)."""
+    ev, steps = trace.events, trace.steps
+    names, cats = ev["name"].tolist(), ev["cat"].tolist()
+    spans = ev[["ts_us", "end_us"]].to_numpy(dtype=float)
+    step_spans = steps[["start_us", "end_us"]].to_numpy(dtype=float)
+    coll = spans[tn.collective_mask(names, cats)]
+    compute = spans[tn.compute_mask(names, cats)]
+    return pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(),
+            "step_s": steps["dur_us"].to_numpy(dtype=float) / 1e6,
+            "collective_s": tn.collective_us(step_spans, coll) / 1e6,
+            "exposed_comm_s": tn.exposed_comm_us(step_spans, coll, compute) / 1e6,
+        },
+        columns=PER_STEP_COLUMNS,
+    )
+
+
+def comm_shares(per_step: pd.DataFrame) -> tuple[float, float]:
+    """(collective share, exposed communication share) of the profiled steps' time, 0..1,
+    from ``comm_per_step``: summed over the steps, as the per-rank table measures it; (0, 0)
+    without steps."""
+    total = float(per_step["step_s"].sum())
+    if not total > 0:
+        return 0.0, 0.0
+    return float(per_step["collective_s"].sum()) / total, float(per_step["exposed_comm_s"].sum()) / total
+
+
 def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
     """One row per collective kind in ``trace``'s recorded steps (see the module's
     docstring): calls, bytes, wire bytes and seconds per step, bus bandwidth (bytes/s)
@@ -134,11 +148,11 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     ev = ev[ev["step"] >= 0]
     issued = ev[ev["cat"] == "cpu_op"].copy()
-    issued["kind"] = issued["name"].map(collective_kind)
+    issued["kind"] = issued["name"].map(tn.collective_kind)
     issued = issued.dropna(subset=["kind"]).sort_values("ts_us", kind="stable")
     if issued.empty:
         return pd.DataFrame(columns=COLUMNS)
-    transfers = ev[ev["name"].str.match(_TRANSFER) & ev["cat"].isin(["user_annotation", "kernel"])]
+    transfers = ev[ev["name"].str.match(tn.TRANSFER) & ev["cat"].isin(["user_annotation", "kernel"])]
     transfers = transfers.sort_values("ts_us", kind="stable")
     if len(transfers) == len(issued):
         issued["time_us"] = transfers["dur_us"].to_numpy()
@@ -148,10 +162,10 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
         issued["time_us"] = issued["dur_us"]
         issued["t0_us"] = issued["ts_us"]
         source = "issuing op"
-    optim = ev[ev["name"].str.match(r"^Optimizer\.step#")]
-    optim_iv = iv.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
-    compute = ev[(ev["cat"] == "kernel") & ~ev["name"].str.match(_TRANSFER)]
-    compute_iv = iv.union(compute["ts_us"].to_numpy(), compute["end_us"].to_numpy())
+    optim = ev[ev["name"].str.match(tn.OPTIMIZER_STEP)]
+    optim_iv = tn.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
+    compute = ev[tn.compute_mask(ev["name"].tolist(), ev["cat"].tolist())]
+    compute_iv = tn.union(compute["ts_us"].to_numpy(), compute["end_us"].to_numpy())
     issued["bytes"] = [
         _payload_bytes(n, k, d, t, world)
         for n, k, d, t in issued[["name", "kind", "input_dims", "input_types"]].itertuples(index=False)
@@ -162,8 +176,8 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
         time_s = float(g["time_us"].sum()) / 1e6 / n_steps
         nbytes = float(g["bytes"].sum()) / n_steps
         wire = nbytes * _wire_factor(str(kind), world)
-        spans = iv.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
-        total_us = iv.length(spans)
+        spans = tn.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
+        total_us = tn.length(spans)
         rows.append(
             {
                 "rank": rank,
@@ -186,7 +200,7 @@ def _inside(spans: np.ndarray, other: np.ndarray, total_us: float) -> float:
     """Part of ``spans``' length covered by ``other`` (0..1)."""
     if total_us <= 0:
         return float("nan")
-    return (total_us - iv.length(iv.subtract(spans, other))) / total_us
+    return (total_us - tn.length(tn.subtract(spans, other))) / total_us
 
 
 def job_collectives(run: Run, traces: dict[int, Trace] | None = None) -> pd.DataFrame:

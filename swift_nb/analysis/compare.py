@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.record import MEMORY_CATEGORIES, Run
@@ -31,7 +32,7 @@ COMPARE_COLUMNS = [
     "ranks",
     "step_time_max_rank_s",
     "peak_mem_max_rank_bytes",
-    "comm_share_max_rank",
+    "collective_share_max_rank",
     "step_time_ratio",
     "peak_mem_ratio",
     "predicted",
@@ -72,12 +73,12 @@ def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> di
 def _rank_columns(run: Run) -> dict[str, float]:
     """The worst rank of a job (the only one of a single process): its step time, its
     peak tensor bytes and the largest communication share of a step (0..1)."""
-    per_rank = run.per_rank
+    per_rank = rank_analysis.per_rank(run)
     return {
         "ranks": len(per_rank),
         "step_time_max_rank_s": per_rank["step_time_median_s"].max(),
         "peak_mem_max_rank_bytes": per_rank["peak_mem_bytes"].max(),
-        "comm_share_max_rank": per_rank["comm_share"].max(),
+        "collective_share_max_rank": per_rank["collective_share"].max(),
     }
 
 
@@ -113,7 +114,7 @@ def compare_runs(
     Columns: step_time_median_s (s), steps_per_s, peak_mem_bytes and ``<category>_bytes``
     (tensor bytes at the step peak; rank 0's in a job of several ranks), mean_util_pct (%),
     ranks (processes of the run), step_time_max_rank_s (s), peak_mem_max_rank_bytes and
-    comm_share_max_rank (0..1 of the step in collectives): the largest over the ranks,
+    collective_share_max_rank (0..1 of the step in collectives): the largest over the ranks,
     each rank measuring itself; step_time_ratio and
     peak_mem_ratio (variant / baseline), predicted (the advisor's words for the toggles
     of the variant), predicted_peak_bytes, notes, run (its folder)."""

@@ -4,7 +4,7 @@ An operator's *self* time is its duration minus the durations of the operators d
 nested in it on the same thread, so self times never count an instant twice on one
 thread. Its *allocated* bytes are the bytes allocated while it was the innermost open
 operator. Only operators count (``cpu_op`` events, and GPU ``kernel`` events on CUDA);
-user annotations (``ProfilerStep#N``, ``Optimizer.step``, ``enumerate(DataLoader)``,
+user annotations (the profiler's step spans, ``Optimizer.step``, ``enumerate(DataLoader)``,
 ``record_function`` blocks) neither appear nor act as parents.
 """
 

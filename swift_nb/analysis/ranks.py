@@ -1,8 +1,9 @@
-"""Across the ranks of a job record: which findings hold on which ranks, and stragglers.
+"""Across the ranks of a job record: each rank's numbers, stragglers, and which findings
+hold on which ranks.
 
-A job record (see ``swift_nb.record``) keeps each rank's own record in ``rank<R>/``;
-the advisor runs on each of them and the findings are merged by rule, each saying the
-ranks it holds on.
+A job record (see ``swift_nb.record``) keeps one row per rank in ``ranks.csv`` and each
+rank's own record in ``rank<R>/``; ``per_rank`` reads the first, the advisor runs on each
+of the others and the findings are merged by rule, each saying the ranks it holds on.
 """
 
 from __future__ import annotations
@@ -15,12 +16,58 @@ import pandas as pd
 
 from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
 from swift_nb.analysis.findings import Finding
-from swift_nb.record import STRAGGLER_EXCESS, STRAGGLER_MIN_STEP_SHARE, Run, load_run
+from swift_nb.record import Run, load_run
+
+STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
+STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step
+_NUMERIC = ("steps", "step_time_median_s", "peak_mem_bytes", "collective_s_per_step", "collective_share")
+# ranks.csv of records written before the collective columns had their present names
+_OLD_NAMES = {"comm_s_per_step": "collective_s_per_step", "comm_share": "collective_share"}
 
 
 def is_job(run: Run) -> bool:
     """Whether ``run`` is the record of a job of several ranks."""
     return len(run.ranks) > 0
+
+
+def per_rank(run: Run) -> pd.DataFrame:
+    """One row per rank (one row for a single process): ``rank``, ``local_rank``,
+    ``node_rank``, ``host``, ``device``, ``status``, ``steps``, ``step_time_median_s``,
+    ``peak_mem_bytes``, ``collective_s_per_step`` (collective time per recorded step, s),
+    ``collective_share`` (its part of the step, 0..1), ``busy_s`` (median step time
+    outside collectives) and ``straggler``: ``busy_s`` at least ``STRAGGLER_EXCESS`` above
+    the ranks' median, and by at least ``STRAGGLER_MIN_STEP_SHARE`` of the median step
+    (jitter on a busy machine, or in steps that are nearly all communication, is no
+    straggler). Collectives make every rank's step as long as the slowest one's, so a slow
+    rank shows up as the one that waits least in them, i.e. the busiest."""
+    if is_job(run):
+        df = run.ranks.rename(columns=_OLD_NAMES)
+    else:
+        s, env = run.summary, run.environment
+        traced = 0.0 if "trace" in run.files else None  # a single process has no collectives
+        row = {
+            "rank": env.get("rank", 0),
+            "local_rank": env.get("local_rank", env.get("rank", 0)),
+            "node_rank": env.get("node_rank", 0),
+            "host": run.host,
+            "device": env.get("rank_device", env.get("device")),
+            "status": run.status,
+            "steps": s.get("steps"),
+            "step_time_median_s": s.get("step_time_median_s"),
+            "peak_mem_bytes": s.get("peak_mem_bytes"),
+            "collective_s_per_step": s.get("collective_s_per_step", traced),
+            "collective_share": s.get("collective_share", traced),
+        }
+        df = pd.DataFrame([row])
+    for col in _NUMERIC:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    step = df["step_time_median_s"]
+    df["busy_s"] = step * (1.0 - df["collective_share"].fillna(0.0))
+    present = df["busy_s"].dropna()
+    ref = float(present.median()) if len(present) >= 2 else float("nan")
+    margin = max(STRAGGLER_EXCESS * ref, STRAGGLER_MIN_STEP_SHARE * float(step.median()))
+    df["straggler"] = (df["busy_s"] >= ref + margin).fillna(False).astype(bool)
+    return df.reset_index(drop=True)
 
 
 def rank_records(run: Run) -> dict[int, Run]:
@@ -44,7 +91,11 @@ def ranks_text(ranks: list[int], world: int) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-SHARE_OF_STEP = {"data_loading": "data", "communication": "comm"}  # rule id → breakdown part
+# rule id → the part of the step its threshold applies to
+SHARE_OF_STEP = {
+    "data_loading": lambda ev: ev.shares["data"],
+    "communication": lambda ev: ev.exposed_comm_share,
+}
 
 
 def findings_across_ranks(
@@ -79,9 +130,9 @@ def findings_across_ranks(
         extra = {"ranks": holds}
         others = [r for r in sorted(by_rank) if r not in holds]
         where = ranks_text(holds, world)
-        part = SHARE_OF_STEP.get(f.id)
-        if part is not None and evidence:
-            pct = {r: round(100.0 * ev.shares[part], 1) for r, ev in sorted(evidence.items())}
+        share = SHARE_OF_STEP.get(f.id)
+        if share is not None and evidence:
+            pct = {r: round(100.0 * share(ev), 1) for r, ev in sorted(evidence.items())}
             extra["per_rank_pct"] = {str(r): v for r, v in pct.items()}
             rest = [pct[r] for r in others if r in pct]
             if rest:
@@ -95,7 +146,7 @@ def findings_across_ranks(
 
 
 def straggler_finding(per_rank: pd.DataFrame, collectives: pd.DataFrame | None = None) -> Finding | None:
-    """A rank flagged ``straggler`` by ``Run.per_rank`` (its time outside collectives well
+    """A rank flagged ``straggler`` by ``per_rank`` (its time outside collectives well
     above the ranks' median): the others wait for it inside their collectives."""
     if per_rank.empty or not per_rank["straggler"].any():
         return None
@@ -103,7 +154,7 @@ def straggler_finding(per_rank: pd.DataFrame, collectives: pd.DataFrame | None =
     fast = per_rank[~per_rank["straggler"] & per_rank["busy_s"].notna()]
     median_busy = float(per_rank["busy_s"].median())
     worst = per_rank.loc[per_rank["busy_s"].idxmax()]
-    ranks, comm = per_rank["rank"], per_rank["comm_s_per_step"]
+    ranks, comm = per_rank["rank"], per_rank["collective_s_per_step"]
     waits = {str(int(r)): round(float(c), 6) for r, c in zip(ranks, comm, strict=True) if not math.isnan(c)}
     world = len(per_rank)
     return Finding(
@@ -133,7 +184,7 @@ def straggler_finding(per_rank: pd.DataFrame, collectives: pd.DataFrame | None =
         ),
         formula=(
             f"straggler: busy − median busy ≥ max({STRAGGLER_EXCESS:g} × median busy, "
-            f"{STRAGGLER_MIN_STEP_SHARE:g} × median step); busy = step time × (1 − comm_share)"
+            f"{STRAGGLER_MIN_STEP_SHARE:g} × median step); busy = step time × (1 − collective_share)"
         ),
         severity="warning",
     )

@@ -1,13 +1,13 @@
 """Read a run's Chrome trace into DataFrames the analyses share.
 
 Times are microseconds on the trace's clock (``ts_us``, ``dur_us``, ``end_us``); every
-event carries the profiler step it falls in (``step``, from ``ProfilerStep#N``).
+event carries the profiler step it falls in (``step``, from the profiler's step spans,
+``trace_names.STEP_NAME``).
 """
 
 from __future__ import annotations
 
 import gzip
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +15,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from swift_nb import trace_names as tn
 from swift_nb.record import Run
-
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 EVENT_COLUMNS = [
     "name",
@@ -43,7 +42,7 @@ class Trace:
     events: complete ("X") events; input_dims is the op's input shapes as text, input_types
     their element types (``['float', 'TensorList', …]``, empty for ops without shapes).
     memory: ``[memory]`` allocation (bytes > 0) and free (bytes < 0) events.
-    steps: one row per ``ProfilerStep#N``: step, start_us, end_us, dur_us, and the tid of
+    steps: one row per profiler step span: step, start_us, end_us, dur_us, and the tid of
     the thread that ran the training loop.
     """
 
@@ -102,10 +101,12 @@ def parse_events(raw: list[dict]) -> Trace:
     events = events.astype(
         {"name": str, "cat": str, "input_dims": str, "input_types": str}
     )  # typed even when empty
-    is_step = events["name"].str.startswith("ProfilerStep#")
+    numbers = {n: k for n in events["name"].unique() if (k := tn.step_of(n)) is not None}
+    step_no = events["name"].map(numbers)
+    is_step = step_no.notna()
     steps = (
         events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
-        .assign(step=events.loc[is_step, "name"].str.extract(_STEP.pattern, expand=False).astype(int))
+        .assign(step=step_no[is_step].astype(int))
         .rename(columns={"ts_us": "start_us"})
         .sort_values("start_us", ignore_index=True)[STEP_COLUMNS]
     )

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
+from swift_nb.trace_names import AUTOGRAD_PREFIX, step_of
 
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 MAX_TIMELINE_POINTS = 400  # per step
@@ -165,17 +166,14 @@ def replay(
     )
 
 
-_STEP_PREFIX = "ProfilerStep#"
-
-
 def step_memory(
     trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int
 ) -> dict[int, StepMemory]:
     """Category memory of every recorded step that has snapshots at both edges."""
     spans = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(e["name"][len(_STEP_PREFIX) :]))
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), k)
         for e in trace_events
-        if e.get("ph") == "X" and e.get("name", "").startswith(_STEP_PREFIX)
+        if e.get("ph") == "X" and (k := step_of(e.get("name", ""))) is not None
     )
     if not spans:
         return {}
@@ -185,7 +183,7 @@ def step_memory(
     for e in trace_events:
         name = e.get("name", "")
         is_mem = name == "[memory]"
-        if not is_mem and not (e.get("ph") == "X" and name.startswith("autograd::engine::evaluate_function")):
+        if not is_mem and not (e.get("ph") == "X" and name.startswith(AUTOGRAD_PREFIX)):
             continue
         ts = float(e["ts"])
         i = int(np.searchsorted(starts, ts, side="right")) - 1

@@ -27,8 +27,9 @@ import psutil
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from swift_nb import trace_names
+from swift_nb.capture import dist, job
 from swift_nb.capture import memory_categories as memcat
-from swift_nb.capture import ranks as rk
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
@@ -81,7 +82,7 @@ def rank_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def environment(ranks: rk.RankInfo | None = None) -> dict[str, Any]:
+def environment(ranks: dist.RankInfo | None = None) -> dict[str, Any]:
     rank, world = rank_info()
     env: dict[str, Any] = {
         "python": platform.python_version(),
@@ -201,12 +202,12 @@ class Session:
         self._rss = psutil.Process().memory_info
         self._flop_step = _flop_step(profiler) if count_flops else None
         self._flops: FlopCounterMode | None = None
-        # One rank of a distributed job: see swift_nb.capture.ranks for the protocol.
-        self._ranks = rk.RankInfo.detect()
-        self._gather_timeout_s = gather_timeout_s if gather_timeout_s is not None else rk.gather_timeout_s()
-        self._group: rk.RankGroup | None = None
+        # One rank of a distributed job: see swift_nb.capture.dist and .job for the protocol.
+        self._ranks = dist.RankInfo.detect()
+        self._gather_timeout_s = gather_timeout_s if gather_timeout_s is not None else dist.gather_timeout_s()
+        self._group: dist.RankGroup | None = None
         self._job_path: Path | None = None
-        self._sigterm = rk.TerminateAsInterrupt()
+        self._sigterm = dist.TerminateAsInterrupt()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -241,7 +242,7 @@ class Session:
                 if self._ranks is None:
                     self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
                 else:
-                    name = rk.trace_file(self._ranks.rank)
+                    name = job.trace_file(self._ranks.rank)
                     self._trace = TraceRecorder(self.profiler_cfg, self._job_path, self.note, name)
                 self._trace.start()
                 self._snapshot_if_recorded()
@@ -256,16 +257,16 @@ class Session:
         info, run = self._ranks, self.run
         job_id = None
         if info.initialized:
-            self._group, reason = rk.RankGroup.open(info, self._gather_timeout_s)
+            self._group, reason = dist.RankGroup.open(info, self._gather_timeout_s)
             if reason:
                 self.note(reason)
             if self._group is not None:
                 job_id = self._group.agree(run.id)
         if job_id is None:
-            job_id = rk.fallback_job_id(run.label)
+            job_id = dist.fallback_job_id(run.label)
         run.id = job_id
         self._job_path = self.root / job_id
-        run.path = rk.part_folder(self._job_path, info.rank)
+        run.path = job.part_folder(self._job_path, info.rank)
         run.path.mkdir(parents=True, exist_ok=True)
         self._sigterm.install()
 
@@ -316,7 +317,7 @@ class Session:
         if error is not None:
             self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
             if self._ranks is not None:
-                run.summary["traceback"] = rk.describe_error(error)
+                run.summary["traceback"] = job.describe_error(error)
         trace = None
         if self._trace is not None:
             try:
@@ -370,10 +371,10 @@ class Session:
         events = trace.events if trace is not None else []
         # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
         self.trace_events = None
-        comm_s, share = rk.comm_per_step(events)
-        run.summary["comm_s_per_step"] = comm_s
-        run.summary["comm_share"] = share
-        run.context["layout"] = rk.parallel_layout(events, self._watcher.optimizers.values(), self._ranks)
+        collective_s, share = job.collective_summary(events)
+        run.summary["collective_s_per_step"] = collective_s
+        run.summary["collective_share"] = share
+        run.context["layout"] = job.parallel_layout(events, self._watcher.optimizers.values(), self._ranks)
 
     def _gather(self, run: Run) -> Run:
         """Send this rank's part to rank 0; on rank 0, write and return the job record."""
@@ -382,7 +383,7 @@ class Session:
         parts: dict[int, dict] = {}
         t0 = deadline = time.monotonic()
         if group is not None:
-            gathered, reason = group.gather(rk.payload(run, info))
+            gathered, reason = group.gather(job.payload(run, info))
             group.close()
             if reason:
                 notes.append(reason)
@@ -395,20 +396,20 @@ class Session:
                 self.note(notes[0])
                 save(run)
             return run
-        parts[0] = rk.payload(run, info)
+        parts[0] = job.payload(run, info)
         parts[0]["row"]["source"] = "self"
         missing = [r for r in range(info.world_size) if r not in parts]
         if missing:
-            found = rk.collect_from_disk(self._job_path, missing, deadline)
+            found = job.collect_from_disk(self._job_path, missing, deadline)
             parts.update(found)
             if found:
                 notes.append(
-                    f"merged the partial records of {rk.ranks_text(sorted(found))} from the job folder"
+                    f"merged the partial records of {job.ranks_text(sorted(found))} from the job folder"
                 )
-        job = rk.build_job(run, self._job_path, parts, info.world_size, notes)
-        job.summary["gather_s"] = time.monotonic() - t0  # rank 0's wait and merge, before saving
+        merged = job.build_job(run, self._job_path, parts, info.world_size, notes)
+        merged.summary["gather_s"] = time.monotonic() - t0  # rank 0's wait and merge, before saving
         for f in dataclasses.fields(Run):  # the caller's Run object becomes the job record
-            setattr(run, f.name, getattr(job, f.name))
+            setattr(run, f.name, getattr(merged, f.name))
         save(run)
         return run
 
@@ -419,10 +420,10 @@ class Session:
         k = self._step
         self._step = k + 1
         if self._trace is not None:
-            # ProfilerStep#k ends first, and our bookkeeping below is a named event of the
+            # The profiler's span of step k ends first, and our bookkeeping below is a named event of the
             # next step, so the trace's step spans match steps.csv's durations.
             self._trace.step()
-            with torch.profiler.record_function(OWN_EVENT_PREFIX + "step_hook"):
+            with torch.profiler.record_function(trace_names.OWN_PREFIX + "step_hook"):
                 self._bookkeeping(k, t_in, trigger)
         else:
             self._bookkeeping(k, t_in, trigger)
@@ -490,7 +491,7 @@ class Session:
         for k, m in per_step.items():
             tl = pd.DataFrame(m.timeline, columns=["ts_us", *(f"{c}_bytes" for c in memcat.CATEGORIES)])
             start_s = steps.loc[steps["step"] == k, "start_s"].iloc[0]
-            # trace clock (µs) -> run clock (s): ProfilerStep#k begins where step k does
+            # trace clock (µs) -> run clock (s): the profiler's span of step k begins where step k does
             tl.insert(0, "step", k)
             tl.insert(0, "t_s", start_s + (tl.pop("ts_us") - m.start_us) / 1e6)
             frames.append(tl)
@@ -510,9 +511,6 @@ class Session:
                 ctx.setdefault("dtype", str(params[0].dtype).removeprefix("torch."))
                 ctx.setdefault("params", sum(p.numel() for p in params))
             break
-
-
-OWN_EVENT_PREFIX = "swift_nb#"  # trace events of swift_nb's own work inside a step
 
 
 def _flop_step(cfg: ProfilerConfig | None) -> int:

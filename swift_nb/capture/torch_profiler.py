@@ -3,14 +3,14 @@ Chrome/Perfetto trace into the run folder.
 
 Schedule: ``wait`` steps skip start-up noise, ``warmup`` steps let the profiler settle
 (traced, then discarded), ``active`` steps are recorded; the cycle runs ``repeat`` times
-(0 = until the run ends). Step ``k`` of the run is ``ProfilerStep#k`` in the trace.
+(0 = until the run ends). Step ``k`` of the run is the profiler's step span ``k`` in the
+trace (``trace_names.STEP_PREFIX`` + k).
 """
 
 from __future__ import annotations
 
 import gzip
 import os
-import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -23,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from swift_nb.errors import ConfigError
+from swift_nb.trace_names import step_of
 
 
 @dataclass
@@ -133,9 +134,7 @@ class TraceRecorder:
                 doc["traceEvents"].extend(extra["traceEvents"])
             events = doc["traceEvents"]
             recorded = sorted(
-                int(m.group(1))
-                for e in events
-                if e.get("ph") == "X" and (m := _STEP_NAME.match(e.get("name", "")))
+                k for e in events if e.get("ph") == "X" and (k := step_of(e.get("name", ""))) is not None
             )
             tmp = out.with_name(f".{out.name}.tmp")
             if len(parts) == 1:
@@ -163,6 +162,3 @@ def _release_results(prof: torch.profiler.profile) -> None:
     steps of a CPU GPT ~25 % slower (every buffer faulted in again), so we leave it.
     """
     prof.profiler = None
-
-
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")

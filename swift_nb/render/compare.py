@@ -52,7 +52,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         out["ranks"] = [_num(x, lambda v: f"{v:.0f}") for x in table["ranks"]]
         out["slowest rank step"] = [_num(x, fmt_seconds) for x in table["step_time_max_rank_s"]]
         out["max rank peak"] = [_num(x, fmt_bytes) for x in table["peak_mem_max_rank_bytes"]]
-        out["max comm %"] = [_num(x, lambda v: f"{100 * v:.0f}") for x in table["comm_share_max_rank"]]
+        out["max comm %"] = [_num(x, lambda v: f"{100 * v:.0f}") for x in table["collective_share_max_rank"]]
     out["predicted"] = [
         " ".join(filter(None, [w, f"(peak ≈ {fmt_bytes(p)})" if p is not None and np.isfinite(p) else ""]))
         for w, p in zip(table["predicted"], table["predicted_peak_bytes"], strict=True)

@@ -318,7 +318,7 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
 
 
 def per_rank_figure(per_rank: pd.DataFrame, width_in: float = 10.0) -> Figure:
-    """Per rank (``Run.per_rank``): median step time split into work and time inside
+    """Per rank (``analysis.ranks.per_rank``): median step time split into work and time inside
     collectives (stragglers in red), and peak tensor memory, side by side, ranks grouped
     by node along the x axis."""
     if per_rank is None or per_rank.empty:
@@ -330,7 +330,7 @@ def per_rank_figure(per_rank: pd.DataFrame, width_in: float = 10.0) -> Figure:
     ]
     x = range(len(df))
     step = _numeric(df, "step_time_median_s").fillna(0.0)
-    comm = (step * _numeric(df, "comm_share").fillna(0.0)).clip(upper=step)
+    comm = (step * _numeric(df, "collective_share").fillna(0.0)).clip(upper=step)
     unit, scale = _time_scale(float(step.max()) if len(step) else 0.0)
     fig = new_figure(width_in, 3.4)
     ax_t, ax_m = fig.subplots(1, 2)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from swift_nb.analysis import Analysis
+from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.record import Run, atomic_write_text
 from swift_nb.render.figures import (
@@ -336,7 +337,7 @@ PER_RANK_TABLE = [
     "steps",
     "step_time_median_s",
     "busy_s",
-    "comm_share",
+    "collective_share",
     "peak_mem_bytes",
     "straggler",
 ]
@@ -350,8 +351,8 @@ def _per_rank_section(
     if per_rank is None or len(per_rank) < 2:
         return None
     table = per_rank[[c for c in PER_RANK_TABLE if c in per_rank.columns]].copy()
-    if "comm_share" in table:
-        table["comm_pct"] = 100.0 * pd.to_numeric(table.pop("comm_share"), errors="coerce")
+    if "collective_share" in table:
+        table["collective_pct"] = 100.0 * pd.to_numeric(table.pop("collective_share"), errors="coerce")
     table = table.rename(columns={"busy_s": "work_s", "step_time_median_s": "step_time_s"})
     section = Section(
         "Ranks",
@@ -418,10 +419,10 @@ def report_sections(
     """The report's sections in order (the notebook shows the same ones), from the
     analyses' outputs (``step_breakdown``, ``memory_footprint``, ``memory_timeline``,
     ``top_operators`` by time and by memory, throughput, the advisor's verdict and
-    findings, and for a job of several ranks ``Run.per_rank`` and the collectives); a
+    findings, and for a job of several ranks ``analysis.ranks.per_rank`` and the collectives); a
     missing or empty one makes its section say so."""
     if per_rank is None and len(run.ranks) > 1:
-        per_rank = run.per_rank
+        per_rank = rank_analysis.per_rank(run)
     sections = [
         _summary_section(run),
         _verdict_section(verdict),

@@ -42,7 +42,7 @@ with the same ``spec.json`` (the cells and the magic line, written by
 the default process group from torchrun's environment (NCCL when CUDA is available, its
 device chosen from ``LOCAL_RANK``; gloo otherwise) before replaying, so ``sp_size`` must
 equal ``--nnodes × --nproc-per-node``. Rank 0 gathers every rank's profile into one job
-record (see ``swift_nb.capture.ranks``).
+record (see ``swift_nb.capture.job``).
 """
 
 from __future__ import annotations

@@ -1,56 +1,33 @@
-"""Rank awareness: one profile per rank of a distributed job, one record per job.
+"""The record of a distributed job: every rank's part merged into one Run.
 
-When ``torch.distributed`` is initialised (or torchrun's ``RANK``/``WORLD_SIZE`` are set),
-every rank profiles itself. All ranks use one job folder::
+All ranks use one job folder (agreed on in ``swift_nb.capture.dist``)::
 
     <root>/<job id>/run.json, steps.csv, …      the job record (rank 0 writes it)
     <root>/<job id>/ranks.csv                   one row per rank
     <root>/<job id>/trace.rank<R>.json.gz       each rank's trace, side by side
     <root>/<job id>/rank<R>/run.json, …         each rank's own (partial) record
 
-Protocol. At start, all ranks create a separate gloo group (``new_group(backend="gloo",
-timeout=T)``: an NCCL job moves no Python objects through its GPUs) and rank 0 broadcasts
-the job id over it. At the end every rank first saves its partial record, then rank 0
-gathers every rank's steps, decimated samples and summary (``gather_object``) and writes
-the job record. ``T`` (``$SWIFT_NB_GATHER_TIMEOUT_S``, default 25 s, under torchrun's 30 s
-between SIGTERM and SIGKILL) bounds every wait: when the group cannot be formed or the
-gather fails, rank 0 merges what the partial records on disk hold and names the ranks
-that never arrived. Nothing here ever waits without a deadline.
-
-This module imports torch lazily, so the analysis layer can share ``COLLECTIVE``.
+At the end every rank first saves its partial record, then sends rank 0 its ``payload``
+(its row of ranks.csv, steps, decimated samples, notes, layout); rank 0 builds the job
+record from what arrived (``build_job``). When the group could not be formed or the
+gather failed, rank 0 merges what the partial records on disk hold
+(``collect_from_disk``) and the job's notes name the ranks that never arrived.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import signal
-import socket
-import threading
 import time
 import traceback
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from swift_nb import trace_names as tn
+from swift_nb.capture.dist import RankInfo
 from swift_nb.record import RUN_FILE, Run, load_run
 
-# Trace events of communication (host side; NCCL kernels on the device), FSDP's
-# annotations around its collectives included: the step breakdown's "communication".
-COLLECTIVE = re.compile(
-    r"^(?:c10d::|gloo:|nccl:|nccl|record_param_comms|FSDP::|ProcessGroup|_all_to_all|all_reduce|broadcast)",
-    re.I,
-)
-# The collectives themselves (issue, transfer, kernel), without FSDP's copy-in/out work.
-COLLECTIVE_OP = re.compile(r"^(?:c10d::|gloo:|nccl|record_param_comms|ProcessGroup)", re.I)
-
-ENV_TIMEOUT = "SWIFT_NB_GATHER_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 25.0
 MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 
 # ranks.csv: one row per rank of the job.
@@ -59,8 +36,9 @@ MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 #   source: self (rank 0) | gather (sent to rank 0) | disk (read from its partial record)
 #     | missing;
 #   steps, step_time_median_s, step_time_p90_s, peak_mem_bytes, peak_rss_bytes;
-#   comm_s_per_step: seconds per recorded step inside collectives (any thread);
-#   comm_share: comm_s_per_step / the recorded steps' mean duration (0..1);
+#   collective_s_per_step: collective time per recorded step (s inside at least one
+#     collective, any thread or device; ``trace_names.collective_us``);
+#   collective_share: collective_s_per_step / the recorded steps' mean duration (0..1);
 #   trace: the rank's trace file in the job folder; record: its partial record folder;
 #   error: the traceback that ended the rank's profile, if one did;
 #   started_at: when the rank's profile started (ISO, UTC): its steps' clock starts there.
@@ -78,159 +56,13 @@ RANK_COLUMNS = [
     "step_time_p90_s",
     "peak_mem_bytes",
     "peak_rss_bytes",
-    "comm_s_per_step",
-    "comm_share",
+    "collective_s_per_step",
+    "collective_share",
     "trace",
     "record",
     "error",
     "started_at",
 ]
-
-
-def gather_timeout_s() -> float:
-    raw = os.environ.get(ENV_TIMEOUT)
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        from swift_nb.errors import ConfigError
-
-        raise ConfigError(ENV_TIMEOUT, "must be a positive number of seconds", raw)
-    return value
-
-
-@dataclass
-class RankInfo:
-    """Where this process sits in its job."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    host: str
-    device: str
-    initialized: bool  # torch.distributed is initialised (so ranks can talk)
-
-    @classmethod
-    def detect(cls) -> RankInfo | None:
-        """This process's place in a job of two or more ranks, else None."""
-        import torch
-
-        dist = torch.distributed
-        initialized = dist.is_available() and dist.is_initialized()
-        if initialized:
-            rank, world = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        if world < 2:
-            return None
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        device = "cpu"
-        if torch.cuda.is_available():
-            device = f"cuda:{torch.cuda.current_device()}"
-        return cls(
-            rank=rank,
-            world_size=world,
-            local_rank=local,
-            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-            node_rank=int(os.environ.get("GROUP_RANK", 0)),
-            host=socket.gethostname(),
-            device=device,
-            initialized=initialized,
-        )
-
-    def tags(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "local_rank": self.local_rank,
-            "local_world_size": self.local_world_size,
-            "node_rank": self.node_rank,
-            "rank_device": self.device,
-        }
-
-
-class RankGroup:
-    """A gloo group of all ranks for swift_nb's own messages, every call bounded by
-    ``timeout_s``. ``open`` returns None and the reason when it cannot be formed."""
-
-    def __init__(self, group: Any, rank: int, world: int, timeout_s: float) -> None:
-        self._group = group
-        self.rank = rank
-        self.world = world
-        self.timeout_s = timeout_s
-
-    @classmethod
-    def open(cls, info: RankInfo, timeout_s: float) -> tuple[RankGroup | None, str | None]:
-        import torch.distributed as dist
-
-        t0 = time.monotonic()
-        try:
-            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        except Exception as e:
-            return None, (
-                f"the ranks did not all start profiling within {timeout_s:g} s "
-                f"({type(e).__name__} after {time.monotonic() - t0:.1f} s); each rank keeps its own "
-                "record and rank 0 merges the ones it finds on disk"
-            )
-        return cls(group, info.rank, info.world_size, timeout_s), None
-
-    def agree(self, proposal: str) -> str | None:
-        """Rank 0's ``proposal`` on every rank (None when the broadcast failed)."""
-        import torch.distributed as dist
-
-        box = [proposal]
-        try:
-            dist.broadcast_object_list(box, src=0, group=self._group)
-        except Exception:
-            return None
-        return box[0]
-
-    def gather(self, obj: Any) -> tuple[list[Any] | None, str | None]:
-        """Every rank's ``obj`` on rank 0 (None elsewhere), or None and why it failed."""
-        import torch.distributed as dist
-
-        out = [None] * self.world if self.rank == 0 else None
-        t0 = time.monotonic()
-        try:
-            dist.gather_object(obj, out, dst=0, group=self._group)
-        except Exception as e:
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            return None, (
-                f"gathering the ranks' data failed after {time.monotonic() - t0:.1f} s "
-                f"(timeout {self.timeout_s:g} s; {type(e).__name__}: {first})"
-            )
-        return out, None
-
-    def close(self) -> None:
-        import torch.distributed as dist
-
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group(self._group)
-        except Exception:
-            pass  # a broken group (a peer died) cannot always be torn down cleanly
-
-
-_fallback_count = 0
-
-
-def fallback_job_id(label: str | None) -> str:
-    """A job id every rank derives alike without talking: from torchrun's run id and
-    rendezvous address and the count of profiles started in this process."""
-    global _fallback_count
-    _fallback_count += 1
-    key = "|".join(
-        os.environ.get(k, "")
-        for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
-    )
-    digest = hashlib.sha1(f"{key}|{_fallback_count}|{label}".encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label or "").strip("-.")[:40]
-    return "-".join(p for p in ("job", slug, digest) if p)
 
 
 def trace_file(rank: int) -> str:
@@ -244,39 +76,20 @@ def part_folder(job: Path, rank: int) -> Path:
 # -- what a rank measures about itself --------------------------------------------------
 
 
-def comm_per_step(events: list[dict]) -> tuple[float, float]:
-    """(seconds per recorded step inside collectives on any thread, that time's share of
-    the recorded steps' duration), from a trace's events; (nan, nan) without steps."""
-    steps, comm = [], []
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        name = e.get("name", "")
-        if name.startswith("ProfilerStep#"):
-            steps.append((e["ts"], e["ts"] + e.get("dur", 0.0)))
-        elif e.get("cat") in ("cpu_op", "user_annotation", "kernel") and COLLECTIVE_OP.match(name):
-            comm.append((e["ts"], e["ts"] + e.get("dur", 0.0)))
-    if not steps:
+def collective_summary(events: list[dict]) -> tuple[float, float]:
+    """(collective seconds per recorded step, their share of the recorded steps' duration)
+    from a trace's events (``trace_names.collective_us``); (nan, nan) without steps."""
+    xs = [e for e in events if e.get("ph") == "X"]
+    names = [e.get("name", "") for e in xs]
+    spans = np.array([(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in xs], dtype=float).reshape(-1, 2)
+    is_step = np.fromiter((tn.step_of(n) is not None for n in names), bool, len(names))
+    steps = spans[is_step]
+    if not len(steps):
         return float("nan"), float("nan")
-    total_step = sum(b - a for a, b in steps)
-    comm_us = 0.0
-    if comm:
-        arr = np.array(sorted(comm))
-        for a, b in steps:
-            inside = arr[(arr[:, 1] > a) & (arr[:, 0] < b)]
-            comm_us += _union_length(np.clip(inside, a, b))
-    per_step = comm_us / len(steps) / 1e6
-    return per_step, (comm_us / total_step if total_step > 0 else float("nan"))
-
-
-def _union_length(iv: np.ndarray) -> float:
-    total, end = 0.0, -np.inf
-    for a, b in iv:  # sorted by start
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
+    coll_us = tn.collective_us(steps, spans[tn.collective_mask(names, [e.get("cat", "") for e in xs])])
+    total_us = float((steps[:, 1] - steps[:, 0]).sum())
+    share = float(coll_us.sum()) / total_us if total_us > 0 else float("nan")
+    return float(coll_us.mean()) / 1e6, share
 
 
 def parallel_layout(events: list[dict], optimizers, info: RankInfo) -> dict[str, Any]:
@@ -284,7 +97,7 @@ def parallel_layout(events: list[dict], optimizers, info: RankInfo) -> dict[str,
     sizes: ``{"parallel": ["DDP"], "dp_size": 4, …}``."""
     names = {e.get("name", "") for e in events if e.get("ph") == "X"}
     kinds = []
-    if any(n.startswith("DistributedDataParallel.") for n in names):
+    if any(n.startswith(tn.DDP_PREFIX) for n in names):
         kinds.append("DDP")
     mesh: dict[str, int] = {}
     for opt in optimizers:
@@ -295,7 +108,7 @@ def parallel_layout(events: list[dict], optimizers, info: RankInfo) -> dict[str,
                     dim_names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
                     mesh = dict(zip(dim_names, (int(s) for s in dm.shape), strict=False))
                     break
-    if mesh or any(n.startswith("FSDP::") for n in names):
+    if mesh or any(n.startswith(tn.FSDP_PREFIX) for n in names):
         kinds.append("FSDP")
     layout: dict[str, Any] = {"parallel": kinds or ["unknown"], "dp_size": info.world_size}
     if mesh:
@@ -323,8 +136,8 @@ def rank_row(run: Run, info: RankInfo, source: str) -> dict[str, Any]:
         "step_time_p90_s": s.get("step_time_p90_s"),
         "peak_mem_bytes": s.get("peak_mem_bytes"),
         "peak_rss_bytes": s.get("peak_rss_bytes"),
-        "comm_s_per_step": s.get("comm_s_per_step"),
-        "comm_share": s.get("comm_share"),
+        "collective_s_per_step": s.get("collective_s_per_step"),
+        "collective_share": s.get("collective_share"),
         "trace": trace_file(info.rank) if "trace" in run.files else "",
         "record": str(run.path),
         "error": s.get("traceback", ""),
@@ -489,40 +302,3 @@ def describe_error(error: BaseException | None) -> str:
     if error is None:
         return ""
     return "".join(traceback.format_exception(type(error), error, error.__traceback__))
-
-
-# -- launcher signals -----------------------------------------------------------------------
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived during a profiled job (torchrun stops every rank when one fails):
-    raised in the main thread so the profile ends as ``interrupted`` and is saved."""
-
-
-class TerminateAsInterrupt:
-    """While installed (main thread, SIGTERM at its default only), SIGTERM raises
-    ``Terminated``; ``restore()`` puts the default back."""
-
-    def __init__(self) -> None:
-        self._installed = False
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return  # the user's own handler (e.g. checkpoint on preemption) wins
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        self._installed = True
-
-    @property
-    def installed(self) -> bool:
-        return self._installed
-
-    def restore(self) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            self._installed = False
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated("SIGTERM (the launcher is stopping this rank)")
