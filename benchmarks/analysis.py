@@ -20,11 +20,12 @@ import time
 import torch
 
 from swift_nb.analysis import analyze
-from swift_nb.analysis.trace import TABLES_FILE, load_trace
+from swift_nb.analysis.trace import load_trace
 from swift_nb.api import report
 from swift_nb.capture.session import Session
-from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.demo import GPT, GPTConfig
+from swift_nb.options import ProfileOptions
+from swift_nb.record import tables_path
 from swift_nb.render.report import render_report
 
 
@@ -40,7 +41,7 @@ def main() -> None:
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len))
-    session = Session(ProfilerConfig(wait=0, warmup=1, active=args.active), out_dir=tempfile.mkdtemp())
+    session = Session(ProfileOptions(wait=0, warmup=1, active=args.active, out_dir=tempfile.mkdtemp()))
     session.start()
     for _ in range(args.active + 1):
         model(x, x).backward()
@@ -53,7 +54,7 @@ def main() -> None:
     with gzip.open(run.trace_path, "rb") as f:
         size_mb = len(f.read()) / 2**20
 
-    cache = run.trace_path.with_name(TABLES_FILE)
+    cache = tables_path(run.trace_path)
     cold, parse, analysis, render = [], [], [], []
     for _ in range(args.repeats):
         cache.unlink(missing_ok=True)

@@ -24,8 +24,8 @@ import torch
 
 from swift_nb.api import report
 from swift_nb.capture.session import Session
-from swift_nb.capture.torch_profiler import ProfilerConfig
 from swift_nb.demo import GPT, GPTConfig
+from swift_nb.options import ProfileOptions
 
 
 def cell(model, opt, batches) -> list[float]:
@@ -64,7 +64,7 @@ def main() -> None:
         return cell(model, opt, batches)
 
     def sampler():
-        s = Session(profiler=None, interval_s=0.1, out_dir=out)
+        s = Session(ProfileOptions(out_dir=out), trace=False)
         s.start()
         try:
             return cell(model, opt, batches)
@@ -74,7 +74,7 @@ def main() -> None:
     report_s: list[float] = []
 
     def profile():
-        session = Session(ProfilerConfig(), interval_s=0.1, out_dir=out)
+        session = Session(ProfileOptions(out_dir=out))
         session.start()
         try:
             return cell(model, opt, batches)

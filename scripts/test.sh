@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up with the test extra, lint, and run the whole test suite.
+# Set up with the test extra, lint, type-check the public API, and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
@@ -14,6 +14,8 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 .venv/bin/ruff check swift_nb tests benchmarks
+# the public API's type hints (files listed in pyproject.toml's [tool.mypy])
+.venv/bin/mypy
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.compare import compare_runs
-from swift_nb.analysis.trace import parse_events, save_tables, tables_path
-from swift_nb.capture.session import Session, interval_seconds
-from swift_nb.capture.torch_profiler import ProfilerConfig
-from swift_nb.record import Run, load_run, save
-from swift_nb.render.compare import COMPARE_FILE, write_compare
+from swift_nb.analysis.trace import parse_events, save_tables
+from swift_nb.capture.session import Session
+from swift_nb.options import ProfileOptions
+from swift_nb.record import COMPARE_FILE, Run, load_run, save, tables_path
+from swift_nb.render.compare import write_compare
 from swift_nb.render.report import Section, analysis_fields, document_html, report_sections, write_report
 from swift_nb.toggles import Toggle, ToggleReport, build
 
@@ -53,14 +53,13 @@ def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Rep
     return Reported(run, analysis, sections)
 
 
-def finish(
-    session: Session, status: str = "ok", error: BaseException | None = None, analyse: bool = True
-) -> Reported:
-    """Stop a session, save its record, then (``analyse``) analyse it and write the
-    report; without, the record is complete and ``swift-nb report`` analyses it later."""
+def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
+    """Stop a session, save its record, then (its options' ``report``) analyse it and
+    write the report; without, the record is complete and ``swift-nb report`` analyses it
+    later."""
     run = session.finish(status, error)
     events = session.take_trace_events()
-    if not analyse:
+    if not session.options.report:
         return Reported(run, None, [])
     return report(run, events)
 
@@ -107,55 +106,39 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     """Profile the enclosed code; ``as run`` gives the Run record, complete after the block
     (its folder then also holds ``report.html``; ``self.analysis`` the analyses).
 
-    wait/warmup/active/repeat: the profiler schedule, in steps (a step ends at each
-    ``optimizer.step()`` or ``swift_nb.step()``). record_shapes, profile_memory,
-    with_stack: torch.profiler options. interval_ms: resource sampling period.
-    count_flops: count one step's FLOPs (that step runs slower; its trace is discarded).
-    label: a name for the run. out_dir: root folder of run folders (default
-    ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``). keep: runs to retain there (default 20).
+    Options are the fields of ``ProfileOptions``, given as keywords (``wait``, ``warmup``,
+    ``active``, ``repeat``, ``record_shapes``, ``profile_memory``, ``with_stack``,
+    ``count_flops``, ``interval_ms``, ``label``, ``out_dir``, ``keep``, ``run_id``,
+    ``report``, ``gather_timeout_s``) or as an ``options`` object (keywords override it);
+    the notebook magic's flags are the same options.
     context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
     toggles: optimizations applied for the block and undone after it — ids
     (``"flash_attention"``, ``"galore:rank=64"``), ``{id: params}`` or toggle objects; they
     act on the models and optimizers in ``namespace`` (default: the caller's variables) and
     on those constructed inside the block. Their reports go to ``run.context["toggles"]``.
-    gather_timeout_s: in a torchrun job, the longest rank 0 waits for the other ranks at
-    start and end (default ``$SWIFT_NB_GATHER_TIMEOUT_S`` or 25 s).
     """
 
     def __init__(
         self,
-        wait: int = 1,
-        warmup: int = 2,
-        active: int = 3,
-        repeat: int = 1,
-        record_shapes: bool = True,
-        profile_memory: bool = True,
-        with_stack: bool = False,
-        interval_ms: float = 100,
-        count_flops: bool = False,
-        label: str | None = None,
-        out_dir: Path | str | None = None,
-        keep: int | None = None,
+        options: ProfileOptions | None = None,
+        *,
         context: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
         toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None = None,
         namespace: Mapping[str, Any] | None = None,
-        gather_timeout_s: float | None = None,
+        **option_fields: Any,
     ) -> None:
+        known = {f.name for f in fields(ProfileOptions)}
+        unknown = sorted(set(option_fields) - known)
+        if unknown:
+            raise TypeError(
+                f"profile() got unknown option(s) {', '.join(unknown)}; options are: {', '.join(sorted(known))}"
+            )
+        opts = (options or ProfileOptions()).replace(**option_fields) if option_fields else options
+        self.options = opts if opts is not None else ProfileOptions()
         self.toggles = build(toggles)
         self.namespace = namespace
-        cfg = ProfilerConfig(wait, warmup, active, repeat, record_shapes, profile_memory, with_stack)
-        self.session = Session(
-            profiler=cfg,
-            interval_s=interval_seconds(interval_ms),
-            label=label,
-            out_dir=out_dir,
-            keep=keep,
-            context=context,
-            source=source,
-            count_flops=count_flops,
-            gather_timeout_s=gather_timeout_s,
-        )
+        self.session = Session(self.options, context=context, source=source)
         self.analysis: Analysis | None = None
 
     @property
@@ -175,10 +158,9 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
             undo_toggles(self.session, self.toggles)
             raise
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         undo_toggles(self.session, self.toggles)
         self.analysis = finish(self.session, status_of(exc_type), exc).analysis
-        return False
 
 
 def findings_of(run: Run | None) -> list:
@@ -199,7 +181,9 @@ def compare(*runs: Run | Path | str, names: Sequence[str] | None = None, html: b
     loaded = [r if isinstance(r, Run) else load_run(r) for r in runs]
     if names is None:
         names = [r.context.get("variant") or r.label or r.id for r in loaded]
-    rows = [(n, r, None, []) for n, r in zip(names, loaded, strict=True)]
+    rows: list[tuple[str, Run | None, str | None, list[str]]] = [
+        (n, r, None, []) for n, r in zip(names, loaded, strict=True)
+    ]
     table = compare_runs(rows, findings_of(loaded[0] if loaded else None))
     if html and loaded and loaded[0].path is not None:
         write_compare(

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from swift_nb.api import compare, report
-from swift_nb.record import load_run, runs
-from swift_nb.render.compare import COMPARE_FILE, compare_table_text
+from swift_nb.record import COMPARE_FILE, REPORT_FILE, load_run, runs
+from swift_nb.render.compare import compare_table_text
 from swift_nb.render.tables import runs_text, summary_text
 
 
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verdict: {analysis.verdict.kind} — {analysis.verdict.reason}")
             for f in analysis.findings:
                 print(f"finding: {f.title}")
-        print(run.path / run.files.get("report", "report.html"))
+        assert run.path is not None  # a loaded run has its folder
+        print(run.path / run.files.get("report", REPORT_FILE))
         return 0
     print(summary_text(run))
     return 0
@@ -64,6 +65,7 @@ def _compare(run_dirs: list[str], out: str | None) -> int:
         return 2
     table = compare(*loaded, html=True)
     print(compare_table_text(table))
+    assert loaded[0].path is not None  # a loaded run has its folder
     page = loaded[0].path / COMPARE_FILE
     if out is not None:
         Path(out).write_bytes(page.read_bytes())

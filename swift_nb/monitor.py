@@ -9,6 +9,7 @@ from typing import Any
 
 from swift_nb.api import finish, status_of
 from swift_nb.capture.session import Session
+from swift_nb.options import ProfileOptions
 from swift_nb.record import Run
 from swift_nb.render.tables import summary_text
 
@@ -53,10 +54,9 @@ class ResourceMonitor:
         context: dict[str, Any] | None = None,
     ) -> None:
         self._session = Session(
-            profiler=None,
-            interval_s=interval_ms / 1000.0 if monitor_memory else None,
-            label=label,
-            out_dir=log_dir,
+            ProfileOptions(interval_ms=interval_ms, label=label, out_dir=log_dir),
+            trace=False,
+            periodic_samples=monitor_memory,
             context=context,
             monitor_gpu=monitor_gpu,
             sample_every=interval,
@@ -94,7 +94,6 @@ class ResourceMonitor:
     def __enter__(self) -> ResourceMonitor:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if self._report is None:
             self._report = Report(finish(self._session, status_of(exc_type), exc).run)
-        return False

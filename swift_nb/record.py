@@ -4,14 +4,23 @@ A run folder holds
 - ``run.json``: identity, status, environment, context, schedule, summary metrics, notes;
 - ``steps.csv``: one row per step (see ``STEP_COLUMNS``);
 - ``samples.csv``: one row per resource sample (see ``SAMPLE_COLUMNS``);
-- ``trace.json.gz``: the profiler's Chrome/Perfetto trace (written by the capture layer).
+- ``memory.csv``: tensor bytes by category over the recorded steps (``MEMORY_COLUMNS``);
+- ``trace.json.gz``: the profiler's Chrome/Perfetto trace (written by the capture layer),
+  and ``trace.tables.npz``, its parsed tables cached by the analysis (``tables_path``);
+- ``report.html``: the report (``swift_nb.render.report``); ``compare.html``: a
+  comparison whose baseline this run is;
+- ``PINNED``: present when the run is exempt from retention.
+
+This module is the whole on-disk contract: every file and folder name of a run folder is
+spelled here and only here.
 
 A job of several ranks (see ``swift_nb.capture.job``) keeps rank 0's view in those
-files, its traces as ``trace.rank<R>.json.gz``, and adds
+files, every rank's trace as ``trace.rank<R>.json.gz`` (``rank_trace_file``), and adds
 - ``ranks.csv``: one row per rank (``swift_nb.capture.job.RANK_COLUMNS``);
 - ``rank_steps.csv`` / ``rank_samples.csv``: every rank's steps and (decimated) samples,
   with a ``rank`` column;
-- ``rank<R>/``: each rank's own record, written before rank 0 gathered them.
+- ``rank<R>/``: each rank's own record, written before rank 0 gathered them
+  (``rank_folder``).
 
 Every write is atomic (temp file + rename), so a reader never sees half a file. This
 module knows nothing of torch, IPython or the capture machinery: any layer can load a
@@ -52,6 +61,27 @@ RANKS_FILE = "ranks.csv"
 RANK_STEPS_FILE = "rank_steps.csv"
 RANK_SAMPLES_FILE = "rank_samples.csv"
 PIN_FILE = "PINNED"
+REPORT_FILE = "report.html"
+COMPARE_FILE = "compare.html"
+TABLES_SUFFIX = ".tables.npz"  # a trace's cached tables, beside it (see tables_path)
+
+
+def rank_trace_file(rank: int) -> str:
+    """The trace of ``rank`` in a job folder (``trace.rank<R>.json.gz``, rank 0 too)."""
+    return f"trace.rank{rank}.json.gz"
+
+
+def rank_folder(job: Path, rank: int) -> Path:
+    """Where ``rank`` of a job keeps its own record, inside the job folder."""
+    return Path(job) / f"rank{rank}"
+
+
+def tables_path(trace_path: Path) -> Path:
+    """Where a trace's tables are cached: ``trace.json.gz`` → ``trace.tables.npz``,
+    ``trace.rank3.json.gz`` → ``trace.rank3.tables.npz``."""
+    trace_path = Path(trace_path)
+    return trace_path.with_name(trace_path.name.removesuffix(".json.gz") + TABLES_SUFFIX)
+
 
 STATUSES = ("running", "ok", "failed", "interrupted")
 
@@ -358,7 +388,7 @@ def _is_live(meta: dict[str, Any]) -> bool:
 
 def _scan(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """(folder, run.json contents) of readable run folders under ``root``, oldest first."""
-    found = []
+    found: list[tuple[Path, dict[str, Any]]] = []
     if not root.is_dir():
         return found
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):

@@ -84,7 +84,7 @@ class Kernel:
             kind = msg["msg_type"]
             if kind == "status" and msg["content"]["execution_state"] == "idle":
                 break
-            if kind in ("stream", "display_data", "execute_result", "error"):
+            if kind in ("stream", "display_data", "update_display_data", "execute_result", "error"):
                 result.outputs.append(msg)
                 if on_output is not None:
                     on_output(msg)

@@ -10,8 +10,9 @@ import swift_nb
 from swift_nb.analysis import analyze
 from swift_nb.analysis.breakdown import PARTS, step_breakdown
 from swift_nb.analysis.memory import memory_footprint
-from swift_nb.analysis.trace import TABLES_FILE, load_trace
+from swift_nb.analysis.trace import load_trace
 from swift_nb.demo import make_model
+from swift_nb.record import tables_path
 
 B, T, D, H, L, V = 4, 64, 64, 2, 2, 256
 
@@ -74,7 +75,7 @@ def test_analyze_and_report_from_a_run_folder(gpt_run):
 
 def test_trace_tables_cache_matches_the_json_and_survives_corruption(gpt_run):
     run, _, _ = gpt_run
-    cache = run.trace_path.with_name(TABLES_FILE)
+    cache = tables_path(run.trace_path)
     assert cache.is_file()  # written when the run was analysed
     cache.unlink()
     fresh = load_trace(run)  # from the JSON; writes the cache again

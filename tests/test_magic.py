@@ -123,3 +123,14 @@ def test_open_shows_a_run_recorded_elsewhere(kernel, tmp_path):
     assert "from-a-script" in html and "image/png" in res.mimetypes()
     bad = kernel.execute(f"%swift_profile --open {tmp_path / 'nope'}")
     assert "UsageError: --open:" in bad.text("stderr")
+
+
+def test_flops_flag_counts_a_step(kernel, tmp_path):
+    res = kernel.execute(f"%%swift_profile --out {tmp_path} --flops --wait 0 --warmup 1 --active 1\nm = train(4)")
+    assert res.status == "ok", res.outputs
+    run = _newest(tmp_path)
+    # Linear(16, 16) on a batch of 4: forward 2·4·16·16, backward the same again for the
+    # weight's gradient (the input needs none)
+    assert run.summary["flops_per_step"] == 2 * (2 * 4 * 16 * 16)
+    html = "".join(o["data"].get("text/html", "") for o in res.of_type("display_data"))
+    assert re.search(r"FLOPs per step</t[hd]>\s*<td[^>]*>4\.10 kFLOP<", html), "the report shows the count"

@@ -13,6 +13,7 @@ from conftest import train
 
 import swift_nb
 from swift_nb.capture.session import Session
+from swift_nb.options import ProfileOptions
 
 
 def test_plain_script_without_ipython(tmp_path):
@@ -173,7 +174,7 @@ def test_unwritable_out_dir_is_a_clear_error(tmp_path):
 
 
 def test_resource_only_session_records_samples_and_steps(runs_dir):
-    session = Session(profiler=None, interval_s=0.01, out_dir=runs_dir)
+    session = Session(ProfileOptions(interval_ms=10, out_dir=runs_dir), trace=False)
     session.start()
     train(3)
     run = session.finish()

@@ -4,6 +4,8 @@ nothing is left running."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,9 +15,10 @@ import pytest
 
 import swift_nb
 from swift_nb.errors import ConfigError
+from swift_nb.options import ProfileOptions
 from swift_nb.rerun import RerunBusyError, parse_variants, run_variants
 from swift_nb.rerun.history import prepare
-from swift_nb.rerun.launcher import worker_line
+from swift_nb.rerun.launcher import Worker
 
 SETUP = (
     "import torch\n"
@@ -41,10 +44,18 @@ def test_parse_variants_and_worker_flags():
         parse_variants("galore(rank=0)")
     with pytest.raises(ConfigError, match="unbalanced parentheses"):
         parse_variants("galore(rank=4")
-    line = worker_line(
-        "--wait 0 --compare a,b --galore rank=4 --flash-attn --active 2 --out '/x y' --label z"
+    line = "--wait 0 --compare a,b --galore rank=4 --flash-attn --active 2 --out '/x y' --label z --flops"
+    worker = Worker([], "pass", line, Path("/tmp/runs"), vs[1])
+    magic = shlex.split(worker.spec["magic_line"])
+    options = ProfileOptions.from_line(worker.spec["magic_line"])
+    assert options == ProfileOptions(
+        wait=0, active=2, count_flops=True, label=vs[1].name, out_dir="/tmp/runs", report=False,
+        run_id=worker.options.run_id,
     )
-    assert line == "--wait 0 --active 2"
+    assert worker.spec["run_dir"] == str(Path("/tmp/runs") / options.run_id)
+    assert magic[-3:] == ["--grad-ckpt", "--galore", "rank=64"]  # gap=200 is the default
+    assert "--compare" not in magic and "--flash-attn" not in magic
+    shutil.rmtree(worker.folder)
 
 
 def test_replay_keeps_magics_drops_failed_and_marked_cells():
@@ -82,6 +93,11 @@ def test_compare_in_a_session_leaves_the_kernel_untouched(session_kernel, tmp_pa
     assert res.status == "ok", res.outputs
     assert "Comparison" in "".join(o["data"].get("text/html", "") for o in res.of_type("display_data"))
     assert "image/png" in res.mimetypes() and "comparison: " in res.text("stdout")
+    # the progress line is replaced in place: each update is the line itself, as text and HTML
+    updates = [u["data"] for u in res.of_type("update_display_data")]
+    assert updates and updates[-1]["text/plain"].startswith("reruns finished — baseline: ok")
+    assert all(u["text/plain"].startswith(("rerun ", "reruns finished")) for u in updates), updates
+    assert all("swift-nb-compare-progress" in u["text/html"] for u in updates)
     assert k.eval(digest) == before, "the kernel's weights changed"
     assert k.eval("(type(opt).__name__, model.blocks[0].attn.attn_impl)") == ("AdamW", "eager")
     order = ["baseline", "flash_attention", "grad_checkpointing", "galore(rank=16)"]

@@ -214,8 +214,3 @@ def job_collectives(run: Run, traces: dict[int, Trace] | None = None) -> pd.Data
         frames.append(collectives(trace, world, rank))
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-
-
-def analytic_bytes(kind: str, payload_bytes: float, world: int) -> float:
-    """Wire bytes per rank a ring algorithm sends for a collective of ``payload_bytes``."""
-    return payload_bytes * _wire_factor(kind, world)

@@ -16,7 +16,6 @@ import pandas as pd
 from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
 
-OP_CATEGORIES = ("cpu_op", "kernel")
 SORT_COLUMNS = {"self_time": "self_time_s", "memory": "alloc_bytes"}
 COLUMNS = ["name", "calls", "self_time_s", "total_time_s", "self_pct", "alloc_bytes", "input_shapes"]
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
 from swift_nb.analysis.findings import Finding
-from swift_nb.record import Run, load_run
+from swift_nb.record import RUN_FILE, Run, load_run, rank_folder
 
 STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
 STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step
@@ -76,8 +76,8 @@ def rank_records(run: Run) -> dict[int, Run]:
     if run.path is None:
         return out
     for rank in pd.to_numeric(run.ranks.get("rank", pd.Series(dtype=float)), errors="coerce").dropna():
-        folder = Path(run.path) / f"rank{int(rank)}"
-        if (folder / "run.json").exists():
+        folder = rank_folder(Path(run.path), int(rank))
+        if (folder / RUN_FILE).exists():
             try:
                 out[int(rank)] = load_run(folder)
             except (OSError, ValueError):

@@ -16,7 +16,7 @@ import orjson
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.record import Run
+from swift_nb.record import Run, tables_path
 
 EVENT_COLUMNS = [
     "name",
@@ -126,19 +126,11 @@ def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.clip(idx, 0, None)], -1)
 
 
-TABLES_FILE = "trace.tables.npz"
 _TEXT_COLUMNS = {
     "events": ["name", "cat", "pid", "tid", "input_dims", "input_types"],
     "memory": ["addr"],
     "steps": ["tid"],
 }
-
-
-def tables_path(trace_path: Path) -> Path:
-    """Where a trace's tables are cached: ``trace.json.gz`` → ``trace.tables.npz``,
-    ``trace.rank3.json.gz`` → ``trace.rank3.tables.npz``."""
-    trace_path = Path(trace_path)
-    return trace_path.with_name(trace_path.name.removesuffix(".json.gz") + ".tables.npz")
 
 
 def load_trace(run: Run) -> Trace:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from swift_nb import trace_names as tn
 from swift_nb.capture.dist import RankInfo
-from swift_nb.record import RUN_FILE, Run, load_run
+from swift_nb.record import RUN_FILE, Run, load_run, rank_folder, rank_trace_file
 
 MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 
@@ -63,14 +63,6 @@ RANK_COLUMNS = [
     "error",
     "started_at",
 ]
-
-
-def trace_file(rank: int) -> str:
-    return f"trace.rank{rank}.json.gz"
-
-
-def part_folder(job: Path, rank: int) -> Path:
-    return job / f"rank{rank}"
 
 
 # -- what a rank measures about itself --------------------------------------------------
@@ -138,7 +130,7 @@ def rank_row(run: Run, info: RankInfo, source: str) -> dict[str, Any]:
         "peak_rss_bytes": s.get("peak_rss_bytes"),
         "collective_s_per_step": s.get("collective_s_per_step"),
         "collective_share": s.get("collective_share"),
-        "trace": trace_file(info.rank) if "trace" in run.files else "",
+        "trace": rank_trace_file(info.rank) if "trace" in run.files else "",
         "record": str(run.path),
         "error": s.get("traceback", ""),
         "started_at": run.started_at,
@@ -161,7 +153,7 @@ def payload(run: Run, info: RankInfo) -> dict[str, Any]:
 
 
 def _from_disk(job: Path, rank: int) -> dict[str, Any] | None:
-    folder = part_folder(job, rank)
+    folder = rank_folder(job, rank)
     if not (folder / RUN_FILE).exists():
         return None
     try:

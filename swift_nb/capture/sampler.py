@@ -53,7 +53,7 @@ class NvmlReader:
         except Exception as e:  # NVMLError_LibraryNotFound and friends, no driver, no GPU
             return None, (
                 f"NVML unavailable ({type(e).__name__}: {e}): GPU utilisation, clocks, "
-                "temperature and power are not recorded; CPU and memory are"
+                "temperature and power are not recorded; CPU and memory are still sampled."
             )
         if not handles:
             pynvml.nvmlShutdown()
@@ -154,10 +154,6 @@ class Sampler:
         self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
         if reason:
             note(reason)
-
-    @property
-    def gpu_source(self) -> str | None:
-        return "nvml" if self._nvml is not None else None
 
     def start(self, t0: float | None = None) -> None:
         if t0 is not None:

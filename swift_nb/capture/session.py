@@ -34,7 +34,8 @@ from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
 from swift_nb.capture.torch_profiler import ProfilerConfig, TraceRecorder
-from swift_nb.errors import ConfigError
+from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.options import ProfileOptions
 from swift_nb.record import (
     STEP_COLUMNS,
     TRACE_FILE,
@@ -44,6 +45,8 @@ from swift_nb.record import (
     ensure_writable,
     new_run_id,
     prune,
+    rank_folder,
+    rank_trace_file,
     save,
     summarize,
     utc_now_iso,
@@ -105,81 +108,48 @@ def environment(ranks: dist.RankInfo | None = None) -> dict[str, Any]:
     return env
 
 
-def unique_storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            continue
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        if key and key not in seen:
-            seen.add(key)
-            total += st.nbytes()
-    return total
-
-
-def optimizer_tensors(opt: torch.optim.Optimizer):
-    """Parameters, their gradients and the optimizer's state tensors."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            yield p
-            if p.grad is not None:
-                yield p.grad
-    for state in opt.state.values():
-        for value in state.values():
-            # GaLore keeps its projection matrix on a projector object in the state
-            yield getattr(value, "ortho_matrix", value)
-
-
 class Session:
     """Captures one run. ``start()``, then step boundaries arrive, then ``finish()``.
 
-    profiler: a ProfilerConfig, or None for resources only.
-    interval_s: periodic sampling period; None samples at step boundaries only.
+    options: what to capture and where (``ProfileOptions``; validated there).
+    trace: run the scheduled torch profiler (False: resources and steps only).
+    periodic_samples: sample every ``options.interval_ms`` in the background (False:
+    at step boundaries only).
     sample_every: take a step-boundary sample every this many steps; ``sync_samples``
     takes it on the training thread at the boundary, instead of soon after on the sampler's.
     use_optimizer_hook: whether optimizer steps mark boundaries (False: explicit only).
-    count_flops: count one step's FLOPs with torch's FlopCounterMode (that step runs slower:
-    it is the last step before the first recorded one, whose trace is discarded anyway).
+    ``options.count_flops`` counts one step's FLOPs with torch's FlopCounterMode (that
+    step runs slower: it is the last step before the first recorded one, whose trace is
+    discarded anyway).
     """
 
     def __init__(
         self,
-        profiler: ProfilerConfig | None = None,
-        interval_s: float | None = 0.1,
-        label: str | None = None,
-        out_dir: Path | str | None = None,
-        keep: int | None = None,
+        options: ProfileOptions | None = None,
+        *,
+        trace: bool = True,
+        periodic_samples: bool = True,
         context: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
         monitor_gpu: bool = True,
         sample_every: int = 1,
         sync_samples: bool = False,
         use_optimizer_hook: bool = True,
-        count_flops: bool = False,
-        gather_timeout_s: float | None = None,
     ) -> None:
-        if gather_timeout_s is not None and not (gather_timeout_s > 0 and math.isfinite(gather_timeout_s)):
-            raise ConfigError("gather_timeout_s", "must be a positive number of seconds", gather_timeout_s)
-        if interval_s is not None and not (interval_s > 0 and math.isfinite(interval_s)):
-            raise ConfigError("interval_s", "must be a positive number of seconds", interval_s)
+        o = self.options = options if options is not None else ProfileOptions()
         if not isinstance(sample_every, int) or sample_every < 1:
             raise ConfigError("interval", "must be a whole number of steps, at least 1", sample_every)
-        if keep is not None and (not isinstance(keep, int) or keep < 1):
-            raise ConfigError("keep", "must be a whole number of runs, at least 1", keep)
-        if label is not None and not isinstance(label, str):
-            raise ConfigError("label", "must be a string", label)
-        self.root = ensure_writable(Path(out_dir) if out_dir is not None else default_root()).resolve()
-        self.keep = keep if keep is not None else default_keep()
+        self.root = ensure_writable(Path(o.out_dir) if o.out_dir is not None else default_root()).resolve()
+        self.keep = o.keep if o.keep is not None else default_keep()
+        profiler = ProfilerConfig.from_options(o) if trace else None
         self.profiler_cfg = profiler
-        self.interval_s = interval_s
+        self.interval_s = o.interval_s if periodic_samples else None
         self.monitor_gpu = monitor_gpu
         self.sample_every = sample_every
         self.sync_samples = sync_samples
+        label, count_flops, gather_timeout_s = o.label, o.count_flops, o.gather_timeout_s
         now = datetime.now()
-        self.run = Run(id=new_run_id(label, now), label=label)
+        self.run = Run(id=o.run_id or new_run_id(label, now), label=label)
         self.run.context = dict(context or {})
         self.run.source = {"argv": list(sys.argv), **(source or {})}
         self._watcher = StepWatcher(self._on_boundary, use_optimizer_hook)
@@ -208,6 +178,8 @@ class Session:
         self._group: dist.RankGroup | None = None
         self._job_path: Path | None = None
         self._sigterm = dist.TerminateAsInterrupt()
+        if o.run_id is not None and self._ranks is None and (self.root / o.run_id).exists():
+            raise RunDirError(f"run folder {self.root / o.run_id} exists already: choose another run id")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -242,7 +214,7 @@ class Session:
                 if self._ranks is None:
                     self._trace = TraceRecorder(self.profiler_cfg, run.path, self.note)
                 else:
-                    name = job.trace_file(self._ranks.rank)
+                    name = rank_trace_file(self._ranks.rank)
                     self._trace = TraceRecorder(self.profiler_cfg, self._job_path, self.note, name)
                 self._trace.start()
                 self._snapshot_if_recorded()
@@ -266,7 +238,7 @@ class Session:
             job_id = dist.fallback_job_id(run.label)
         run.id = job_id
         self._job_path = self.root / job_id
-        run.path = job.part_folder(self._job_path, info.rank)
+        run.path = rank_folder(self._job_path, info.rank)
         run.path.mkdir(parents=True, exist_ok=True)
         self._sigterm.install()
 
@@ -521,17 +493,6 @@ def _flop_step(cfg: ProfilerConfig | None) -> int:
     if cfg.wait + cfg.warmup >= 1:
         return cfg.wait + cfg.warmup - 1
     return cfg.active
-
-
-def interval_seconds(interval_ms: float) -> float:
-    """Validate a sampling period given in milliseconds and return it in seconds."""
-    if (
-        not isinstance(interval_ms, (int, float))
-        or isinstance(interval_ms, bool)
-        or not (interval_ms > 0 and math.isfinite(interval_ms))
-    ):
-        raise ConfigError("interval_ms", "must be a positive number of milliseconds", interval_ms)
-    return interval_ms / 1000.0
 
 
 def cell_source(cell: str) -> dict[str, Any]:

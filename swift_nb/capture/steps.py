@@ -20,7 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 StepListener = Callable[[str, "torch.optim.Optimizer | None"], None]
 
 _lock = threading.Lock()
-_listener: StepListener | None = None
+_listener: Callable[[], None] | None = None  # the active watcher's explicit-step entry
 
 
 class StepWatcher:

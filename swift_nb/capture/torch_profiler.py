@@ -22,7 +22,8 @@ import orjson
 import torch
 from torch.profiler import ProfilerActivity
 
-from swift_nb.errors import ConfigError
+from swift_nb.options import ProfileOptions, check_schedule
+from swift_nb.record import TRACE_FILE
 from swift_nb.trace_names import step_of
 
 
@@ -39,10 +40,11 @@ class ProfilerConfig:
     with_stack: bool = False
 
     def __post_init__(self) -> None:
-        for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(name, f"must be a whole number ≥ {low}", value)
+        check_schedule(self.wait, self.warmup, self.active, self.repeat)
+
+    @classmethod
+    def from_options(cls, o: ProfileOptions) -> ProfilerConfig:
+        return cls(o.wait, o.warmup, o.active, o.repeat, o.record_shapes, o.profile_memory, o.with_stack)
 
     @property
     def cycle(self) -> int:
@@ -77,7 +79,7 @@ class TraceRecorder:
     """Owns one scheduled torch profiler for a run."""
 
     def __init__(
-        self, cfg: ProfilerConfig, folder: Path, note: Callable[[str], None], name: str = "trace.json.gz"
+        self, cfg: ProfilerConfig, folder: Path, note: Callable[[str], None], name: str = TRACE_FILE
     ) -> None:
         self.cfg = cfg
         self._folder = folder

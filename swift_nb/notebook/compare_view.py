@@ -10,6 +10,7 @@ from typing import Any
 
 from IPython.display import display
 
+from swift_nb.options import ProfileOptions
 from swift_nb.render.compare import compare_figures, compare_table_html, compare_table_text
 from swift_nb.rerun import Compared, compare_cell
 from swift_nb.rerun.launcher import Variant
@@ -42,20 +43,33 @@ class Progress:
             if p.get("phase") == "profile"
             else p.get("phase", "starting")
         )
-        self.handle.update(self._bundle(f"rerun {i}/{len(self.names)} — {name}: {where}"))
+        self.handle.update(self._bundle(f"rerun {i}/{len(self.names)} — {name}: {where}"), raw=True)
 
     def done(self, compared: Compared) -> None:
         if self.handle is not None:
             statuses = ", ".join(f"{o.variant}: {o.status}" for o in compared.outcomes)
-            self.handle.update(self._bundle(f"reruns finished — {statuses}"))
+            self.handle.update(self._bundle(f"reruns finished — {statuses}"), raw=True)
 
 
 def run_comparison(
-    shell: Any, line: str, cell: str, variants: list[Variant], out: str | None, setup: str | None, timeout_s
+    shell: Any,
+    options: ProfileOptions,
+    cell: str,
+    variants: list[Variant],
+    out: str | None,
+    setup: str | None,
+    timeout_s,
 ) -> Compared:
     progress = Progress(variants)
     compared = compare_cell(
-        shell, line, cell, variants, out_dir=out, setup_file=setup, timeout_s=timeout_s, on_progress=progress
+        shell,
+        options,
+        cell,
+        variants,
+        out_dir=out,
+        setup_file=setup,
+        timeout_s=timeout_s,
+        on_progress=progress,
     )
     progress.done(compared)
     show_comparison(compared)

@@ -11,19 +11,20 @@ shown as a results panel and as static outputs (``panel.py``). In a terminal, or
 from __future__ import annotations
 
 import os
+import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from swift_nb import toggles as toggle_registry
 from swift_nb.api import apply_toggles, finish, report, undo_toggles
-from swift_nb.capture.session import Session, cell_source, interval_seconds
-from swift_nb.capture.torch_profiler import ProfilerConfig
+from swift_nb.capture.session import Session, cell_source
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_run
+from swift_nb.options import ProfileOptions, argparse_specs, flag_of
 from swift_nb.record import Run, load_run, runs
 from swift_nb.render.tables import runs_html, runs_text
 
@@ -33,8 +34,11 @@ class ProfiledCellError(Exception):
     outer cell failed without showing anything more."""
 
 
-def _flag(param: str) -> str:
-    return "--" + param.replace("_", "-")
+def _option_arguments(func):
+    """The ``ProfileOptions`` flags, each as an ``@argument`` (one home: ``options.py``)."""
+    for args, kwargs in reversed(argparse_specs()):
+        func = argument(*args, **kwargs)(func)
+    return func
 
 
 #: magic flag → toggle id; a flag takes an optional ``key=value,...`` spec
@@ -45,7 +49,7 @@ def _toggle_flag(param: str) -> str:
     """Names a toggle parameter as the magic spells it: ``galore rank`` → ``--galore rank``."""
     by_id = {v: k for k, v in TOGGLE_FLAGS.items()}
     tid, _, rest = param.partition(" ")
-    return f"{_flag(by_id[tid])} {rest}".strip() if tid in by_id else _flag(param)
+    return f"{flag_of(by_id[tid])} {rest}".strip() if tid in by_id else flag_of(param)
 
 
 def _toggles(args) -> list[toggle_registry.Toggle]:
@@ -56,37 +60,26 @@ def _toggles(args) -> list[toggle_registry.Toggle]:
     ]
 
 
+def parse_line(line: str):
+    """The magic's arguments, split as a shell would (``--out '/my runs'`` is one path;
+    IPython's own splitting keeps the quotes)."""
+    try:
+        argv = shlex.split(line)
+    except ValueError as e:
+        raise UsageError(f"%%swift_profile {line}: {e}") from None
+    return SwiftMagics.swift_profile.parser.parse_args(argv)
+
+
 @magics_class
 class SwiftMagics(Magics):
     @magic_arguments()
-    @argument("--wait", type=int, default=1, help="steps skipped before profiling (default 1)")
-    @argument("--warmup", type=int, default=2, help="steps traced then discarded (default 2)")
-    @argument("--active", type=int, default=3, help="steps recorded per cycle (default 3)")
-    @argument("--repeat", type=int, default=1, help="profiling cycles; 0 = until the cell ends (default 1)")
-    @argument("--no-shapes", action="store_true", help="do not record input shapes")
-    @argument("--no-memory", action="store_true", help="do not record tensor allocations")
-    @argument("--with-stack", action="store_true", help="record Python stacks (slower)")
-    @argument("--flops", action="store_true", help="count one step's FLOPs (that step runs slower)")
-    @argument("--interval-ms", type=float, default=100.0, help="resource sampling period (default 100)")
-    @argument("--label", type=str, default=None, help="a name for this run")
-    @argument(
-        "--out",
-        type=str,
-        default=None,
-        help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)",
-    )
-    @argument("--keep", type=int, default=None, help="runs to keep in that folder (default 20)")
+    @_option_arguments
     @argument("--list", action="store_true", help="show recent runs instead of profiling")
     @argument(
         "--steps",
         type=int,
         default=None,
         help="steps the cell will run, for the live panel's progress and ETA (a hint; nothing is cut)",
-    )
-    @argument(
-        "--no-report",
-        action="store_true",
-        help="save the run without analysing it or writing report.html (faster; swift-nb report RUN_DIR later)",
     )
     @argument(
         "--no-widgets",
@@ -155,7 +148,7 @@ class SwiftMagics(Magics):
         optimizers in the notebook's variables and to those the cell constructs; they are
         undone when the cell ends.
         """
-        args = parse_argstring(self.swift_profile, line)
+        args = parse_line(line)
         if args.list:
             self._show_runs(args.out)
             return
@@ -167,46 +160,9 @@ class SwiftMagics(Magics):
         if args.steps is not None and args.steps < 1:
             raise UsageError(f"--steps must be a whole number ≥ 1; got {args.steps}")
         if args.compare is not None:
-            self._compare(line, cell, args)
+            self._compare(cell, args)
             return
-        try:
-            toggles = _toggles(args)
-        except ConfigError as e:
-            raise UsageError(e.message(_toggle_flag)) from None
-        except MissingDependencyError as e:
-            raise UsageError(str(e)) from None
-        try:
-            cfg = ProfilerConfig(
-                args.wait,
-                args.warmup,
-                args.active,
-                args.repeat,
-                record_shapes=not args.no_shapes,
-                profile_memory=not args.no_memory,
-                with_stack=args.with_stack,
-            )
-            session = Session(
-                profiler=cfg,
-                interval_s=interval_seconds(args.interval_ms),
-                label=args.label,
-                out_dir=args.out,
-                keep=args.keep,
-                source=cell_source(cell),
-            )
-        except ConfigError as e:
-            raise UsageError(e.message(_flag)) from None
-        except RunDirError as e:
-            raise UsageError(str(e)) from None
-
-        try:
-            apply_toggles(session, toggles, self.shell.user_ns)
-        except (ConfigError, RuntimeError) as e:  # e.g. sequence_parallel outside a multi-rank rerun
-            raise UsageError(str(e)) from None
-        try:
-            session.start()
-        except RuntimeError as e:  # another profile is active (a nested %%swift_profile)
-            undo_toggles(session, toggles)
-            raise UsageError(str(e)) from None
+        session, toggles = self._prepare(cell, args)
         live = result = None
         try:
             if not args.no_widgets and widgets_available(self.shell):
@@ -220,20 +176,41 @@ class SwiftMagics(Magics):
             for report in undo_toggles(session, toggles):
                 print(report)
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
-            if result is None or isinstance(err, KeyboardInterrupt):
-                status = "interrupted"
-            else:
-                status = "failed" if err is not None else "ok"
-            reported = finish(session, status, err, analyse=not args.no_report)
+            reported = finish(session, _status(result, err), err)
             run = reported.run
-            if live is not None:
-                live.close(run)
             actions = None
             if live is not None:
-                actions = _rerun_controls(self.shell, line, cell, run, reported)
+                live.close(run)
+                actions = _rerun_controls(self.shell, session.options, cell, run, reported)
             show_run(run, reported.sections, panel=live is not None, actions=actions)
         if err is not None:
             raise ProfiledCellError(run.id)
+
+    def _prepare(self, cell: str, args) -> tuple[Session, list[toggle_registry.Toggle]]:
+        """The started session with its toggles applied; every bad input is a UsageError
+        raised before anything runs or stays applied."""
+        try:
+            toggles = _toggles(args)
+        except ConfigError as e:
+            raise UsageError(e.message(_toggle_flag)) from None
+        except MissingDependencyError as e:
+            raise UsageError(str(e)) from None
+        try:
+            session = Session(ProfileOptions.from_args(args), source=cell_source(cell))
+        except ConfigError as e:
+            raise UsageError(e.message(flag_of)) from None
+        except RunDirError as e:
+            raise UsageError(str(e)) from None
+        try:
+            apply_toggles(session, toggles, self.shell.user_ns)
+        except (ConfigError, RuntimeError) as e:  # e.g. sequence_parallel outside a multi-rank rerun
+            raise UsageError(str(e)) from None
+        try:
+            session.start()
+        except RuntimeError as e:  # another profile is active (a nested %%swift_profile)
+            undo_toggles(session, toggles)
+            raise UsageError(str(e)) from None
+        return session, toggles
 
     def _open(self, path: str, panel: bool) -> None:
         try:
@@ -243,7 +220,7 @@ class SwiftMagics(Magics):
         reported = report(run)
         show_run(reported.run, reported.sections, panel=panel)
 
-    def _compare(self, line: str, cell: str, args) -> None:
+    def _compare(self, cell: str, args) -> None:
         from swift_nb.notebook.compare_view import run_comparison
         from swift_nb.rerun import RerunBusyError, parse_variants
 
@@ -260,7 +237,11 @@ class SwiftMagics(Magics):
         except MissingDependencyError as e:
             raise UsageError(str(e)) from None
         try:
-            run_comparison(self.shell, line, cell, variants, args.out, args.setup, args.timeout)
+            options = ProfileOptions.from_args(args)
+        except ConfigError as e:
+            raise UsageError(e.message(flag_of)) from None
+        try:
+            run_comparison(self.shell, options, cell, variants, args.out, args.setup, args.timeout)
         except (RerunBusyError, FileNotFoundError) as e:
             raise UsageError(str(e)) from None
 
@@ -274,7 +255,7 @@ class SwiftMagics(Magics):
         display({"text/html": runs_html(table), "text/plain": runs_text(table)}, raw=True)
 
 
-def _rerun_controls(shell, line: str, cell: str, run: Run, reported):
+def _rerun_controls(shell, options: ProfileOptions, cell: str, run: Run, reported):
     """The Advice tab's rerun controls, or None where reruns cannot start (inside a rerun
     worker, or a run that was not saved)."""
     from swift_nb.notebook.rerun_panel import RerunControls
@@ -284,9 +265,16 @@ def _rerun_controls(shell, line: str, cell: str, run: Run, reported):
     if os.environ.get(WORKER_ENV) or run.path is None:
         return None
     findings = reported.analysis.findings if reported.analysis is not None else []
-    controls = RerunControls(shell, line, cell, replay_cells(shell), run.id, findings, run.path.parent)
+    controls = RerunControls(shell, options, cell, replay_cells(shell), run.id, findings, run.path.parent)
     shell.magics_manager.registry["SwiftMagics"].last_controls = controls  # for code driving the panel
     return controls.widget()
+
+
+def _status(result, err: BaseException | None) -> str:
+    """The run's status from the inner cell's result (None: it never returned)."""
+    if result is None or isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    return "failed" if err is not None else "ok"
 
 
 def widgets_available(shell) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from swift_nb.analysis.findings import Finding
+from swift_nb.options import ProfileOptions
 from swift_nb.render.compare import compare_figures, compare_table_html
 from swift_nb.rerun import Compared, RerunBusyError, Variant, compare_cell
 from swift_nb.toggles import TOGGLES, get
@@ -39,14 +40,14 @@ class RerunControls:
     def __init__(
         self,
         shell: Any,
-        line: str,
+        options: ProfileOptions,
         cell: str,
         cells: list[str],
         run_id: str,
         findings: Sequence[Finding],
         out_dir: Path | None = None,
     ) -> None:
-        self.shell, self.line, self.cell, self.cells, self.run_id = shell, line, cell, cells, run_id
+        self.shell, self.options, self.cell, self.cells, self.run_id = shell, options, cell, cells, run_id
         self.out_dir = out_dir  # reruns are recorded beside the run they rerun
         self.boxes = {
             t: widgets.Checkbox(value=False, description=TOGGLES[t].title, indent=False) for t in OFFERED
@@ -142,7 +143,7 @@ class RerunControls:
         try:
             self.compared = compare_cell(
                 self.shell,
-                self.line,
+                self.options,
                 self.cell,
                 variants,
                 cells=self.cells,

@@ -2,7 +2,7 @@
 applied, measured exactly like the baseline, and compare side by side. The kernel's own
 objects are never touched.
 
-``compare_cell(shell, line, cell, "flash_attention,galore")`` is what
+``compare_cell(shell, options, cell, "flash_attention,galore")`` is what
 ``%%swift_profile --compare`` runs; ``run_variants`` launches workers from any list of
 cells (a setup file, say).
 """
@@ -18,8 +18,9 @@ import pandas as pd
 
 from swift_nb.analysis.compare import compare_runs
 from swift_nb.api import findings_of
-from swift_nb.record import Run, default_root, load_run
-from swift_nb.render.compare import COMPARE_FILE, write_compare
+from swift_nb.options import ProfileOptions
+from swift_nb.record import COMPARE_FILE, Run, default_root, load_run
+from swift_nb.render.compare import write_compare
 from swift_nb.rerun.history import SKIP_MARK, install, replay_cells
 from swift_nb.rerun.launcher import Outcome, RerunBusyError, Variant, Worker, parse_variants, run_variants
 
@@ -51,7 +52,7 @@ class Compared:
 
 def compare_cell(
     shell: Any,
-    magic_line: str,
+    options: ProfileOptions | str,
     cell: str,
     variants: list[Variant] | str,
     out_dir: Path | str | None = None,
@@ -62,14 +63,16 @@ def compare_cell(
     cells: list[str] | None = None,
 ) -> Compared:
     """Rerun ``cell`` (after the session's history, ``setup_file``, or ``cells`` when
-    given) as a baseline and once per variant, each in its own worker, then compare them."""
+    given) as a baseline and once per variant, each in its own worker, then compare them.
+    ``options``: the profile options of every rerun (a ``%%swift_profile`` line is read
+    for them: ``--active 5`` and the like)."""
     if isinstance(variants, str):
         variants = parse_variants(variants)
     if cells is None:
         cells = replay_cells(shell, setup_file)
     root = Path(out_dir) if out_dir is not None else default_root()
     root.mkdir(parents=True, exist_ok=True)
-    outcomes = run_variants(cells, cell, magic_line, variants, root, rerun_of, timeout_s, on_progress)
+    outcomes = run_variants(cells, cell, options, variants, root, rerun_of, timeout_s, on_progress)
     loaded: list[tuple[Outcome, Run | None]] = []
     for o in outcomes:
         run = None

@@ -34,7 +34,8 @@ from typing import Any
 import psutil
 
 from swift_nb.errors import ConfigError
-from swift_nb.record import load_run, save
+from swift_nb.options import ProfileOptions
+from swift_nb.record import RUN_FILE, load_run, new_run_id, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
 from swift_nb.toggles import MAGIC_FLAGS, Toggle, parse
 
@@ -85,7 +86,7 @@ def _flag_of() -> dict[str, str]:
     return {tid: "--" + flag.replace("_", "-") for flag, tid in MAGIC_FLAGS.items()}
 
 
-def magic_flags(toggles: list[Toggle]) -> str:
+def magic_flags(toggles: list[Toggle]) -> list[str]:
     """The ``%%swift_profile`` flags that apply ``toggles`` (those the magic has a flag for;
     the worker applies the others itself, see ``unflagged``)."""
     flag_of = _flag_of()
@@ -93,32 +94,11 @@ def magic_flags(toggles: list[Toggle]) -> str:
     for t in toggles:
         if t.id not in flag_of:
             continue
+        out.append(flag_of[t.id])
         params = ",".join(f"{k}={v}" for k, v in t.values.items() if v is not None and v != _default(t, k))
-        out.append(f"{flag_of[t.id]} {params}".strip())
-    return " ".join(out)
-
-
-_OPTIONAL_VALUE = set(_flag_of().values())  # the toggle flags: a spec may follow
-_OWN_FLAGS = {"--compare", "--out", "--label", "--setup", "--timeout", *_OPTIONAL_VALUE}
-
-
-def worker_line(line: str) -> str:
-    """The user's ``%%swift_profile`` flags minus those a rerun sets itself (the variant's
-    toggles, the comparison, the output folder — given to the worker as SWIFT_NB_DIR)."""
-    tokens = shlex.split(line)
-    out, i = [], 0
-    while i < len(tokens):
-        tok = tokens[i]
-        name = tok.split("=", 1)[0]
-        if name in _OWN_FLAGS:
-            takes_value = "=" not in tok and (
-                name not in _OPTIONAL_VALUE or (i + 1 < len(tokens) and not tokens[i + 1].startswith("--"))
-            )
-            i += 2 if takes_value else 1
-            continue
-        out.append(shlex.quote(tok))
-        i += 1
-    return " ".join(out)
+        if params:
+            out.append(params)
+    return out
 
 
 def unflagged(toggles: list[Toggle]) -> list[dict[str, Any]]:
@@ -156,7 +136,7 @@ class Worker:
         self,
         cells: list[str],
         cell: str,
-        magic_line: str,
+        options: ProfileOptions | str,
         out_dir: Path,
         variant: Variant,
         rerun_of: str | None = None,
@@ -167,14 +147,23 @@ class Worker:
         self.rerun_of = rerun_of
         self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         self.folder = Path(tempfile.mkdtemp(prefix=f"swift_nb-rerun-{variant.name[:40]}-"))
+        base = ProfileOptions.from_line(options) if isinstance(options, str) else options
+        # the comparison reads the records' tables; each rerun's own report waits for
+        # `swift-nb report RUN_DIR` (it would add seconds to every variant)
+        self.options = base.replace(
+            label=variant.name,
+            out_dir=str(self.out_dir),
+            run_id=new_run_id(variant.name),
+            report=False,
+        )
+        #: the run folder the worker writes (a job folder when several ranks)
+        self.run_path = self.out_dir / str(self.options.run_id)
         self.spec = {
             "cells": cells,
             "cell": cell,
-            # the comparison reads the records' tables; each rerun's own report waits for
-            # `swift-nb report RUN_DIR` (it would add seconds to every variant)
-            "magic_line": f"{worker_line(magic_line)} --no-report --label {variant.name} {magic_flags(variant.toggles)}",
+            "magic_line": shlex.join([*self.options.to_argv(), *magic_flags(variant.toggles)]),
             "toggles": unflagged(variant.toggles),
-            "out_dir": str(self.out_dir),
+            "run_dir": str(self.run_path),
             "cwd": os.getcwd(),
             "sys_path": [p for p in sys.path if p],
         }
@@ -192,7 +181,7 @@ class Worker:
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(self.spec))
         self._t0 = time.monotonic()
-        env = {**os.environ, "MPLBACKEND": "Agg", WORKER_ENV: "1", "SWIFT_NB_DIR": str(self.out_dir)}
+        env = {**os.environ, "MPLBACKEND": "Agg", WORKER_ENV: "1"}
         cmd = [sys.executable, "-m", "swift_nb.rerun.worker", str(spec_path)]
         if self.nproc > 1:
             cmd = [
@@ -306,8 +295,8 @@ class Worker:
         wall = time.monotonic() - self._t0
         out = Outcome(self.variant.name, "ok", wall_s=wall)
         results = self._results()
-        if 0 in results:
-            out.run_path = results[0].get("run")
+        if 0 in results and (self.run_path / RUN_FILE).is_file():
+            out.run_path = str(self.run_path)
         failed = self._failed_ranks(results)
         if failed:
             rank, first = failed[0]
@@ -397,7 +386,7 @@ def _tail(path: Path, lines: int = 12) -> str:
 def run_variants(
     cells: list[str],
     cell: str,
-    magic_line: str,
+    options: ProfileOptions | str,
     variants: list[Variant],
     out_dir: Path,
     rerun_of: str | None = None,
@@ -413,7 +402,7 @@ def run_variants(
     try:
         outcomes = []
         for variant in [Variant("baseline"), *variants]:
-            worker = Worker(cells, cell, magic_line, out_dir, variant, rerun_of, timeout_s)
+            worker = Worker(cells, cell, options, out_dir, variant, rerun_of, timeout_s)
             worker.start()
             report = None if on_progress is None else (lambda p, name=variant.name: on_progress(name, p))
             outcomes.append(worker.wait(report))

@@ -1,7 +1,8 @@
 """A rerun's worker process: ``python -m swift_nb.rerun.worker SPEC.json``.
 
 Replays the spec's cells in a fresh IPython shell (so magics work), then runs the
-profiled cell under ``%%swift_profile`` with the variant's toggle flags, and writes
+profiled cell under ``%%swift_profile`` with the variant's options (its run folder among
+them: ``--out DIR --run-id ID``) and toggle flags, and writes
 ``result.json`` beside the spec. Progress (which cell, how many optimizer steps) goes to
 ``progress.json`` twice a second; the user's output goes to the log the launcher chose.
 
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from swift_nb.record import atomic_write_text
+from swift_nb.record import RUN_FILE, atomic_write_text
 from swift_nb.toggles import applied, get
 
 PROGRESS_FILE = "progress.json"
@@ -130,8 +131,8 @@ def run(spec_path: Path) -> int:
         toggles = [get(t["toggle"], **t.get("params", {})) for t in spec.get("toggles") or []]
         with applied(shell.user_ns, toggles) as reports:
             res = shell.run_cell(f"%%swift_profile {spec['magic_line']}\n{spec['cell']}", store_history=True)
-        if rank == 0:
-            result["run"] = _newest_run(Path(spec["out_dir"]))
+        if rank == 0 and (Path(spec["run_dir"]) / RUN_FILE).is_file():
+            result["run"] = spec["run_dir"]
             _record_toggles(result["run"], reports)
         if not res.success:
             err = next((e for e in errors if type(e).__name__ != "ProfiledCellError"), None)
@@ -169,13 +170,6 @@ def _describe(err: BaseException | None, where: str) -> str:
         return f"{where} failed"
     lines = traceback.format_exception(type(err), err, err.__traceback__)
     return f"{where} raised:\n" + "".join(lines[-12:])
-
-
-def _newest_run(out_dir: Path) -> str | None:
-    folders = sorted(
-        (p for p in out_dir.iterdir() if (p / "run.json").is_file()), key=lambda p: p.stat().st_mtime
-    )
-    return str(folders[-1]) if folders else None
 
 
 if __name__ == "__main__":
