@@ -3,6 +3,7 @@ and its figures draw whatever data they get."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,10 +16,11 @@ from matplotlib.figure import Figure
 
 import swift_nb
 from swift_nb.analysis.breakdown import step_breakdown
-from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.findings import VERDICTS, Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
 from swift_nb.demo import make_model
-from swift_nb.record import MEMORY_COLUMNS, Run
+from swift_nb.record import MEMORY_CATEGORIES, MEMORY_COLUMNS, Run
+from swift_nb.render.compare import compare_html
 from swift_nb.render.figures import (
     breakdown_figure,
     figure_png,
@@ -215,6 +217,90 @@ def test_report_references_no_remote_assets(report_path):
             assert attrs["src"].startswith("data:image/png;base64,")
     css = "".join(parser.css).lower()
     assert "@import" not in css and "@font-face" not in css and "url(" not in css
+
+
+APART = frozenset(
+    ["p", "div", "h1", "h2", "h3", "h4", "li", "ul", "tr", "th", "td", "table", "figure", "figcaption", "br"]
+)
+
+
+class _Text(HTMLParser):
+    """The text a reader sees with no CSS at all: inline elements (span, strong, code …)
+    run on with their neighbours, block elements and table cells are set apart; style
+    and title text are not shown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._hidden = 0
+
+    def handle_starttag(self, tag, attrs):
+        self._hidden += tag in ("style", "title")
+        if tag in APART:
+            self.parts.append(" ")
+
+    def handle_endtag(self, tag):
+        self._hidden -= tag in ("style", "title")
+        if tag in APART:
+            self.parts.append(" ")
+
+    def handle_data(self, data):
+        if not self._hidden:
+            self.parts.append(data)
+
+
+def reader_text(html: str) -> str:
+    parser = _Text()
+    parser.feed(html)
+    return re.sub(r"\s+", " ", "".join(parser.parts)).strip()
+
+
+GLUED = re.compile("(?:" + "|".join(map(re.escape, VERDICTS)) + r")[\w(]")
+
+
+def test_verdict_reads_as_a_sentence_without_css():
+    verdict = Verdict(
+        "compute-bound", "96.8 % of the step is forward, backward and optimizer work", {"step_s": 0.02}
+    )
+    html = report_html(Run(id="bare"), verdict=verdict)
+    paragraph = re.search(r"<p class='verdict'>.*?</p>", html).group(0)
+    # even stripped of every tag with nothing put in their place
+    assert re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", paragraph)) == (
+        "compute-bound — 96.8 % of the step is forward, backward and optimizer work"
+    )
+    text = reader_text(html)
+    assert "Verdict compute-bound — 96.8 % of the step is forward" in text
+    assert GLUED.search(text) is None and re.search(r"[a-z]-bound\d", text) is None
+
+
+def test_whole_report_text_glues_no_label_to_a_number(report_path):
+    text = reader_text(report_path.read_text("utf-8"))
+    assert "compute-bound — forward, backward and optimizer fill the step" in text
+    assert GLUED.search(text) is None and re.search(r"[a-z]-bound\d", text) is None
+    for label in ("Suggestion:", "Toggle:", "Predicted effect:", "Estimated by:"):
+        assert re.search(re.escape(label) + r" \S", text), label
+    assert "warning · optimizer_state Optimizer state is large" in text
+
+
+def test_compare_table_names_each_ratio():
+    row = {
+        "variant": "flash",
+        "status": "ok",
+        "step_time_median_s": 0.01,
+        "step_time_ratio": 0.8,
+        "steps_per_s": 100.0,
+        "peak_mem_bytes": 2**20,
+        "peak_mem_ratio": 0.5,
+        "mean_util_pct": 90.0,
+        "predicted": "",
+        "predicted_peak_bytes": None,
+        "notes": "",
+        **{f"{c}_bytes": 0 for c in MEMORY_CATEGORIES},
+    }
+    text = reader_text(compare_html(pd.DataFrame([row]), [("step time per variant", b"png")]))
+    # two ratio columns: each header says which quantity it compares
+    assert "step × base" in text and "memory × base" in text and "0.80× 100.00 1.0 MiB 0.50×" in text
+    assert "Step time per variant" in text
 
 
 def test_report_of_a_run_without_trace(browser, tmp_path):

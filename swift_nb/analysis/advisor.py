@@ -10,21 +10,27 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from swift_nb import trace_names as tn
 from swift_nb.analysis.breakdown import step_breakdown
 from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_growth
 from swift_nb.analysis.operators import op_self_times_us
+from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
-from swift_nb.units import fmt_bytes
+from swift_nb.units import fmt_bytes, fmt_seconds
 
 GALORE_RANK = 128
+# In the name of an ``enumerate(DataLoader)`` span when worker processes load the batches
+# (``_SingleProcessDataLoaderIter.__next__`` when the main process does).
+WORKER_LOADER = "_MultiProcessingDataLoaderIter"
+COLLATE_STACK = "aten::stack"  # the default collate stacks each field of the samples
 
 
 @dataclass
@@ -33,6 +39,15 @@ class Thresholds:
     peak tensor memory; ``memory_limit_bytes`` overrides the device's capacity."""
 
     data_share: float = 0.20
+    # Data-loading advice also needs this much loading per step (s). A single-process
+    # DataLoader over in-memory tensors with the default collate spends ≈ 0.1–0.7 ms per
+    # batch of 8–64 samples on its own Python (sampler, per-sample indexing, stack; measured
+    # on CPU), and receiving a batch from a worker process costs the main process as much
+    # or more (queue get, unpickling, attaching shared memory: 0.3–2 ms measured). Below
+    # 2 ms loading is that fixed cost, not slow collate, transforms or I/O, and workers
+    # cannot win it back: a large share of such a step (under 2 ms / data_share = 10 ms)
+    # only says the step is tiny.
+    data_min_s: float = 0.002
     comm_share: float = 0.30
     tiny_op_us: float = 50.0  # ops with less self time than this are "tiny" …
     tiny_op_count: int = 300  # … and with this many ops per step …
@@ -46,6 +61,43 @@ class Thresholds:
     leak_bytes_per_step: float = 1 << 20  # 1 MiB per step, and …
     leak_share_per_step: float = 0.005  # … 0.5 % of the peak per step
     memory_limit_bytes: float | None = None
+
+
+@dataclass
+class Loader:
+    """The DataLoader as the trace shows it, medians over the profiled steps.
+
+    data_s: seconds per step inside ``enumerate(DataLoader)`` spans (the breakdown's
+    ``data_s``); ops_s: the part of them in torch ops (indexing, the collate's stack,
+    tensor transforms), the rest being Python: the loader's own per-batch work,
+    ``__getitem__``, decoding, I/O, sleeping. samples: samples per batch, from the default
+    collate's stack (0: unknown). in_workers: whether worker processes load the batches
+    (None: no DataLoader in the trace); num_workers: as the run's context recorded it.
+    """
+
+    data_s: float = 0.0
+    ops_s: float = 0.0
+    samples: int = 0
+    in_workers: bool | None = None
+    num_workers: int | None = None
+
+    @property
+    def python_s(self) -> float:
+        return max(0.0, self.data_s - self.ops_s)
+
+    @property
+    def s_per_sample(self) -> float | None:
+        return self.data_s / self.samples if self.samples else None
+
+    def where(self) -> str:
+        """Who loads the batches, in words."""
+        if not self.in_workers:
+            return (
+                "main process (num_workers=0)" if self.in_workers is False else "no DataLoader in the trace"
+            )
+        if self.num_workers:
+            return f"{self.num_workers} worker processes"
+        return "worker processes"
 
 
 @dataclass
@@ -65,6 +117,7 @@ class Evidence:
     limit_bytes: float | None
     growth_bytes_per_step: float
     growth_source: str
+    loader: Loader = field(default_factory=Loader)
     world_size: int = 1
     comm: pd.DataFrame | None = None  # collectives per kind (swift_nb.analysis.comm)
     # Parts of the profiled steps' time, 0..1 (swift_nb.analysis.comm): collective time, and
@@ -127,7 +180,58 @@ def gather(
         limit_bytes=th.memory_limit_bytes if th.memory_limit_bytes is not None else _device_limit(run),
         growth_bytes_per_step=growth,
         growth_source=source,
+        loader=_loader(trace, bd, ops, run),
     )
+
+
+def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Loader:
+    """What the ``enumerate(DataLoader)`` spans of the profiled steps hold (``ops``: the
+    steps' cpu ops)."""
+    ev = trace.events
+    spans = ev[(ev["step"] >= 0) & ev["name"].str.contains(tn.DATA)]
+    context_workers = run.context.get("num_workers")
+    num_workers = int(context_workers) if context_workers is not None else None
+    if spans.empty:
+        return Loader(
+            num_workers=num_workers, in_workers=bool(num_workers) if num_workers is not None else None
+        )
+    ops = ops[~ops["name"].str.contains(tn.DATA)]
+    ops_s = dict.fromkeys(bd["step"], 0.0)
+    samples = []
+    for tid, start, end, step in spans[["tid", "ts_us", "end_us", "step"]].itertuples(index=False):
+        inside = ops[(ops["tid"] == tid) & (ops["ts_us"] >= start) & (ops["end_us"] <= end)]
+        ops_s[step] = ops_s.get(step, 0.0) + tn.length(tn.union(inside["ts_us"], inside["end_us"])) / 1e6
+        stacks = inside[
+            (inside["name"] == COLLATE_STACK) & inside["input_types"].str.startswith("['TensorList'")
+        ]
+        try:
+            stacked = len(json.loads(stacks["input_dims"].iloc[0])[0]) if len(stacks) else 0
+        except (ValueError, IndexError, TypeError):
+            stacked = 0
+        if stacked:
+            samples.append(stacked)
+    in_workers = bool(spans["name"].str.contains(WORKER_LOADER, regex=False).any())
+    if num_workers is not None:
+        in_workers = num_workers > 0
+    data_s = float(bd["data_s"].median()) if len(bd) else 0.0
+    return Loader(
+        data_s=data_s,
+        ops_s=min(data_s, float(np.median([ops_s.get(s, 0.0) for s in bd["step"]])) if len(bd) else 0.0),
+        samples=_batch_samples(samples, trace, run),
+        in_workers=in_workers,
+        num_workers=num_workers,
+    )
+
+
+def _batch_samples(collated: list[int], trace: Trace, run: Run) -> int:
+    """Samples per batch: as the run's context says, else how many tensors the collate
+    stacked (the profiler leaves long lists' shapes out), else the batch the model's
+    inputs show; 0 when nothing tells."""
+    if run.context.get("batch_size"):
+        return int(run.context["batch_size"])
+    if collated:
+        return int(np.median(collated))
+    return batch_and_seq(trace.events)[0] or 0
 
 
 def _eager_attention(ops: pd.DataFrame, n_steps: int) -> tuple[int, list[int], int]:
@@ -175,8 +279,16 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
     if ev.exposed_comm_share >= th.comm_share and ev.exposed_comm_share >= s["data"]:
         why = f"{_pct(ev.exposed_comm_share)} % of the step is exposed communication"
         return Verdict("communication-bound", why, base)
-    if s["data"] >= th.data_share:
-        return Verdict("data-bound", f"{_pct(s['data'])} % of the step waits for the next batch", base)
+    loading = {**base, "data_s_per_step": round(ev.loader.data_s, 6)}
+    if _slow_loading(ev, th):
+        why = f"{_pct(s['data'])} % of the step ({_ms(ev.loader.data_s)} per step) waits for the next batch"
+        return Verdict("data-bound", why, loading)
+    if _tiny_step(ev, th):
+        why = (
+            f"the step is tiny ({_ms(ev.step_s)}): the DataLoader's {_ms(ev.loader.data_s)} per step, "
+            f"the time of a few Python calls, is {_pct(s['data'])} % of it"
+        )
+        return Verdict("overhead-bound", why, loading)
     near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
     if near or ev.attention_seq >= th.attention_seq:
         why = (
@@ -201,6 +313,23 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
 
 def _overhead(ev: Evidence, th: Thresholds) -> bool:
     return ev.ops_per_step >= th.tiny_op_count and ev.heavy_op_share < th.heavy_op_share
+
+
+def _slow_loading(ev: Evidence, th: Thresholds) -> bool:
+    """Waiting for batches is a large part of the step and long in itself: real work
+    (collate, transforms, I/O) that worker processes can take off the step."""
+    return ev.shares["data"] >= th.data_share and ev.loader.data_s >= th.data_min_s
+
+
+def _tiny_step(ev: Evidence, th: Thresholds) -> bool:
+    """Loading is a large part of the step but only the loader's fixed per-batch cost:
+    the step is tiny (under ``data_min_s / data_share``)."""
+    return ev.shares["data"] >= th.data_share and ev.loader.data_s < th.data_min_s
+
+
+def _ms(seconds: float) -> str:
+    """Step-scale times: ``0.36 ms`` rather than ``361 µs`` between 0.1 and 1 ms."""
+    return f"{seconds * 1e3:.2f} ms" if 1e-4 <= seconds < 1e-3 else fmt_seconds(seconds)
 
 
 def advise(
@@ -230,50 +359,115 @@ def advise_with_evidence(
 # -- rules ---------------------------------------------------------------------------
 
 
+def _loader_evidence(ev: Evidence) -> dict:
+    ld = ev.loader
+    out = {
+        "data_pct": _pct(ev.shares["data"]),
+        "data_s_per_step": round(ld.data_s, 6),
+        "data_in_ops_s_per_step": round(ld.ops_s, 6),
+        "data_in_python_s_per_step": round(ld.python_s, 6),
+    }
+    if ld.samples:
+        out["samples_per_batch"] = ld.samples
+        out["data_s_per_sample"] = round(ld.s_per_sample, 7)
+    return {**out, "loaded_by": ld.where(), "step_s": round(ev.step_s, 6)}
+
+
+def _per_sample(ld: Loader) -> str:
+    return f" ({_ms(ld.s_per_sample)} per sample over {ld.samples})" if ld.samples else ""
+
+
 def rule_data_loading(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
-    share = ev.shares["data"]
-    if share < th.data_share:
+    if not _slow_loading(ev, th):
         return None
-    data_s = share * ev.step_s
+    share, ld = ev.shares["data"], ev.loader
+    if ld.in_workers:
+        suggestion = (
+            f"The batches already come from {ld.where()} and the step still waits {_ms(ld.data_s)} per step"
+            f"{_per_sample(ld)} for the next one ({_ms(ld.ops_s)} of it in torch ops in the training process, "
+            "the rest waiting on the workers' queue): the workers do not keep up. Raise num_workers (up to the "
+            "free cores) and prefetch_factor, keep them alive with persistent_workers=True (starting them counts "
+            "in the first steps otherwise), and make the per-sample work cheaper (decode or tokenise once and "
+            "cache the result, move tensor transforms to the device). If the samples are tensors already in "
+            "memory, num_workers=0 can be faster: every batch crosses a process boundary."
+        )
+    else:
+        suggestion = (
+            f"Loading is real work here, more than the DataLoader's own per-batch cost (under "
+            f"{_ms(th.data_min_s)}): {_ms(ld.data_s)} per step{_per_sample(ld)} in the training process, "
+            f"{_ms(ld.ops_s)} in torch ops (indexing, collate, tensor transforms) and {_ms(ld.python_s)} in "
+            "Python (__getitem__, decoding, transforms, I/O). Load batches in worker processes and keep them "
+            "alive: DataLoader(num_workers=4, persistent_workers=True, prefetch_factor=4, pin_memory=True on "
+            "CUDA); move per-sample work out of collate_fn."
+        )
     return Finding(
         id="data_loading",
-        title=f"Data loading takes {_pct(share)} % of each step",
-        evidence={
-            "data_pct": _pct(share),
-            "data_s_per_step": round(data_s, 6),
-            "step_s": round(ev.step_s, 6),
-        },
-        suggestion=(
-            "Load batches in worker processes and keep them alive: DataLoader(num_workers=4, "
-            "persistent_workers=True, prefetch_factor=4, pin_memory=True on CUDA); move "
-            "per-sample work out of collate_fn."
+        title=f"Data loading takes {_pct(share)} % of each step: {_ms(ld.data_s)} per step",
+        evidence=_loader_evidence(ev),
+        suggestion=suggestion,
+        predicted_effect=(
+            f"step time ≈ {ev.step_s - ld.data_s:.4f} s (−{_pct(share)} %) once loading overlaps compute"
         ),
-        predicted_effect=f"step time ≈ {ev.step_s - data_s:.4f} s (−{_pct(share)} %) once loading overlaps compute",
         formula="t_step' ≈ t_step − t_data (workers prepare the next batch while this one trains)",
         severity="critical" if share >= 0.5 else "warning",
     )
 
 
+FUSE = (
+    "use fewer Python-level ops (fuse them with torch.compile(model)), and on CUDA capture the step with "
+    "CUDA graphs (torch.compile(mode='reduce-overhead'))"
+)
+
+
 def rule_overhead(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
-    if not _overhead(ev, th):
+    tiny_step = _tiny_step(ev, th)
+    if not (tiny_step or _overhead(ev, th)):
         return None
-    light = 1.0 - ev.heavy_op_share
+    evidence = {
+        "ops_per_step": round(ev.ops_per_step),
+        "median_op_us": round(ev.median_op_us, 2),
+        "heavy_op_pct": _pct(ev.heavy_op_share),
+        "outside_ops_pct": _pct(ev.shares["untraced"]),
+    }
+    if not tiny_step:
+        light = 1.0 - ev.heavy_op_share
+        return Finding(
+            id="overhead",
+            title=f"Many tiny operators: {round(ev.ops_per_step)} per step, median {ev.median_op_us:.1f} µs",
+            evidence=evidence,
+            suggestion=f"The step is dominated by launch and Python overhead, not math: raise the batch size, {FUSE}.",
+            predicted_effect=f"up to −{_pct(light)} % step time (the part not spent in substantial operators)",
+            formula="t_step' ≈ t_step × heavy_op_share once fused; a k× larger batch costs ≈ the same overhead per step",
+        )
+    ld = ev.loader
+    workers = (
+        f" Its {ld.where()} already cost more than they save (every batch is pickled through a queue): "
+        "num_workers=0 loads it in the training process without that IPC."
+        if ld.in_workers
+        else ""
+    )
+    fixed = min(1.0, ev.shares["data"] + ev.shares["untraced"])
     return Finding(
         id="overhead",
-        title=f"Many tiny operators: {round(ev.ops_per_step)} per step, median {ev.median_op_us:.1f} µs",
-        evidence={
-            "ops_per_step": round(ev.ops_per_step),
-            "median_op_us": round(ev.median_op_us, 2),
-            "heavy_op_pct": _pct(ev.heavy_op_share),
-            "outside_ops_pct": _pct(ev.shares["untraced"]),
-        },
-        suggestion=(
-            "The step is dominated by launch and Python overhead, not math: raise the batch size, "
-            "fuse with torch.compile(model), and on CUDA capture the step with CUDA graphs "
-            "(torch.compile(mode='reduce-overhead'))."
+        title=(
+            f"The step is tiny: {_ms(ev.step_s)} per step, so fixed per-step costs dominate it "
+            f"(loading {_ms(ld.data_s)}, Python between ops {_pct(ev.shares['untraced'])} %)"
         ),
-        predicted_effect=f"up to −{_pct(light)} % step time (the part not spent in substantial operators)",
-        formula="t_step' ≈ t_step × heavy_op_share once fused; a k× larger batch costs ≈ the same overhead per step",
+        evidence={**_loader_evidence(ev), **evidence},
+        suggestion=(
+            f"The data-loading share ({_pct(ev.shares['data'])} %) is high only because the step is tiny: "
+            f"loading takes {_ms(ld.data_s)} per step{_per_sample(ld)} — the time of a few Python calls (the "
+            "DataLoader's own per-batch work: sampler, indexing, collate), not slow collate, transforms or I/O. "
+            "More workers would add IPC cost, not save time." + workers + " Make the step larger instead: "
+            f"raise the batch size so each step's fixed costs are shared by more samples, {FUSE}; for tensors "
+            "already in memory, index a whole batch at once (x[idx]) instead of one __getitem__ per sample."
+        ),
+        predicted_effect=(
+            f"up to −{_pct(fixed)} % time per sample: the part of the step that is loading and Python between "
+            "ops rather than the model's operators"
+        ),
+        formula="t_sample' ≥ (t_step − t_data − t_untraced) / B: a larger batch, fused ops or CUDA graphs shrink only the overhead",
+        severity="info",
     )
 
 

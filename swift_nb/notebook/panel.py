@@ -56,7 +56,7 @@ PANEL_STYLE = """<style>
 .swift-nb-results h3 { font-size: 1.05em; margin: 0 0 0.4em; }
 .swift-nb-results .caption, .swift-nb-results .empty { color: #666; font-size: 12px; }
 .swift-nb-results .kind { display: inline-block; padding: 0 0.6em; border-radius: 0.8em; background: #444;
-  color: #fff; font-weight: 600; margin-right: 0.5em; }
+  color: #fff; font-weight: 600; }
 .swift-nb-results .finding { border-left: 4px solid #e0a800; background: #fffbea; padding: 0.4em 0.8em;
   margin: 0.6em 0; }
 .swift-nb-results .finding.info { border-color: #4c72b0; background: #f0f5fb; }

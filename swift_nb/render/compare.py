@@ -38,10 +38,10 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             "variant": table["variant"],
             "status": table["status"],
             "step (median)": [_num(x, fmt_seconds) for x in table["step_time_median_s"]],
-            "× base": [_ratio(x) for x in table["step_time_ratio"]],
+            "step × base": [_ratio(x) for x in table["step_time_ratio"]],
             "steps/s": [_num(x, lambda v: f"{v:.2f}") for x in table["steps_per_s"]],
             "peak memory": [_num(x, fmt_bytes) for x in table["peak_mem_bytes"]],
-            "× base ": [_ratio(x) for x in table["peak_mem_ratio"]],
+            "memory × base": [_ratio(x) for x in table["peak_mem_ratio"]],
         }
     )
     for c in MEMORY_CATEGORIES:
@@ -66,7 +66,7 @@ def compare_table_html(table: pd.DataFrame) -> str:
 
 
 def compare_table_text(table: pd.DataFrame) -> str:
-    cols = ["variant", "status", "step (median)", "× base", "peak memory", "× base ", "notes"]
+    cols = ["variant", "status", "step (median)", "step × base", "peak memory", "memory × base", "notes"]
     return display_table(table)[cols].to_string(index=False)
 
 
@@ -123,7 +123,8 @@ def compare_figures(runs: Sequence[tuple[str, Run]]) -> list[tuple[str, bytes]]:
 def compare_html(table: pd.DataFrame, figures: Sequence[tuple[str, bytes]], title: str = "comparison") -> str:
     """A self-contained document: the table and the figures inlined."""
     imgs = "".join(
-        f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'></figure>"
+        f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        f"<figcaption>{escape(alt.capitalize())}</figcaption></figure>"
         for alt, png in figures
     )
     return (

@@ -68,7 +68,7 @@ figure img { max-width: 100%; height: auto; display: block; }
 figcaption { color: #666; font-size: 0.85em; }
 .verdict { font-size: 1.1em; }
 .kind { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; background: #444; color: #fff;
-        font-weight: 600; margin-right: 0.5em; }
+        font-weight: 600; }
 .finding { border-left: 4px solid #e0a800; background: #fffbea; padding: 0.6em 0.9em; margin: 0.8em 0; }
 .finding.info { border-color: #4c72b0; background: #f0f5fb; }
 .finding.critical { border-color: #c0392b; background: #fdf0ee; }
@@ -202,7 +202,10 @@ def _verdict_section(verdict: Verdict | None) -> Section:
     return Section(
         "Verdict",
         [
-            f"<p class='verdict'><span class='kind'>{escape(verdict.kind)}</span>{escape(verdict.reason)}</p>"
+            # The dash separates kind and reason in the text itself, not only the pill's CSS:
+            # nbconvert's HTML, feed readers and copied text show no styles.
+            f"<p class='verdict'><strong class='kind'>{escape(verdict.kind)}</strong> — "
+            f"{escape(verdict.reason)}</p>"
             f"{evidence}"
         ],
     )
