@@ -39,6 +39,8 @@ OWN = re.compile("^" + re.escape(OWN_PREFIX))
 # -- what the step breakdown tells apart ------------------------------------------------------
 
 DATA = re.compile(r"^enumerate\(DataLoader\)")
+WORKER_LOADER = "_MultiProcessingDataLoaderIter"  # in a DATA span's name: batches come from workers
+COLLATE_STACK = "aten::stack"  # the default collate stacks each field of the samples
 OPTIMIZER = re.compile(r"^Optimizer\.(?:step|zero_grad)#")
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"  # the engine running one backward node

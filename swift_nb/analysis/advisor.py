@@ -29,8 +29,6 @@ from swift_nb.units import fmt_bytes, fmt_seconds
 GALORE_RANK = 128
 # In the name of an ``enumerate(DataLoader)`` span when worker processes load the batches
 # (``_SingleProcessDataLoaderIter.__next__`` when the main process does).
-WORKER_LOADER = "_MultiProcessingDataLoaderIter"
-COLLATE_STACK = "aten::stack"  # the default collate stacks each field of the samples
 
 
 @dataclass
@@ -202,7 +200,7 @@ def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Load
         inside = ops[(ops["tid"] == tid) & (ops["ts_us"] >= start) & (ops["end_us"] <= end)]
         ops_s[step] = ops_s.get(step, 0.0) + tn.length(tn.union(inside["ts_us"], inside["end_us"])) / 1e6
         stacks = inside[
-            (inside["name"] == COLLATE_STACK) & inside["input_types"].str.startswith("['TensorList'")
+            (inside["name"] == tn.COLLATE_STACK) & inside["input_types"].str.startswith("['TensorList'")
         ]
         try:
             stacked = len(json.loads(stacks["input_dims"].iloc[0])[0]) if len(stacks) else 0
@@ -210,7 +208,7 @@ def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Load
             stacked = 0
         if stacked:
             samples.append(stacked)
-    in_workers = bool(spans["name"].str.contains(WORKER_LOADER, regex=False).any())
+    in_workers = bool(spans["name"].str.contains(tn.WORKER_LOADER, regex=False).any())
     if num_workers is not None:
         in_workers = num_workers > 0
     data_s = float(bd["data_s"].median()) if len(bd) else 0.0

@@ -20,8 +20,6 @@ from swift_nb.units import fmt_bytes, fmt_seconds
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COMPARE_FILE = "compare.html"
-
 
 def _ratio(x) -> str:
     return "–" if x is None or not np.isfinite(x) else f"{x:.2f}×"

@@ -24,7 +24,7 @@ import pandas as pd
 from swift_nb.analysis import Analysis
 from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.findings import Finding, Verdict
-from swift_nb.record import Run, atomic_write_text
+from swift_nb.record import REPORT_FILE, Run, atomic_write_text
 from swift_nb.render.figures import (
     breakdown_figure,
     figure_png,
@@ -40,7 +40,6 @@ from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-REPORT_FILE = "report.html"
 SEVERITIES = ("info", "warning", "critical")
 UNIT_SUFFIXES = ("_s", "_bytes", "_pct")
 SI_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
