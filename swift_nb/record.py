@@ -83,7 +83,11 @@ def tables_path(trace_path: Path) -> Path:
     return trace_path.with_name(trace_path.name.removesuffix(".json.gz") + TABLES_SUFFIX)
 
 
-STATUSES = ("running", "ok", "failed", "interrupted")
+#: ok: ended normally; failed: the code raised; interrupted: Ctrl-C / the kernel's stop;
+#: terminated: SIGTERM or SIGHUP (a scheduler, `timeout`, a shutdown), saved in full;
+#: crashed: the process died while running (SIGKILL, OOM killer, power loss) — the record
+#: holds what was flushed until then; running: still being written by a live process.
+STATUSES = ("running", "ok", "failed", "interrupted", "terminated", "crashed")
 
 # steps.csv columns. Times in seconds from the run's start (perf_counter clock), bytes.
 #   step: 0-based step index; start_s/end_s/duration_s: the step's span;
@@ -357,6 +361,7 @@ def load_run(path: Path | str) -> Run:
     meta.pop("schema_version", None)
     known = {f.name for f in fields(Run)} - _TABLES
     run = Run(**{k: v for k, v in meta.items() if k in known})
+    run.status = status_of(meta)
     run.steps = _read_csv(folder / STEPS_FILE, STEP_COLUMNS)
     run.samples = _read_csv(folder / SAMPLES_FILE, SAMPLE_COLUMNS)
     run.memory = _read_csv(folder / MEMORY_FILE, MEMORY_COLUMNS)
@@ -375,6 +380,15 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def status_of(meta: dict[str, Any]) -> str:
+    """A record's status as every reader shows it: a ``running`` record whose process is
+    gone (on this host) is ``crashed``."""
+    status = str(meta.get("status") or "running")
+    if status == "running" and not _is_live(meta):
+        return "crashed"
+    return status
 
 
 def _is_live(meta: dict[str, Any]) -> bool:
@@ -433,9 +447,7 @@ def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFra
     rows = []
     for folder, meta in reversed(_scan(root)):
         summary = meta.get("summary") or {}
-        status = meta.get("status")
-        if status == "running" and not _is_live(meta):
-            status = "crashed"
+        status = status_of(meta)
         rows.append(
             {
                 "id": meta["id"],
