@@ -1,12 +1,17 @@
 """A small GPT-style model and synthetic token data for demos, tests and benchmarks.
 
 Everything is built from a config with random weights; nothing is downloaded.
+
+The model follows the Hugging Face conventions swift_nb's toggles read, so it needs no
+special case there: ``model.config._attn_implementation`` ("eager" or "sdpa") is read by
+every attention layer at each forward (see :mod:`swift_nb.toggles._attention`),
+``config.num_attention_heads`` gives the heads and ``forward`` takes ``position_ids``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -29,19 +34,44 @@ class GPTConfig:
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-        if self.attn_impl not in ("eager", "sdpa"):
-            raise ValueError(f"attn_impl must be 'eager' or 'sdpa'; got {self.attn_impl!r}")
+        _check_attn_impl(self.attn_impl)
+
+    @property
+    def _attn_implementation(self) -> AttentionImpl:
+        """``attn_impl`` under Hugging Face's name; setting it switches every layer."""
+        return self.attn_impl
+
+    @_attn_implementation.setter
+    def _attn_implementation(self, impl: str) -> None:
+        _check_attn_impl(impl)
+        self.attn_impl = impl  # type: ignore[assignment]
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.n_head
+
+
+def _check_attn_impl(impl: str) -> None:
+    if impl not in ("eager", "sdpa"):
+        raise ValueError(f"attn_impl must be 'eager' or 'sdpa'; got {impl!r}")
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal multi-head self-attention; ``config.attn_impl`` chooses, at each call, between
+    F.scaled_dot_product_attention and the same computation written out."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
+        self.config = cfg
         self.n_head = cfg.n_head
         self.head_dim = cfg.d_model // cfg.n_head
-        self.attn_impl: AttentionImpl = cfg.attn_impl
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
+
+    @property
+    def attn_impl(self) -> AttentionImpl:
+        return self.config.attn_impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -77,11 +107,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer: token + position embeddings, `n_layer` blocks, tied head."""
+    """Decoder-only transformer: token + position embeddings, `n_layer` blocks, tied head.
+
+    ``cfg`` is copied: switching one model's attention leaves other models built from the
+    same config as they are."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.cfg = cfg
+        cfg = self.cfg = replace(cfg)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -98,12 +131,25 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    @property
+    def config(self) -> GPTConfig:
+        """``cfg`` under Hugging Face's name."""
+        return self.cfg
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ):
+        """The loss when ``targets`` are given, else the logits. ``position_ids`` ([1 or
+        batch, t]; default ``0..t-1``) place a slice of a longer sequence."""
         t = idx.shape[1]
-        if t > self.cfg.seq_len:
-            raise ValueError(f"sequence length {t} exceeds the model's seq_len {self.cfg.seq_len}")
-        pos = torch.arange(t, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)
+        if position_ids is None:
+            if t > self.cfg.seq_len:
+                raise ValueError(f"sequence length {t} exceeds the model's seq_len {self.cfg.seq_len}")
+            position_ids = torch.arange(t, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(position_ids)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))
@@ -125,6 +171,14 @@ class SyntheticTokens(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         row = self.data[i]
         return row[:-1], row[1:]
+
+
+def quickstart_config() -> GPTConfig:
+    """The quickstart notebook's model: explicit ("eager") attention over 1024 tokens with
+    a small width and few layers, so the [heads, 1024, 1024] score matrices each layer keeps
+    for backward make up most of the activations: the case FlashAttention and gradient
+    checkpointing are for. Train it at batch size 1 (a step takes about 0.25 s on 2 CPU cores)."""
+    return GPTConfig(vocab_size=256, seq_len=1024, n_layer=4, n_head=4, d_model=64, attn_impl="eager")
 
 
 def make_model(**overrides) -> GPT:

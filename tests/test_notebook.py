@@ -1,6 +1,7 @@
 """End to end: the quickstart notebook executed through nbclient/ipykernel, headless on CPU,
-and its nbconvert HTML: a complete run, the widget views, and static outputs that show
-every result without a kernel."""
+and its nbconvert HTML: a complete run, the widget views, static outputs that show every
+result without a kernel, and the story its text tells (explicit attention found, the
+toggles' comparison confirming it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gzip
 import json
 import re
 import shutil
+from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -19,7 +21,7 @@ from nbconvert import HTMLExporter
 import swift_nb
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
-STEPS = 12  # the quickstart's loader: 8 * 12 samples in batches of 8
+STEPS = 8  # the quickstart's loader: 8 samples in batches of 1
 SCHEDULE = {"wait": 1, "warmup": 2, "active": 3}  # the magic's defaults
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SECTIONS = ("Verdict", "Findings", "Step time breakdown", "Memory by category", "Top operators")
@@ -117,3 +119,61 @@ def test_quickstart_compares_toggles_in_reruns(executed):
         swift_nb.load_run(p).context.get("variant") for p in swift_nb.runs(folder / "swift_nb_runs").path
     }
     assert {"baseline", "flash_attention", "grad_checkpointing"} <= tagged
+
+
+class _Tables(HTMLParser):
+    """The text of every table cell in an HTML document: tables → rows → cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None and self.tables and self.tables[-1]:
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _comparison(html: str) -> dict[str, dict[str, str]]:
+    """The comparison table as the reader sees it: variant → column → text; the ratio to
+    the baseline after a measured column is named `<that column> × base`."""
+    parser = _Tables()
+    parser.feed(html)
+    (rows,) = [t for t in parser.tables if t and t[0] and t[0][0] == "variant"]
+    header: list[str] = []
+    for name in rows[0]:
+        header.append(f"{header[-1]} × base" if "× base" in name else name)
+    return {row[0]: dict(zip(header, row, strict=True)) for row in rows[1:]}
+
+
+def test_quickstart_finds_explicit_attention_and_the_comparison_confirms_it(executed):
+    """What the notebook's text tells the reader to look at: the memory-bound verdict, the
+    eager-attention finding naming flash_attention, and the peak-memory ratios."""
+    nb, _ = executed
+    report = "".join(o.get("data", {}).get("text/html", "") for o in _profiled_cell(nb).outputs)
+    assert "memory-bound" in report
+    finding = report[report.index("eager_attention") :]
+    assert "1024" in finding[: finding.index("Toggle")]
+    assert "flash_attention" in finding[finding.index("Toggle") : finding.index("Predicted effect")]
+
+    compared = "".join(
+        o.get("data", {}).get("text/html", "") for o in _profiled_cell(nb, "--compare").outputs
+    )
+    table = _comparison(compared)
+    peak_ratio = {v: float(row["peak memory × base"].rstrip("×")) for v, row in table.items()}
+    assert peak_ratio["baseline"] == 1.0
+    assert peak_ratio["flash_attention"] < 0.7, table["flash_attention"]
+    assert peak_ratio["grad_checkpointing"] < 1.0, table["grad_checkpointing"]

@@ -3,7 +3,10 @@ LMs built from configs. Exactness in fp32, reversibility, reports, and the magic
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -186,7 +189,7 @@ def test_reports_say_what_changed():
         grads(m)
     report = flash.undo()
     text = str(report)
-    assert "2 attention modules in `model` switched from explicit attention to SDPA" in text
+    assert "`model` (GPT, 2 attention layers): eager → sdpa" in text
     assert "`llama` (LlamaForCausalLM, 2 attention layers): eager → sdpa" in text
     assert report.details["sdpa_calls"] == 2 + 3 + 2  # demo, plain, llama layers
 
@@ -197,6 +200,58 @@ def test_reports_say_what_changed():
     report = ckpt.undo()
     assert len(wrapped) == 2  # blocks 0 and 2 of 3
     assert "2 of 3 PlainBlock blocks in `model.layers` checkpointed (non-reentrant)" in str(report)
+
+
+class DeclaredAttention(HandAttention):
+    """Hand-written attention that declares it, by the protocol of swift_nb.toggles._attention."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__(d, heads)
+        self.config = SimpleNamespace(_attn_implementation="eager")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.config._attn_implementation == "sdpa":
+            return PlainAttention.forward(self, x)
+        return HandAttention.forward(self, x)
+
+
+def test_any_module_declaring_its_attention_is_switched_and_restored():
+    model = PlainLM(attention=DeclaredAttention)
+    flash = toggles.get("flash_attention")
+    flash.apply({"net": model})
+    assert [m.config._attn_implementation for m in model.modules() if isinstance(m, DeclaredAttention)] == [
+        "sdpa"
+    ] * 3
+    grads(model)
+    report = flash.undo()
+    assert "`net.layers.0.attn` (DeclaredAttention, 1 attention layer): eager → sdpa" in str(report)
+    assert report.details["sdpa_calls"] == 3
+    assert not report.notes, "a declared module is not named as hand-written"
+    assert all(
+        m.config._attn_implementation == "eager" for m in model.modules() if isinstance(m, DeclaredAttention)
+    )
+
+
+def _imports_demo(node: ast.AST) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[:2] == ["swift_nb", "demo"] for a in node.names)
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        return module.split(".")[:2] == ["swift_nb", "demo"] or (
+            module == "swift_nb" and any(a.name == "demo" for a in node.names)
+        )
+    return False
+
+
+def test_no_product_module_imports_the_demo_model():
+    """The toggles reach the demo model through the protocol, not by importing it."""
+    package = Path(swift_nb.__file__).parent
+    importers = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "demo.py" and any(map(_imports_demo, ast.walk(ast.parse(path.read_text()))))
+    ]
+    assert not importers
 
 
 def test_hand_written_attention_is_named_not_reachable():
@@ -384,7 +439,7 @@ def test_magic_flags_apply_for_the_run_and_undo_after(kernel, tmp_path):
     )
     assert res.status == "ok", [(e["ename"], e["evalue"], e["traceback"][-3:]) for e in res.of_type("error")]
     out = res.text("stdout")
-    assert "flash_attention: 2 attention modules in `model` switched" in out
+    assert "flash_attention: `model` (GPT, 2 attention layers): eager → sdpa" in out
     assert "grad_checkpointing: 2 of 2 Block blocks" in out
     assert "galore: `new AdamW` (AdamW → GaLore AdamW): 9 weight matrices projected to rank 16" in out
     assert kernel.eval(

@@ -3,10 +3,11 @@
 - ``F.scaled_dot_product_attention`` calls run under ``sdpa_kernel`` with the flash
   backend first (torch has a CPU flash kernel too); where flash cannot take the inputs
   (an unsupported mask or dtype) SDPA falls back to the next backend instead of failing.
-- Hugging Face models are switched from ``eager`` to ``sdpa`` attention, or to
-  ``flash_attention_2`` when the flash-attn package is installed and the model is on CUDA
-  in fp16/bf16.
-- swift_nb's demo model is switched from its explicit attention to SDPA.
+- Models that declare their attention implementation (``config._attn_implementation``,
+  see :mod:`swift_nb.toggles._attention`: Hugging Face models, swift_nb's demo GPT) are
+  switched from ``eager`` to ``sdpa``, or to ``flash_attention_2`` when the model is a
+  Hugging Face one, the flash-attn package is installed and the model is on CUDA in
+  fp16/bf16.
 - Attention written by hand (softmax(q·kᵀ)·v in a module's forward) cannot be reached:
   it is named in the report, with the fix (call ``F.scaled_dot_product_attention``).
 """
@@ -16,14 +17,19 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from swift_nb.demo import CausalSelfAttention
+from swift_nb.toggles._attention import (
+    attention_owners,
+    attn_implementation,
+    replace_sdpa,
+    set_attn_implementation,
+)
 from swift_nb.toggles.base import Toggle, hf_model
 
 _BACKENDS = [
@@ -57,21 +63,16 @@ class FlashAttention(Toggle):
         ctx = sdpa_kernel(_BACKENDS, set_priority=True)
         ctx.__enter__()
         self._undo.append(lambda: ctx.__exit__(None, None, None))
-        original = F.scaled_dot_product_attention
         counter = self._calls = {"calls": 0}
 
-        # Code looks the function up at call time (F.scaled_dot_product_attention, and
-        # transformers' sdpa_attention_forward), so the count sees those calls.
-        def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
-            counter["calls"] += 1
-            return original(*args, **kwargs)
+        def count(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+            def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+                counter["calls"] += 1
+                return original(*args, **kwargs)
 
-        F.scaled_dot_product_attention = counted
+            return counted
 
-        def restore() -> None:
-            F.scaled_dot_product_attention = original
-
-        self._undo.append(restore)
+        self._undo.append(replace_sdpa(count))
 
     def _finalize(self, report) -> None:
         calls = self._calls["calls"]
@@ -81,17 +82,15 @@ class FlashAttention(Toggle):
 
     def _apply_model(self, model: nn.Module, name: str) -> None:
         assert self.report is not None
-        if hf_model(model):
-            self._switch_hf(model, name)
-            return
-        switched = []
+        owners = attention_owners(model)
+        for path, owner in owners:
+            self._switch(owner, f"{name}.{path}" if path else name)
+        inside = {id(m) for _, owner in owners for m in owner.modules()}
         for sub_name, sub in model.named_modules():
+            if id(sub) in inside:
+                continue
             path = f"{name}.{sub_name}" if sub_name else name
-            if isinstance(sub, CausalSelfAttention):
-                if sub.attn_impl != "sdpa":
-                    self._set(sub, "attn_impl", "sdpa")
-                    switched.append(path)
-            elif isinstance(sub, nn.MultiheadAttention):
+            if isinstance(sub, nn.MultiheadAttention):
                 self.report.note(
                     f"`{path}` is nn.MultiheadAttention: it uses fused attention only when called with "
                     "need_weights=False (the default True computes the score matrix explicitly)"
@@ -101,43 +100,28 @@ class FlashAttention(Toggle):
                     f"not reachable: `{path}` ({type(sub).__name__}) computes attention by hand "
                     "(softmax of q·kᵀ); replace it with F.scaled_dot_product_attention(q, k, v, is_causal=...)"
                 )
-        if switched:
-            self.report.change(
-                f"{len(switched)} attention modules in `{name}` switched from explicit attention to SDPA"
-            )
 
-    def _switch_hf(self, model: nn.Module, name: str) -> None:
+    def _switch(self, model: nn.Module, name: str) -> None:
+        """A model that declares its attention implementation: eager → sdpa (or flash-attn)."""
         assert self.report is not None
-        before = model.config._attn_implementation
-        target = "flash_attention_2" if _flash_attn_usable(model) else "sdpa"
+        before = attn_implementation(model)
+        target = "flash_attention_2" if hf_model(model) and _flash_attn_usable(model) else "sdpa"
         if before == target or (before == "flash_attention_2" and target == "sdpa"):
             self.report.note(f"`{name}` already uses {before} attention")
             return
         try:
-            _set_hf_attention(model, target)
+            self._undo.append(set_attn_implementation(model, target))
         except (ValueError, ImportError) as e:
             self.report.note(f"`{name}` ({type(model).__name__}) cannot use {target} attention: {e}")
             return
-        self._undo.append(lambda: _set_hf_attention(model, before))
         layers = sum(1 for _, m in model.named_modules() if _ATTENTION_NAME.search(type(m).__name__))
         self.report.change(
-            f"`{name}` ({type(model).__name__}, {layers} attention layers): {before} → {target}"
+            f"`{name}` ({type(model).__name__}, {layers} attention layer{'s' * (layers != 1)}): "
+            f"{before} → {target}"
         )
-
-    def _set(self, obj: Any, attr: str, value: Any) -> None:
-        before = getattr(obj, attr)
-        setattr(obj, attr, value)
-        self._undo.append(lambda: setattr(obj, attr, before))
 
     def _nothing_found(self) -> str:
         return "no attention module was found in the models (SDPA calls still prefer the flash backend)"
-
-
-def _set_hf_attention(model: nn.Module, impl: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(impl)
-    else:  # transformers before 4.54 read the config at each forward
-        model.config._attn_implementation = impl
 
 
 def _hand_written(module: nn.Module) -> bool:

@@ -6,18 +6,19 @@ applies this toggle before the profiled cell. On every rank it:
 
 - splits the root models' inputs on the sequence dimension (a forward pre-hook): rank r of
   P gets tokens ``r*T/P`` to ``(r+1)*T/P - 1`` of input ids, position ids and labels.
-  swift_nb's demo GPT: its ``pos_emb`` lookup is offset by ``r*T/P`` (the model computes
-  ``arange(t)`` itself), its targets are already aligned with the inputs. Hugging Face
-  models: ``position_ids`` are passed for the shard, labels are shifted before the split
-  (``shift_labels``, so no token is lost at a shard border) and ``num_items_in_batch`` is
-  set so the shards' losses add up to the whole sequence's; an all-ones attention mask is
-  dropped (causal attention needs none). Other models: every ``[batch, T, ...]`` tensor
-  argument is split; positions they derive from their input length restart at each shard
-  (the report says so).
+  Hugging Face models: ``position_ids`` are passed for the shard, labels are shifted
+  before the split (``shift_labels``, so no token is lost at a shard border) and
+  ``num_items_in_batch`` is set so the shards' losses add up to the whole sequence's; an
+  all-ones attention mask is dropped (causal attention needs none). Other models (swift_nb's
+  demo GPT among them): every ``[batch, T, ...]`` tensor argument is split, so targets
+  must already be aligned with the inputs; a forward that takes ``position_ids`` is given
+  the shard's, otherwise positions the model derives from its input length restart at
+  each shard (the report says so).
 - routes attention to :func:`swift_nb.parallel.ulysses_attention` or
   :func:`~swift_nb.parallel.ring_attention`: ``F.scaled_dot_product_attention`` is
-  replaced while applied (``is_causal`` → ``causal``), the demo model's explicit attention
-  and Hugging Face models are switched to SDPA first. A call with an explicit
+  replaced while applied (``is_causal`` → ``causal``); models that declare their attention
+  implementation (``config._attn_implementation``, see :mod:`swift_nb.toggles._attention`:
+  Hugging Face models, the demo GPT) are switched to SDPA first. A call with an explicit
   ``attn_mask``, dropout or different query and key lengths cannot be split: it runs
   locally, attending within the rank's shard only, and the report says so.
 - averages the gradients across the ranks before each ``optimizer.step()`` (a global
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -59,9 +60,14 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from swift_nb.demo import GPT, CausalSelfAttention
 from swift_nb.errors import ConfigError
 from swift_nb.parallel import ring_attention, ulysses_attention
+from swift_nb.toggles._attention import (
+    attention_owners,
+    attn_implementation,
+    replace_sdpa,
+    set_attn_implementation,
+)
 from swift_nb.toggles.base import Param, Toggle, ToggleReport, at_least, hf_model, one_of
 
 _BUCKET_ELEMENTS = 1 << 22  # gradients are averaged in buckets of ≤ 16 MB (fp32)
@@ -185,9 +191,9 @@ class SequenceParallel(Toggle):
 
     def _apply_model(self, model: nn.Module, name: str) -> None:
         assert self.report is not None
-        size, mode, rank = self.values["sp_size"], self.values["sp_mode"], self._rank
-        kind = "demo" if isinstance(model, GPT) else "hf" if hf_model(model) else "plain"
-        heads = _heads(model, kind)
+        size, mode = self.values["sp_size"], self.values["sp_mode"]
+        kind = "hf" if hf_model(model) else "plain"
+        heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
         if mode == "ulysses" and heads is not None and heads % size:
             raise ConfigError(
                 "sequence_parallel sp_size",
@@ -196,29 +202,29 @@ class SequenceParallel(Toggle):
                 size,
             )
         what = f"`{name}` ({type(model).__name__})"
-        if kind == "demo":
-            self._demo_attention_to_sdpa(model)
-            handle = model.pos_emb.register_forward_pre_hook(
-                lambda m, args: (args[0] + rank * args[0].shape[-1],)
-            )
-            self._undo.append(handle.remove)
-            self.report.change(
-                f"{what}: inputs and targets split on the sequence over {size} ranks; "
-                "position embeddings offset to each shard's place"
-            )
-        elif kind == "hf":
-            self._hf_to_sdpa(model, name)
+        self._attention_to_sdpa(model, name)
+        plan = _Plan(kind, _signature(model))
+        if kind == "hf":
             self.report.change(
                 f"{what}: input ids, position ids and shifted labels split on the sequence over {size} ranks"
+            )
+        elif plan.positions:
+            self.report.change(
+                f"{what}: [batch, seq, ...] inputs split on the sequence over {size} ranks; "
+                "position_ids passed for each shard's place"
+            )
+            self.report.note(
+                f"{what} is not a Hugging Face model: targets passed to it must already be aligned "
+                "with its inputs (shifted before the split); outputs are the shard's"
             )
         else:
             self.report.change(f"{what}: [batch, seq, ...] inputs split on the sequence over {size} ranks")
             self.report.note(
-                f"{what} is not a model sequence_parallel knows: positions it computes from its input "
-                "length restart at each shard, and targets passed to it must already be aligned with "
-                "its inputs (shifted before the split); outputs are the shard's"
+                f"{what} is not a Hugging Face model and its forward takes no position_ids: positions "
+                "it computes from its input length restart at each shard, and targets passed to it "
+                "must already be aligned with its inputs (shifted before the split); outputs are the shard's"
             )
-        self._plans[id(model)] = _Plan(kind, _signature(model))
+        self._plans[id(model)] = plan
         pre = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         post = model.register_forward_hook(self._post_forward, always_call=True)
         self._undo.extend([pre.remove, post.remove])
@@ -259,51 +265,39 @@ class SequenceParallel(Toggle):
         if plan.kind == "hf":
             named = _split_hf(named, size, rank, accepts_extra=plan.var_keyword is not None)
         else:
-            _, named = _split_all((), named, size, rank)
+            named = _split_plain(named, size, rank, plan.positions)
         return (), named
 
     # -- attention -------------------------------------------------------------------------
 
-    def _demo_attention_to_sdpa(self, model: nn.Module) -> None:
-        for sub in model.modules():
-            if isinstance(sub, CausalSelfAttention) and sub.attn_impl != "sdpa":
-                before = sub.attn_impl
-                sub.attn_impl = "sdpa"
-                self._undo.append(lambda sub=sub, before=before: setattr(sub, "attn_impl", before))
-
-    def _hf_to_sdpa(self, model: nn.Module, name: str) -> None:
-        before = model.config._attn_implementation
-        if before == "sdpa":
-            return
-        try:
-            if hasattr(model, "set_attn_implementation"):
-                model.set_attn_implementation("sdpa")
-            else:
-                model.config._attn_implementation = "sdpa"
-        except (ValueError, ImportError) as e:
-            raise ConfigError(
-                "sequence_parallel", f"needs `{name}` to support sdpa attention ({e})", type(model).__name__
-            ) from None
-
-        def restore() -> None:
-            if hasattr(model, "set_attn_implementation"):
-                model.set_attn_implementation(before)
-            else:
-                model.config._attn_implementation = before
-
-        self._undo.append(restore)
+    def _attention_to_sdpa(self, model: nn.Module, name: str) -> None:
+        """Models that declare their attention implementation run SDPA, which is split."""
         assert self.report is not None
-        self.report.change(f"`{name}`: {before} attention → sdpa, so it can be split")
+        for path, owner in attention_owners(model):
+            where = f"{name}.{path}" if path else name
+            before = attn_implementation(owner)
+            if before == "sdpa":
+                continue
+            try:
+                self._undo.append(set_attn_implementation(owner, "sdpa"))
+            except (ValueError, ImportError) as e:
+                raise ConfigError(
+                    "sequence_parallel",
+                    f"needs `{where}` to support sdpa attention ({e})",
+                    type(owner).__name__,
+                ) from None
+            self.report.change(f"`{where}`: {before} attention → sdpa, so it can be split")
 
     def _route_attention(self) -> None:
-        original = F.scaled_dot_product_attention
+        self._undo.append(replace_sdpa(self._distributed_attention))
+
+    def _distributed_attention(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """``original`` (SDPA) replaced by the split attention of ``sp_mode``."""
         size, mode, chunk = self.values["sp_size"], self.values["sp_mode"], self.values["ring_chunk_size"]
         counts, report = self._counts, self.report
         inside: list[bool] = []
         assert report is not None
 
-        # Code looks the function up at call time (F.scaled_dot_product_attention in the
-        # demo model, transformers' sdpa_attention_forward), so replacing it reaches them.
         def attention(
             query: torch.Tensor,
             key: torch.Tensor,
@@ -347,12 +341,7 @@ class SequenceParallel(Toggle):
             finally:
                 inside.pop()
 
-        F.scaled_dot_product_attention = attention
-
-        def restore() -> None:
-            F.scaled_dot_product_attention = original
-
-        self._undo.append(restore)
+        return attention
 
     # -- gradients -------------------------------------------------------------------------
 
@@ -379,16 +368,19 @@ class SequenceParallel(Toggle):
 
 
 class _Plan:
-    """How one root model's calls are split."""
+    """How one root model's calls are split. ``positions``: its forward takes
+    ``position_ids`` by name."""
 
     def __init__(self, kind: str, signature: inspect.Signature | None) -> None:
         self.kind = kind
         self.signature = signature
         self.var_keyword = None
+        self.positions = False
         if signature is not None:
             self.var_keyword = next(
                 (n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None
             )
+            self.positions = "position_ids" in signature.parameters
         self.depth = 0
 
 
@@ -401,14 +393,6 @@ def _signature(model: nn.Module) -> inspect.Signature | None:
     if any(p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL) for p in sig.parameters.values()):
         return None
     return sig
-
-
-def _heads(model: nn.Module, kind: str) -> int | None:
-    if kind == "demo":
-        return model.cfg.n_head
-    if kind == "hf":
-        return getattr(model.config, "num_attention_heads", None)
-    return None
 
 
 def _seq_len(values: list[Any]) -> int | None:
@@ -447,6 +431,17 @@ def _split_all(args: tuple, kwargs: dict, size: int, rank: int) -> tuple[tuple, 
         return v
 
     return tuple(split(a) for a in args), {k: split(v) for k, v in kwargs.items()}
+
+
+def _split_plain(named: dict, size: int, rank: int, positions: bool) -> dict:
+    """A model's named arguments for this rank's shard: every [batch, T, ...] tensor split;
+    with ``positions``, ``position_ids`` of the shard when the call passes none."""
+    length = _seq_len(list(named.values()))
+    _, out = _split_all((), named, size, rank)
+    if positions and length is not None and named.get("position_ids") is None:
+        device = next(v.device for v in named.values() if isinstance(v, torch.Tensor))
+        out["position_ids"] = _shard(torch.arange(length, device=device).unsqueeze(0), size, rank)
+    return out
 
 
 def _split_hf(named: dict, size: int, rank: int, accepts_extra: bool) -> dict:
