@@ -72,8 +72,10 @@ class ProfileOptions:
 
     def __post_init__(self) -> None:
         check_schedule(self.wait, self.warmup, self.active, self.repeat)
-        if self.keep is not None:
-            _whole("keep", self.keep, 1)
+        if self.keep is not None and (
+            not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 1
+        ):
+            raise ConfigError("keep", "must be a whole number of runs, at least 1", self.keep)
         for name in ("interval_ms", "gather_timeout_s"):
             value = getattr(self, name)
             if value is None and name == "gather_timeout_s":

@@ -65,7 +65,7 @@ def test_profile_takes_the_same_options_by_keyword(tmp_path):
     [
         ({"active": 0}, "active must be a whole number ≥ 1; got 0"),
         ({"interval_ms": -1}, "interval_ms must be a positive number of milliseconds; got -1"),
-        ({"keep": 0}, "keep must be a whole number ≥ 1; got 0"),
+        ({"keep": 0}, "keep must be a whole number of runs, at least 1; got 0"),
         ({"run_id": "../x"}, "run_id must be a folder name"),
         ({"gather_timeout_s": 0}, "gather_timeout_s must be a positive number of seconds"),
     ],

@@ -18,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import signal
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -179,35 +177,3 @@ def fallback_job_id(label: str | None) -> str:
 # -- launcher signals -----------------------------------------------------------------------
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived during a profiled job (torchrun stops every rank when one fails):
-    raised in the main thread so the profile ends as ``interrupted`` and is saved."""
-
-
-class TerminateAsInterrupt:
-    """While installed (main thread, SIGTERM at its default only), SIGTERM raises
-    ``Terminated``; ``restore()`` puts the default back."""
-
-    def __init__(self) -> None:
-        self._installed = False
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return  # the user's own handler (e.g. checkpoint on preemption) wins
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        self._installed = True
-
-    @property
-    def installed(self) -> bool:
-        return self._installed
-
-    def restore(self) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            self._installed = False
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated("SIGTERM (the launcher is stopping this rank)")

@@ -140,6 +140,7 @@ class Sampler:
         self._clock = clock
         self._t0 = clock()
         self._rows: list[dict[str, Any]] = []
+        self._unjournaled: list[dict[str, Any]] = []  # every sample, until the journal takes it
         self._stride = 1  # keep one periodic sample in `_stride`
         self._tick = 0
         self._lock = threading.Lock()
@@ -186,6 +187,12 @@ class Sampler:
     def rows(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._rows)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Samples taken since the last call (for the journal; not thinned)."""
+        with self._lock:
+            rows, self._unjournaled = self._unjournaled, []
+        return rows
 
     def latest(self) -> dict[str, Any] | None:
         """The newest sample (not a copy: read it, don't change it), or None."""
@@ -255,6 +262,7 @@ class Sampler:
                 self._nvml = None
         with self._lock:
             self._rows.append(row)
+            self._unjournaled.append(row)
             if len(self._rows) >= self._max:
                 self._rows = self._rows[::2]
                 self._stride *= 2

@@ -7,16 +7,13 @@ and the notebook magic so that every front uses the same machinery.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
 import os
 import platform
-import signal
 import socket
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -28,8 +25,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from swift_nb import trace_names
-from swift_nb.capture import dist, job
+from swift_nb.capture import dist, job, signals
 from swift_nb.capture import memory_categories as memcat
+from swift_nb.capture.journal import Journal
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
@@ -51,29 +49,6 @@ from swift_nb.record import (
     summarize,
     utc_now_iso,
 )
-
-
-@contextlib.contextmanager
-def deferred_sigint(sigterm: bool = False):
-    """Hold back SIGINT (the kernel's interrupt) for the duration; re-raise it after.
-    ``sigterm``: hold back SIGTERM too (a launcher stopping the job), then deliver it with
-    its default action once the record is saved."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-    signums = [signal.SIGINT, signal.SIGTERM] if sigterm else [signal.SIGINT]
-    previous = {n: signal.signal(n, lambda signum, frame: pending.append(signum)) for n in signums}
-    try:
-        yield
-    finally:
-        for n, handler in previous.items():
-            signal.signal(n, handler)
-    if signal.SIGTERM in pending:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def rank_info() -> tuple[int, int]:
@@ -177,7 +152,8 @@ class Session:
         self._gather_timeout_s = gather_timeout_s if gather_timeout_s is not None else dist.gather_timeout_s()
         self._group: dist.RankGroup | None = None
         self._job_path: Path | None = None
-        self._sigterm = dist.TerminateAsInterrupt()
+        self._termination = signals.TerminationHandler(self._on_terminate)
+        self._journal: Journal | None = None
         if o.run_id is not None and self._ranks is None and (self.root / o.run_id).exists():
             raise RunDirError(f"run folder {self.root / o.run_id} exists already: choose another run id")
 
@@ -209,6 +185,9 @@ class Session:
             rank = run.environment["rank"]
             self._sampler = Sampler(self.interval_s, lambda: self._step, rank, self.monitor_gpu, self.note)
             self._sampler.start(self._t0)
+            self._journal = Journal(run, self._rows, self._sampler.drain)
+            self._journal.start()
+            self._termination.install()
             if self.profiler_cfg is not None:
                 self._stderr.start()
                 if self._ranks is None:
@@ -240,7 +219,6 @@ class Session:
         self._job_path = self.root / job_id
         run.path = rank_folder(self._job_path, info.rank)
         run.path.mkdir(parents=True, exist_ok=True)
-        self._sigterm.install()
 
     def take_trace_events(self) -> list[dict] | None:
         events, self.trace_events = self.trace_events, None
@@ -274,32 +252,26 @@ class Session:
             return self.run
         self._finished = True
         try:
-            with deferred_sigint(sigterm=self._sigterm.installed):
+            with signals.deferred():
                 return self._finish(status, error)
         finally:
-            self._sigterm.restore()
+            self._termination.restore()
+
+    def _on_terminate(self, signum: int) -> None:
+        """SIGTERM/SIGHUP: save the run in full as ``terminated``; the signal then takes
+        its usual course (see ``signals``)."""
+        self.note(
+            f"terminated by {signals.name(signum)}: the run was saved, then the signal took its usual course"
+        )
+        self.finish("terminated")
 
     def _finish(self, status: str, error: BaseException | None) -> Run:
         run = self.run
         end_s = time.perf_counter() - self._t0
-        self._watcher.remove()
-        if self._flops is not None:  # the run ended inside the counted step: no full count
-            self._flops.__exit__(None, None, None)
-            self._flops = None
         if error is not None:
             self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
-            if self._ranks is not None:
-                run.summary["traceback"] = job.describe_error(error)
-        trace = None
-        if self._trace is not None:
-            try:
-                self._trace.stop()
-                trace = self._trace.finish()
-            except Exception as e:
-                self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
-        self._stderr.stop()
-        if self._sampler is not None:
-            self._sampler.stop()
+            run.summary["traceback"] = job.describe_error(error)
+        trace = self._stop_capture()
         if run.path is None:  # start() failed before the folder existed
             run.status = status
             return run
@@ -338,6 +310,31 @@ class Session:
         except OSError as e:
             self.note(f"old runs could not be pruned ({e})")
         return run
+
+    def _stop_capture(self):
+        """Stop every part of the capture (each even if another fails); the finished
+        trace, or None."""
+        self._watcher.remove()
+        if self._journal is not None:
+            self._journal.stop()
+            if self._journal.failed:
+                self.note(f"the run could not be saved while it ran ({self._journal.failed})")
+            self.run.summary["journal_flushes"] = self._journal.flushes
+            self.run.summary["journal_s"] = self._journal.flush_s
+        if self._flops is not None:  # the run ended inside the counted step: no full count
+            self._flops.__exit__(None, None, None)
+            self._flops = None
+        trace = None
+        if self._trace is not None:
+            try:
+                self._trace.stop()
+                trace = self._trace.finish()
+            except Exception as e:
+                self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
+        self._stderr.stop()
+        if self._sampler is not None:
+            self._sampler.stop()
+        return trace
 
     def _rank_summary(self, run: Run, trace) -> None:
         events = trace.events if trace is not None else []
@@ -389,6 +386,7 @@ class Session:
 
     def _on_boundary(self, trigger: str, optimizer: torch.optim.Optimizer | None) -> None:
         t_in = time.perf_counter()
+        self._termination.busy = True  # a SIGTERM now waits until the step is booked
         k = self._step
         self._step = k + 1
         if self._trace is not None:
@@ -402,6 +400,7 @@ class Session:
         self._step_start = time.perf_counter() - self._t0
         self._hook_cost_now = self._step_start + self._t0 - t_in
         self._hook_cost += self._hook_cost_now
+        self._termination.release()
 
     def _bookkeeping(self, k: int, t_in: float, trigger: str) -> None:
         self._rows.append(self._row(k, self._step_start, t_in - self._t0, trigger, self._hook_cost_now))
