@@ -43,14 +43,14 @@ class Journal:
         run: Run,
         steps: list[tuple],
         drain_samples: Callable[[], list[dict[str, Any]]],
-        interval_s: float = FLUSH_INTERVAL_S,
+        interval_s: float | None = None,
     ) -> None:
         assert run.path is not None, "the run folder exists before its journal starts"
         self.folder = Path(run.path)
         self._run = run
         self._steps = steps
         self._drain = drain_samples
-        self.interval_s = interval_s
+        self.interval_s = FLUSH_INTERVAL_S if interval_s is None else interval_s
         self._steps_written = 0
         self._sample_columns: list[str] | None = None
         self._meta_key: tuple[int, int] = (0, len(run.notes))
