@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,92 @@ def test_eager_attention(runs_dir):
         assert "eager_attention" not in _ids(advise(run)[1]), (impl, seq)
 
 
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def _peak_said(text: str) -> float:
+    """The predicted peak a finding's text gives a reader, in bytes."""
+    said = re.search(r"peak tensor memory ≈ (\d+(?:\.\d+)?) (B|KiB|MiB|GiB) instead of", text)
+    assert said is not None, text
+    return float(said.group(1)) * UNITS[said.group(2)]
+
+
+def _toggled_runs(runs_dir, make, loss, variants=("baseline", "flash_attention", "grad_checkpointing")):
+    """The same training (``loss(model)`` each step) profiled once per variant, each
+    applying its toggle (wait 0, warmup 1, active 2); the comparison of the runs."""
+    runs = []
+    for variant in variants:
+        torch.manual_seed(0)
+        model = make()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        with swift_nb.profile(
+            out_dir=runs_dir,
+            wait=0,
+            warmup=1,
+            active=2,
+            report=False,
+            toggles=[] if variant == "baseline" else [variant],
+            namespace={"model": model, "opt": opt},
+        ) as run:
+            for _ in range(4):
+                loss(model).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        runs.append(run)
+    return runs, swift_nb.compare(*runs, names=list(variants)).set_index("variant")
+
+
+def test_predicted_peaks_are_what_the_toggles_then_measure(runs_dir):
+    """Eager attention over 1024 tokens in 2 layers: the advisor's predicted peak for
+    flash_attention and for grad_checkpointing, as its findings say it, lies within 25 % of
+    the peak the toggled run then measures, and the comparison flags neither."""
+    make = partial(
+        make_model, seq_len=1024, n_layer=2, n_head=2, d_model=32, vocab_size=128, attn_impl="eager"
+    )
+    x = torch.randint(0, 128, (1, 1024))
+    (base, _, _), table = _toggled_runs(runs_dir, make, lambda model: model(x, x))
+    findings = {f.id: f for f in advise(base)[1]}
+    attention, activations = findings["eager_attention"], findings["activations"]
+    # the blocks are counted in the trace: 2 attention layers, not a default
+    assert activations.evidence["blocks"] == 2, activations.evidence
+    assert "one of 2 blocks (attention layers per step in the trace)" in activations.predicted_effect
+    # what eager attention holds at the peak, found in the trace's allocations: per layer the
+    # probabilities and the causal mask kept for backward, and 2 gradient buffers in it
+    ev = attention.evidence
+    assert (ev["score_tensors_kept_at_peak"], ev["score_temporaries_at_peak"]) == (4, 2), ev
+    base_peak = table.loc["baseline", "peak_mem_bytes"]
+    for finding in (attention, activations):
+        row = table.loc[finding.toggle]
+        measured, said = row["peak_mem_bytes"], _peak_said(finding.predicted_effect)
+        assert said == pytest.approx(finding.evidence["predicted_peak_bytes"], rel=0.01)
+        assert said == pytest.approx(row["predicted_peak_bytes"], rel=0.01), row
+        assert abs(measured - said) / said <= 0.25, (finding.predicted_effect, measured)
+        assert measured < 0.8 * base_peak
+        assert finding.predicted_effect in row["predicted"]
+        assert "differs from the prediction" not in row["notes"], row["notes"]
+
+
+def _mlp():
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)]
+    )
+
+
+def test_checkpointing_prediction_without_attention_says_the_blocks_are_unknown(runs_dir):
+    """Repeated MLP blocks: the trace does not count them, so the finding says so instead of
+    inventing a count; the comparison predicts from the blocks the toggle checkpointed."""
+    x = torch.randn(512, 64)
+    (base, _), table = _toggled_runs(
+        runs_dir, _mlp, lambda model: model(x).square().mean(), ("baseline", "grad_checkpointing")
+    )
+    (f,) = [f for f in advise(base)[1] if f.id == "activations"]
+    assert "the trace does not show how many blocks repeat" in f.predicted_effect, f.predicted_effect
+    assert "blocks" not in f.evidence and not re.search(r"\d+ blocks", f.predicted_effect)
+    row = table.loc["grad_checkpointing"]
+    assert abs(row["peak_mem_bytes"] - row["predicted_peak_bytes"]) / row["predicted_peak_bytes"] <= 0.25, row
+    assert "differs from the prediction" not in row["notes"]
+
+
 def _big_matrices_loop(steps):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024))
@@ -174,6 +261,8 @@ def test_activations_and_optimizer_state(runs_dir):
     _, findings = advise(_profile(runs_dir, act_heavy, n_layer=2))
     (f,) = [f for f in findings if f.id == "activations"]
     assert f.toggle == "grad_checkpointing" and f.evidence["activations_pct"] >= 50
+    # counted in the trace (2 scaled_dot_product_attention calls per step), not taken on trust
+    assert f.evidence["blocks"] == 2 and f.evidence["blocks_from"] == "attention layers per step in the trace"
     assert "optimizer_state" not in _ids(findings)
 
     _, findings = advise(_profile(runs_dir, _big_matrices_loop, matrix_shapes=[[1024, 1024], [1024, 1024]]))

@@ -99,6 +99,23 @@ class Loader:
 
 
 @dataclass
+class ScoreMemory:
+    """The [.., T, T] tensors of an eager attention (scores, probabilities, masks and their
+    gradients) in a recorded step's allocations: the median step, on the device where they
+    matter most.
+
+    at_peak_bytes: their bytes alive at the step's peak; kept: how many of those were
+    allocated before backward began (saved for it), temporaries: how many during it;
+    saved_bytes: how much lower the step's peak is without any of them (the peak of live
+    bytes minus theirs, over the whole step: the peak can move elsewhere)."""
+
+    at_peak_bytes: float
+    kept: int
+    temporaries: int
+    saved_bytes: float
+
+
+@dataclass
 class Evidence:
     """The numbers the rules look at (medians over the profiled steps)."""
 
@@ -116,6 +133,10 @@ class Evidence:
     growth_bytes_per_step: float
     growth_source: str
     loader: Loader = field(default_factory=Loader)
+    # attention calls per step (eager softmax over [.., T, T] and scaled_dot_product_attention):
+    # the repeated blocks of a transformer, one attention each (0: no attention in the trace)
+    attention_calls: int = 0
+    scores: ScoreMemory | None = None  # [.., T, T] tensors at the peak (eager attention only)
     world_size: int = 1
     comm: pd.DataFrame | None = None  # collectives per kind (swift_nb.analysis.comm)
     # Parts of the profiled steps' time, 0..1 (swift_nb.analysis.comm): collective time, and
@@ -155,6 +176,7 @@ def gather(
     span_us = float(trace.steps["dur_us"].sum()) if len(trace.steps) else 0.0
     heavy = float(self_us[self_us >= th.tiny_op_us].sum() / span_us) if span_us else 0.0
     seq, shape, layers = _eager_attention(ops, n_steps)
+    sdpa = int(ops["name"].eq(SDPA).sum())
     fp = memory_footprint(run)
     peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
     growth, source = memory_growth(run)
@@ -173,6 +195,9 @@ def gather(
         attention_seq=seq,
         attention_shape=shape,
         attention_layers=layers,
+        # an SDPA that falls back to its math kernel runs a softmax of its own: not twice
+        attention_calls=max(layers, round(sdpa / n_steps)),
+        scores=_score_memory(trace, ops) if seq else None,
         footprint=fp,
         peak_bytes=peak,
         limit_bytes=th.memory_limit_bytes if th.memory_limit_bytes is not None else _device_limit(run),
@@ -232,10 +257,14 @@ def _batch_samples(collated: list[int], trace: Trace, run: Run) -> int:
     return batch_and_seq(trace.events)[0] or 0
 
 
+SDPA = "aten::scaled_dot_product_attention"
+SOFTMAX = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
+
+
 def _eager_attention(ops: pd.DataFrame, n_steps: int) -> tuple[int, list[int], int]:
     """Softmax over a square [.., T, T] input is an explicit attention score matrix."""
     best, shape, calls = 0, [], 0
-    soft = ops[ops["name"].isin(["aten::softmax", "aten::_softmax", "aten::_safe_softmax"])]
+    soft = ops[ops["name"].isin(SOFTMAX)]
     for dims_text in soft["input_dims"]:
         try:
             dims = json.loads(dims_text)[0] if dims_text else []
@@ -250,6 +279,106 @@ def _eager_attention(ops: pd.DataFrame, n_steps: int) -> tuple[int, list[int], i
     if {"aten::softmax", "aten::_softmax"} <= set(soft["name"]):
         per_step /= 2
     return best, shape, round(per_step)
+
+
+def _dims(text: str) -> list:
+    """An op's input shapes from their text (empty when absent or unreadable)."""
+    try:
+        dims = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return dims if isinstance(dims, list) else []
+
+
+def _square_inputs(ops: pd.DataFrame) -> set[tuple[int, ...]]:
+    """The shapes of every [.., T, T] input of a softmax: the attention score matrices."""
+    out = set()
+    for dims_text in ops.loc[ops["name"].isin(SOFTMAX), "input_dims"]:
+        dims = _dims(dims_text)
+        d = dims[0] if dims and isinstance(dims[0], list) else []
+        if len(d) >= 2 and d[-1] == d[-2] and d[-1] > 1:
+            out.add(tuple(int(x) for x in d))
+    return out
+
+
+def _square_sizes(shapes: set[tuple[int, ...]]) -> set[int]:
+    """Bytes of a [.., T, T] tensor over any of the score shapes' leading dims (a [T, T]
+    or [B, 1, T, T] mask, [B·H, T, T] scores …) at 1, 2, 4 or 8 bytes per element."""
+    sizes = set()
+    for shape in shapes:
+        lead, square = shape[:-2], shape[-1] * shape[-2]
+        for mask in range(1 << len(lead)):
+            n = square * math.prod(d for i, d in enumerate(lead) if mask >> i & 1)
+            sizes.update(n * e for e in (1, 2, 4, 8))
+    return sizes
+
+
+def _makes_scores(input_dims: np.ndarray, seqs: set[int]) -> bool:
+    """Whether any of these ops (those enclosing an allocation) works on a [.., T, T]
+    tensor: takes one, or multiplies [.., T, k] by [.., k, T]."""
+    for text in input_dims:
+        shapes = [d for d in _dims(text) if isinstance(d, list) and len(d) >= 2]
+        if any(d[-1] == d[-2] and d[-1] in seqs for d in shapes):
+            return True
+        if len(shapes) >= 2 and shapes[0][-2] in seqs and shapes[1][-1] == shapes[0][-2]:
+            return True
+    return False
+
+
+def _score_memory(trace: Trace, ops: pd.DataFrame) -> ScoreMemory | None:
+    """The [.., T, T] tensors of eager attention (scores, probabilities, masks and their
+    gradients) in the recorded steps' allocations, from the trace's memory events (None
+    without them). An allocation is one when its size is that of a [.., T, T] tensor of a
+    softmax's score shape (``_square_sizes``) and an op enclosing it works on [.., T, T]
+    tensors, so a tensor of the same size elsewhere (the logits, an MLP's hidden layer) is
+    not one. The median step of the device where they matter most."""
+    mem = trace.memory[trace.memory["step"] >= 0]
+    shapes = _square_inputs(ops)
+    if mem.empty or not shapes:
+        return None
+    seqs = {shape[-1] for shape in shapes}
+    sizes = _square_sizes(shapes)
+    backward = trace.events[trace.events["name"].str.startswith(tn.AUTOGRAD_PREFIX)]
+    first_backward = backward.groupby("step")["ts_us"].min()
+    per_step: dict[int, ScoreMemory] = {}
+    for (step, _), m in mem.groupby(["step", "device_type"]):
+        step_ops = ops[ops["step"] == step]
+        op_start, op_end = step_ops["ts_us"].to_numpy(), step_ops["end_us"].to_numpy()
+        op_dims = step_ops["input_dims"].to_numpy()
+        ts_us, nbytes, addrs = m["ts_us"].to_numpy(), m["bytes"].to_numpy(), m["addr"].to_numpy()
+        backward_us = first_backward.get(step, np.inf)
+        # per event: score bytes, and score tensors kept for backward / made in it, +1 or -1
+        scores, kept, temporaries = np.zeros(len(m)), np.zeros(len(m)), np.zeros(len(m))
+        open_scores: dict = {}  # addr -> allocated before backward began
+        for i in np.flatnonzero(np.isin(np.abs(nbytes), list(sizes))):
+            ts, addr = ts_us[i], addrs[i]
+            if nbytes[i] > 0:
+                if not _makes_scores(op_dims[(op_start <= ts) & (op_end >= ts)], seqs):
+                    continue
+                open_scores[addr] = before = bool(ts < backward_us)
+                sign = 1
+            elif addr in open_scores:
+                before, sign = open_scores.pop(addr), -1
+            else:
+                continue
+            scores[i] = nbytes[i]
+            (kept if before else temporaries)[i] = sign
+        if not scores.any():
+            continue
+        live, score_live = np.cumsum(nbytes), np.cumsum(scores)
+        peak = int(np.argmax(live))
+        found = ScoreMemory(
+            at_peak_bytes=float(score_live[peak]),
+            kept=int(kept[: peak + 1].sum()),
+            temporaries=int(temporaries[: peak + 1].sum()),
+            saved_bytes=float(live[peak] - np.max(live - score_live)),
+        )
+        if step not in per_step or found.saved_bytes > per_step[step].saved_bytes:
+            per_step[int(step)] = found
+    if not per_step:
+        return None
+    ranked = sorted(per_step.values(), key=lambda f: f.saved_bytes)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _device_limit(run: Run) -> float | None:
@@ -476,24 +605,62 @@ def rule_attention(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
     shape = ev.attention_shape
     heads_batch = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
     per_matrix = heads_batch * t * t * 4
-    saved = per_matrix * 2 * max(1, ev.attention_layers)  # scores and softmax kept for backward
+    evidence = {
+        "seq_len": t,
+        "score_shape": shape,
+        "attention_calls_per_step": ev.attention_layers,
+        "score_matrix_bytes": per_matrix,
+    }
+    sc = ev.scores
+    if sc is not None:
+        saved = sc.saved_bytes
+        evidence.update(
+            score_bytes_at_peak=sc.at_peak_bytes,
+            score_tensors_kept_at_peak=sc.kept,
+            score_temporaries_at_peak=sc.temporaries,
+            peak_saved_bytes=saved,
+        )
+        which = (
+            f"no [.., {t}, {t}] score or mask tensor is ever made ({sc.kept + sc.temporaries} of them, "
+            f"{fmt_bytes(sc.at_peak_bytes)}, are alive at the peak now: {sc.kept} kept for backward, "
+            f"{sc.temporaries} made in it)"
+        )
+        if saved < 0.99 * sc.at_peak_bytes:
+            which += "; without them the step peaks elsewhere"
+        formula = (
+            "peak' ≈ the step's peak of (live bytes − bytes of [.., T, T] tensors), replayed from the trace's "
+            "allocations: scores, probabilities, masks and their gradients are never materialised; flash keeps "
+            "O(B·H·T)"
+        )
+    else:
+        # no allocation events: probabilities saved by each layer and two gradient buffers
+        # of the backward of one, as eager attention allocates them
+        saved = per_matrix * (max(1, ev.attention_layers) + 2)
+        evidence["peak_saved_bytes"] = saved
+        which = (
+            f"no [.., {t}, {t}] score matrix is ever made ({max(1, ev.attention_layers)} probability matrices "
+            f"kept for backward and 2 temporaries in it, {fmt_bytes(saved)}; the trace has no allocations)"
+        )
+        formula = "saved ≈ (L + 2) × B·H × T² × 4 bytes: L probability matrices kept for backward, two gradient buffers in it"
+    predicted = max(0.0, ev.peak_bytes - saved)
+    evidence["predicted_peak_bytes"] = predicted
+    effect = (
+        f"peak tensor memory ≈ {fmt_bytes(predicted)} instead of {fmt_bytes(ev.peak_bytes)}: {which}"
+        if ev.peak_bytes
+        else f"≈ {fmt_bytes(saved)} less tensor memory at the peak: {which}"
+    )
     return Finding(
         id="eager_attention",
         title=f"Explicit attention at sequence length {t}: score matrices grow as T²",
-        evidence={
-            "seq_len": t,
-            "score_shape": shape,
-            "attention_calls_per_step": ev.attention_layers,
-            "score_matrix_bytes": per_matrix,
-        },
+        evidence=evidence,
         suggestion=(
             "Use fused attention: F.scaled_dot_product_attention (flash backend) instead of "
             "softmax(q @ k.T) @ v; for Hugging Face models attn_implementation='sdpa' or "
             "'flash_attention_2'."
         ),
         toggle="flash_attention",
-        predicted_effect=f"≈ {fmt_bytes(saved)} less activation memory per step",
-        formula="saved ≈ 2 × L × B·H × T² × 4 bytes (fp32 scores and probabilities kept per layer; flash keeps O(T))",
+        predicted_effect=effect,
+        formula=formula,
         severity="critical" if t >= 4 * th.attention_seq else "warning",
     )
 
@@ -504,24 +671,58 @@ def _category(ev: Evidence, name: str) -> float:
     return float(row["at_peak_bytes"].iloc[0]) if len(row) else 0.0
 
 
+def _blocks(ev: Evidence, run: Run) -> tuple[int, str]:
+    """How many blocks repeat, and what says so: the attention calls per step in the
+    trace (one per transformer block), else the run's context; 0 when nothing tells."""
+    if ev.attention_calls > 1:
+        return ev.attention_calls, "attention layers per step in the trace"
+    for key in ("n_layer", "num_hidden_layers"):
+        if run.context.get(key):
+            return int(run.context[key]), f"run context {key}"
+    return 0, ""
+
+
+def checkpointed_peak(peak: float, activations: float, blocks: int, checkpointed: int | None = None) -> float:
+    """Peak tensor bytes with ``checkpointed`` of ``blocks`` blocks checkpointed (all by
+    default): their activations (≈ A/L each) are no longer kept, and backward recomputes one
+    block at a time, holding its ≈ A/L activations again next to its backward temporaries,
+    which the measured peak already holds among its other tensors."""
+    blocks = max(1, blocks)
+    checkpointed = blocks if checkpointed is None else min(checkpointed, blocks)
+    return peak - activations * checkpointed / blocks + activations / blocks
+
+
 def rule_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
     act = _category(ev, "activations")
     if not ev.peak_bytes or act / ev.peak_bytes < th.activation_share:
         return None
-    blocks = int(run.context.get("n_layer") or run.context.get("num_hidden_layers") or 0)
+    evidence = {
+        "activations_bytes": act,
+        "peak_bytes": ev.peak_bytes,
+        "activations_pct": _pct(act / ev.peak_bytes),
+    }
+    blocks, source = _blocks(ev, run)
     if blocks > 1:
-        effect = f"activations ≈ {fmt_bytes(2 * act / blocks)} instead of {fmt_bytes(act)} (≈ +33 % compute)"
+        predicted = checkpointed_peak(ev.peak_bytes, act, blocks)
+        evidence.update(blocks=blocks, blocks_from=source, predicted_peak_bytes=predicted)
+        effect = (
+            f"peak tensor memory ≈ {fmt_bytes(predicted)} instead of {fmt_bytes(ev.peak_bytes)}: activations "
+            f"≈ {fmt_bytes(act / blocks)} instead of {fmt_bytes(act)}, one of {blocks} blocks ({source}) "
+            "recomputed at a time in backward (≈ +33 % compute)"
+        )
     else:
-        effect = f"activations ≈ 2·A/L for L checkpointed blocks (≈ {fmt_bytes(act / 6)} for 12 blocks), ≈ +33 % compute"
-    formula = "A' ≈ A/L (inputs of L blocks kept) + A/L (one block recomputed at a time in backward)"
+        effect = (
+            f"activations ≈ A/L instead of A = {fmt_bytes(act)} for L checkpointed blocks, one recomputed at "
+            "a time in backward (≈ +33 % compute); the trace does not show how many blocks repeat"
+        )
+    formula = (
+        "peak' ≈ peak − A + A/L: the L blocks keep only their inputs (small); backward recomputes one block at a "
+        "time, its ≈ A/L activations alive again with its backward temporaries (already in the peak's other tensors)"
+    )
     return Finding(
         id="activations",
         title=f"Activations are {_pct(act / ev.peak_bytes)} % of peak tensor memory",
-        evidence={
-            "activations_bytes": act,
-            "peak_bytes": ev.peak_bytes,
-            "activations_pct": _pct(act / ev.peak_bytes),
-        },
+        evidence=evidence,
         suggestion=(
             "Recompute activations in backward instead of keeping them: activation checkpointing on "
             "the repeated blocks (model.gradient_checkpointing_enable() for Hugging Face); free "
