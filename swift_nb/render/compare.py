@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+def _prediction(words: str | None, peak_bytes: float | None) -> str:
+    """The advisor's words, with the predicted peak added unless they already say it."""
+    if peak_bytes is None or not np.isfinite(peak_bytes):
+        return words or ""
+    peak = fmt_bytes(peak_bytes)
+    return words if words and peak in words else " ".join(filter(None, [words, f"(peak ≈ {peak})"]))
+
+
 def _ratio(x) -> str:
     return "–" if x is None or not np.isfinite(x) else f"{x:.2f}×"
 
@@ -52,8 +60,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         out["max rank peak"] = [_num(x, fmt_bytes) for x in table["peak_mem_max_rank_bytes"]]
         out["max comm %"] = [_num(x, lambda v: f"{100 * v:.0f}") for x in table["collective_share_max_rank"]]
     out["predicted"] = [
-        " ".join(filter(None, [w, f"(peak ≈ {fmt_bytes(p)})" if p is not None and np.isfinite(p) else ""]))
-        for w, p in zip(table["predicted"], table["predicted_peak_bytes"], strict=True)
+        _prediction(w, p) for w, p in zip(table["predicted"], table["predicted_peak_bytes"], strict=True)
     ]
     out["notes"] = table["notes"]
     return out
