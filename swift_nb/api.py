@@ -16,8 +16,9 @@ from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.compare import compare_runs
 from swift_nb.analysis.trace import parse_events, save_tables
 from swift_nb.capture.session import Session
+from swift_nb.errors import RecordError
 from swift_nb.options import ProfileOptions
-from swift_nb.record import COMPARE_FILE, Run, load_run, save, tables_path
+from swift_nb.record import COMPARE_FILE, STEPS_MISSING, Run, load_run, save_meta, steps_missing, tables_path
 from swift_nb.render.compare import write_compare
 from swift_nb.render.report import Section, analysis_fields, document_html, report_sections, write_report
 from swift_nb.toggles import Toggle, ToggleReport, build
@@ -34,22 +35,34 @@ class Reported:
 
 
 def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Reported:
-    """Analyse a saved run and write its ``report.html``. A failing analysis is noted in
-    the run instead of raised: what was measured is never lost to it. ``trace_events``:
-    the trace's events when the caller holds them already (saves reading the file)."""
+    """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
+    damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
+    reason is in ``run.problems`` and the report, never raised: what was measured is never
+    lost to it. Only run.json is rewritten (the report's name in ``files``), never the
+    tables read. ``trace_events``: the trace's events when the caller holds them already
+    (saves reading the file)."""
     run = run if isinstance(run, Run) else load_run(run)
-    try:
-        trace = None
-        if trace_events is not None and run.trace_path is not None:
-            trace = parse_events(trace_events)
-            save_tables(trace, tables_path(run.trace_path))
-        analysis = analyze(run, trace=trace)
-    except Exception as e:  # a bug in an analysis must not cost the user the run
-        run.notes.append(f"analysis failed ({type(e).__name__}: {e}); the run's data is intact")
-        analysis = None
-    sections = report_sections(run, **analysis_fields(analysis))
+    analysis, failure = None, None
+    if steps_missing(run):
+        failure = STEPS_MISSING
+    else:
+        try:
+            trace = None
+            if trace_events is not None and run.trace_path is not None:
+                trace = parse_events(trace_events)
+                save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
+            analysis = analyze(run, trace=trace)
+        except RecordError as e:
+            failure = f"{e.path.name} is damaged ({e.problem}): the analysis could not run"
+        except Exception as e:  # a bug in an analysis must not cost the user the run
+            failure = f"the analysis failed ({type(e).__name__}: {e}); the run's data is intact"
+    if failure is not None and failure not in run.problems:
+        run.problems.append(failure)
+        if failure not in run.notes:
+            run.notes.append(failure)
+    sections = report_sections(run, **analysis_fields(analysis), not_analysed=failure)
     write_report(run, document_html(run, sections))
-    save(run)
+    save_meta(run)
     return Reported(run, analysis, sections)
 
 

@@ -1,8 +1,10 @@
-"""Errors a user can cause, raised before any work starts."""
+"""Errors a user can cause (raised before any work starts), and the one error of a damaged
+record."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -24,3 +26,12 @@ class RunDirError(OSError):
 
 class MissingDependencyError(ImportError):
     """An optional package a feature needs is not installed; the message says how to install it."""
+
+
+class RecordError(ValueError):
+    """A file of a run folder is damaged or not swift_nb's: ``path`` is the file,
+    ``problem`` what is wrong with it (``'context' must be an object, got a list``)."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path, self.problem = Path(path), problem
+        super().__init__(f"{self.path}: {problem}")

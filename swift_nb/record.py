@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -39,14 +40,15 @@ import socket
 import tempfile
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
-from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.errors import ConfigError, RecordError, RunDirError
 
 SCHEMA_VERSION = 1
 DEFAULT_KEEP = 20
@@ -172,6 +174,10 @@ class Run:
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     rank_samples: pd.DataFrame = field(default_factory=pd.DataFrame)
     path: Path | None = None
+    #: what is wrong with the folder as found (a missing table, a line cut off by a kill,
+    #: a report whose analysis could not run); each is also in ``notes``, and none is
+    #: written back to run.json: it describes the files, not the run.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def trace_path(self) -> Path | None:
@@ -199,6 +205,7 @@ class Run:
     def meta(self) -> dict[str, Any]:
         """The JSON-serialisable part of the record (everything but the tables)."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TABLES}
+        d["notes"] = [n for n in self.notes if n not in self.problems]
         d["schema_version"] = SCHEMA_VERSION
         return d
 
@@ -210,12 +217,13 @@ class Run:
         )
 
 
-_TABLES = {"steps", "samples", "memory", "ranks", "rank_steps", "rank_samples", "path"}
+# Run fields that are not stored in run.json
+_TABLES = {"steps", "samples", "memory", "ranks", "rank_steps", "rank_samples", "path", "problems"}
 _RANK_TABLES = {
     "ranks": RANKS_FILE,
     "rank_steps": RANK_STEPS_FILE,
     "rank_samples": RANK_SAMPLES_FILE,
-}  # Run fields that are not stored in run.json
+}
 
 
 def new_run_id(label: str | None = None, now: datetime | None = None) -> str:
@@ -306,8 +314,16 @@ def save(run: Run, path: Path | str | None = None) -> Path:
             run.files.setdefault(name, file)
             atomic_write_text(folder / file, _frame_to_csv(table))
     # run.json last: its presence means the tables it names are complete.
-    atomic_write_text(folder / RUN_FILE, json.dumps(run.meta(), indent=2, default=str))
-    return folder
+    return save_meta(run)
+
+
+def save_meta(run: Run) -> Path:
+    """Write only ``run.json`` of a saved run (its tables stay as they are on disk: a
+    report must not rewrite, or invent, the tables it read)."""
+    if run.path is None:
+        raise ValueError("save_meta() needs a saved run (run.path is None)")
+    atomic_write_text(run.path / RUN_FILE, json.dumps(run.meta(), indent=2, default=str))
+    return run.path
 
 
 def _max_or_none(values: pd.Series) -> float | None:
@@ -343,32 +359,266 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
-    if not path.exists() or path.stat().st_size == 0:
+# -- reading a folder back, every file checked ------------------------------------------
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, as a message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Kind(NamedTuple):
+    """A JSON type a field must have: its name in messages and the test."""
+
+    name: str
+    holds: Callable[[Any], bool]
+
+
+_STRING = _Kind("a string", lambda v: isinstance(v, str))
+_NUMBER = _Kind("a number", _is_number)
+_WHOLE = _Kind("a whole number", _is_whole)
+_OBJECT = _Kind("an object", lambda v: isinstance(v, dict))
+_STRINGS = _Kind("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_WHOLES = _Kind("a list of whole numbers", lambda v: isinstance(v, list) and all(map(_is_whole, v)))
+_NUMBER_OR_NULL = _Kind("a number or null", lambda v: v is None or _is_number(v))
+_WHOLE_OR_NULL = _Kind("a whole number or null", lambda v: v is None or _is_whole(v))
+_STRING_OR_NULL = _Kind("a string or null", lambda v: v is None or isinstance(v, str))
+
+#: run.json's fields and what each must hold; a field left out takes the Run's default
+#: (``id`` excepted), an unknown one is ignored (a newer swift_nb may add some).
+META_SCHEMA: dict[str, _Kind] = {
+    "id": _STRING,
+    "label": _STRING_OR_NULL,
+    "status": _STRING,  # and one of STATUSES
+    "started_at": _STRING,
+    "wall_s": _NUMBER,
+    "source": _OBJECT,
+    "environment": _OBJECT,
+    "context": _OBJECT,
+    "schedule": _OBJECT,
+    "summary": _OBJECT,
+    "notes": _STRINGS,
+    "files": _OBJECT,  # of strings: file names relative to the folder
+    "pid": _WHOLE,
+    "host": _STRING,
+    "schema_version": _WHOLE,
+}
+_SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat")  # a recorded schedule has them all
+#: keys inside run.json's objects that readers use, and what each must hold when present
+#: (so that no reader meets a type it cannot format).
+NESTED_SCHEMA: dict[str, dict[str, _Kind]] = {
+    "summary": {
+        "steps": _WHOLE_OR_NULL,
+        **dict.fromkeys(
+            (
+                "step_time_median_s",
+                "step_time_p90_s",
+                "steps_per_s",
+                "peak_mem_bytes",
+                "peak_rss_bytes",
+                "mean_util_pct",
+                "peak_util_pct",
+            ),
+            _NUMBER_OR_NULL,
+        ),
+        "util_source": _STRING_OR_NULL,
+        "recorded_steps": _WHOLES,
+        "traceback": _STRING,
+    },
+    # context: anything the user passed as context=; readers take it as it comes
+    "environment": {"rank": _WHOLE, "world_size": _WHOLE, "devices": _STRINGS},
+    "schedule": dict.fromkeys(_SCHEDULE_KEYS, _WHOLE),
+}
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise RecordError(path, f"cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise RecordError(path, "not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(path, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def _check_fields(path: Path, obj: dict[str, Any], schema: dict[str, _Kind], prefix: str = "") -> None:
+    for key, kind in schema.items():
+        if key in obj and not kind.holds(obj[key]):
+            raise RecordError(path, f"'{prefix}{key}' must be {kind.name}, got {_json_kind(obj[key])}")
+
+
+def check_meta(meta: Any, path: Path) -> dict[str, Any]:
+    """``meta`` (run.json's contents) if it is a run record; raise ``RecordError`` naming the
+    first field that is missing or of the wrong type."""
+    if not isinstance(meta, dict):
+        raise RecordError(path, f"must be a JSON object, got {_json_kind(meta)}")
+    if "id" not in meta:
+        raise RecordError(path, "'id' is missing: not a swift_nb run record")
+    _check_fields(path, meta, META_SCHEMA)
+    if not meta["id"]:
+        raise RecordError(path, "'id' is empty")
+    if "status" in meta and meta["status"] not in STATUSES:
+        raise RecordError(path, f"'status' must be one of {', '.join(STATUSES)}; got {meta['status']!r}")
+    for name, value in meta.get("files", {}).items():
+        if not isinstance(value, str):
+            raise RecordError(path, f"'files.{name}' must be a string, got {_json_kind(value)}")
+    for name, schema in NESTED_SCHEMA.items():
+        _check_fields(path, meta.get(name, {}), schema, f"{name}.")
+    schedule = meta.get("schedule")
+    if schedule and any(k not in schedule for k in _SCHEDULE_KEYS):
+        missing = ", ".join(k for k in _SCHEDULE_KEYS if k not in schedule)
+        raise RecordError(path, f"'schedule' lacks {missing}")
+    return meta
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """run.json's contents, checked (``check_meta``); ``RecordError`` if damaged."""
+    return check_meta(_load_json(path), path)
+
+
+#: the columns of the run tables that hold text; every other known column holds numbers.
+_TEXT_COLUMNS = {"phase", "trigger", "kind"}
+#: the columns without which a file is not that table (a foreign CSV); the table's other
+#: known columns may be absent (records of older versions lack some) and read as missing.
+REQUIRED_COLUMNS = {
+    STEPS_FILE: ["step", "duration_s"],
+    SAMPLES_FILE: ["t_s"],
+    MEMORY_FILE: ["t_s", "step"],
+}
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _read_csv(path: Path, columns: list[str], problems: list[str]) -> pd.DataFrame:
+    """A table of the folder, checked: its ``REQUIRED_COLUMNS`` present (the others of
+    ``columns`` added, empty, when absent), those that hold numbers numeric (empty cells
+    are missing values). A last line without its line end is a row whose write was cut
+    (the process was killed while appending it): it is dropped and noted in ``problems``.
+    Anything else wrong raises ``RecordError``."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise RecordError(path, f"cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise RecordError(path, "not UTF-8 text") from None
+    if text and not text.endswith("\n"):
+        whole, _, cut = text.rpartition("\n")
+        text = whole + "\n" if whole else ""
+        problems.append(
+            f"{path.name}: its last line was cut off (a write stopped midway, e.g. by a kill); "
+            f"dropped {cut[:80]!r}"
+        )
+    if not text.strip():
         return pd.DataFrame(columns=columns)
-    return pd.read_csv(path)
+    try:
+        with warnings.catch_warnings():
+            # a row longer than the header: pandas would drop its extra fields silently
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(io.StringIO(text), index_col=False)
+    except pd.errors.ParserWarning:
+        raise RecordError(path, "not a readable CSV table (a row has more fields than the header)") from None
+    except ValueError as e:  # ParserError, EmptyDataError
+        raise RecordError(path, f"not a readable CSV table ({_first_line(e)})") from None
+    missing = [c for c in REQUIRED_COLUMNS.get(path.name, []) if c not in df.columns]
+    if missing:
+        raise RecordError(path, f"lacks the columns {', '.join(missing)}: not a swift_nb {path.name}")
+    df = df.reindex(columns=[*df.columns, *(c for c in columns if c not in df.columns)])
+    for col in columns:
+        if col in _TEXT_COLUMNS or pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = (numbers.isna() & df[col].notna()).to_numpy()
+        if bad.any():
+            i = int(bad.argmax())
+            raise RecordError(path, f"'{col}' must hold numbers; line {i + 2} holds {df[col].iloc[i]!r}")
+        df[col] = numbers
+    return df
+
+
+def _missing_note(name: str, what: str) -> str:
+    return f"{name} is missing: {what}"
+
+
+#: the note of a run folder without steps.csv (load_run's, and the report's reason to skip
+#: the analysis).
+STEPS_MISSING = _missing_note(STEPS_FILE, "the steps of this run are unknown")
+
+
+def steps_missing(run: Run) -> bool:
+    """Whether ``run``'s folder has lost its steps.csv (nothing can be said about its steps)."""
+    return run.path is not None and not (Path(run.path) / STEPS_FILE).exists()
+
+
+def _read_table(
+    folder: Path, name: str, columns: list[str], problems: list[str], if_missing: str | None
+) -> pd.DataFrame:
+    """``folder/name`` checked (``_read_csv``); when it does not exist an empty table, and
+    ``if_missing`` (what its loss means) noted in ``problems`` unless None."""
+    path = folder / name
+    if not path.exists():
+        if if_missing is not None:
+            problems.append(_missing_note(name, if_missing))
+        return pd.DataFrame(columns=columns)
+    return _read_csv(path, columns, problems)
 
 
 def load_run(path: Path | str) -> Run:
-    """Rebuild a Run from its folder (or from the folder's ``run.json``)."""
+    """Rebuild a Run from its folder (or from the folder's ``run.json``).
+
+    Every file is checked as it is read: a damaged or foreign one raises ``RecordError``
+    (a ValueError) naming the file and what is wrong; a folder without ``run.json`` raises
+    FileNotFoundError. A missing table, or a last line cut off by a kill, loads: what it
+    means goes to ``run.problems`` and ``run.notes``.
+    """
     folder = Path(path)
     if folder.name == RUN_FILE:
         folder = folder.parent
     meta_path = folder / RUN_FILE
     if not meta_path.exists():
         raise FileNotFoundError(f"{str(folder)!r} is not a swift_nb run folder (no {RUN_FILE})")
-    meta = json.loads(meta_path.read_text("utf-8"))
-    meta.pop("schema_version", None)
+    meta = read_meta(meta_path)
     known = {f.name for f in fields(Run)} - _TABLES
     run = Run(**{k: v for k, v in meta.items() if k in known})
     run.status = status_of(meta)
-    run.steps = _read_csv(folder / STEPS_FILE, STEP_COLUMNS)
-    run.samples = _read_csv(folder / SAMPLES_FILE, SAMPLE_COLUMNS)
-    run.memory = _read_csv(folder / MEMORY_FILE, MEMORY_COLUMNS)
+    problems: list[str] = []
+    run.steps = _read_table(folder, STEPS_FILE, STEP_COLUMNS, problems, "the steps of this run are unknown")
+    run.samples = _read_table(
+        folder, SAMPLES_FILE, SAMPLE_COLUMNS, problems, "the resource samples of this run are unknown"
+    )
+    memory_lost = "the memory categories of this run are unknown" if "memory" in run.files else None
+    run.memory = _read_table(folder, MEMORY_FILE, MEMORY_COLUMNS, problems, memory_lost)
     for name, file in _RANK_TABLES.items():
         if name in run.files:
-            setattr(run, name, _read_csv(folder / file, []))
+            table = _read_table(
+                folder, file, [], problems, f"this job's {name.replace('_', ' ')} are unknown"
+            )
+            setattr(run, name, table)
     run.path = folder
+    run.problems = problems
+    run.notes += [p for p in problems if p not in run.notes]
     return run
 
 
@@ -400,26 +650,41 @@ def _is_live(meta: dict[str, Any]) -> bool:
     return _pid_alive(int(meta.get("pid") or 0))
 
 
-def _scan(root: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(folder, run.json contents) of readable run folders under ``root``, oldest first."""
-    found: list[tuple[Path, dict[str, Any]]] = []
+class _Found(NamedTuple):
+    """A run folder under a root: its checked run.json, or why it is damaged."""
+
+    folder: Path
+    meta: dict[str, Any] | None  # None: damaged
+    problem: str | None  # "run.json: 'context' must be an object, got a list"
+    started_at: str
+
+
+def _scan(root: Path) -> list[_Found]:
+    """The run folders under ``root`` (those with a run.json), oldest first; a damaged
+    run.json makes its folder a ``_Found`` without meta and with the problem."""
+    found: list[_Found] = []
     if not root.is_dir():
         return found
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         meta_path = folder / RUN_FILE
         if not meta_path.exists():
             continue
+        raw: Any = None
         try:
-            meta = json.loads(meta_path.read_text("utf-8"))
-            if not isinstance(meta, dict) or "id" not in meta:
-                raise ValueError("not a run record")
-        except (OSError, ValueError) as e:
-            warnings.warn(f"swift_nb: skipping unreadable run folder {str(folder)!r}: {e}", stacklevel=3)
+            raw = _load_json(meta_path)
+            meta = check_meta(raw, meta_path)
+        except RecordError as e:
+            started = raw.get("started_at") if isinstance(raw, dict) else None
+            problem = f"{RUN_FILE}: {e.problem}"
+            found.append(_Found(folder, None, problem, started if isinstance(started, str) else ""))
             continue
-        found.append((folder, meta))
-    found.sort(key=lambda fm: (str(fm[1].get("started_at") or ""), fm[0].name))
+        found.append(_Found(folder, meta, None, meta.get("started_at", "")))
+    found.sort(key=lambda f: (f.started_at, f.folder.name))
     return found
 
+
+#: runs()'s status of a folder whose run.json is damaged (never a record's own status).
+DAMAGED = "damaged"
 
 RUNS_COLUMNS = [
     "id",
@@ -433,39 +698,60 @@ RUNS_COLUMNS = [
     "pinned",
     "path",
     "world_size",
+    "problem",
 ]
+
+
+def _runs_row(found: _Found) -> dict[str, Any]:
+    folder, meta = found.folder, found.meta
+    row: dict[str, Any] = {"pinned": (folder / PIN_FILE).exists(), "path": str(folder)}
+    if meta is None:
+        return {
+            **row,
+            "id": folder.name,
+            "status": DAMAGED,
+            "started_at": found.started_at or None,
+            "problem": found.problem,
+        }
+    summary = meta.get("summary", {})
+    return {
+        **row,
+        "id": meta["id"],
+        "label": meta.get("label"),
+        "status": status_of(meta),
+        "started_at": meta.get("started_at"),
+        "wall_s": meta.get("wall_s"),
+        "steps": summary.get("steps"),
+        "step_time_median_s": summary.get("step_time_median_s"),
+        "peak_mem_bytes": summary.get("peak_mem_bytes"),
+        "world_size": meta.get("context", {}).get("world_size", 1),
+        "problem": STEPS_MISSING if not (folder / STEPS_FILE).exists() else None,
+    }
 
 
 def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFrame:
     """Recent runs under ``root`` (default ``default_root()``), newest first.
 
     Columns: id, label, status, started_at (ISO, UTC), wall_s, steps, step_time_median_s,
-    peak_mem_bytes, pinned, path, world_size (ranks of the job; 1 for a single process). A record left ``running`` by a process that no longer
-    exists shows status ``crashed``. Unreadable folders are skipped with a warning.
+    peak_mem_bytes, pinned, path, world_size (ranks of the job; 1 for a single process),
+    problem. A record left ``running`` by a process that no longer exists shows status
+    ``crashed``. A folder whose run.json is damaged is a row too, status ``damaged``
+    (id: the folder's name), with what is wrong in ``problem``: listing it, rather than
+    skipping it with a warning, keeps it in sight in a notebook, where warnings go
+    unseen, and says where it is. ``problem`` also names a missing steps.csv.
     """
     root = Path(root) if root is not None else default_root()
-    rows = []
-    for folder, meta in reversed(_scan(root)):
-        summary = meta.get("summary") or {}
-        status = status_of(meta)
-        rows.append(
-            {
-                "id": meta["id"],
-                "label": meta.get("label"),
-                "status": status,
-                "started_at": meta.get("started_at"),
-                "wall_s": meta.get("wall_s"),
-                "steps": summary.get("steps"),
-                "step_time_median_s": summary.get("step_time_median_s"),
-                "peak_mem_bytes": summary.get("peak_mem_bytes"),
-                "pinned": (folder / PIN_FILE).exists(),
-                "path": str(folder),
-                "world_size": (meta.get("context") or {}).get("world_size", 1),
-            }
+    found = list(reversed(_scan(root)))
+    if limit is not None:
+        found = found[:limit]
+    rows = [_runs_row(f) for f in found]
+    table = pd.DataFrame(rows, columns=RUNS_COLUMNS)
+    for col in ("steps", "world_size"):  # whole numbers stay whole beside a row without one
+        values = [r.get(col) for r in rows]
+        table[col] = pd.Series(
+            [math.nan if v is None else v for v in values], index=table.index, dtype=object
         )
-        if limit is not None and len(rows) >= limit:
-            break
-    return pd.DataFrame(rows, columns=RUNS_COLUMNS)
+    return table
 
 
 def pin(run: Run | Path | str, pinned: bool = True) -> None:
@@ -481,22 +767,29 @@ def pin(run: Run | Path | str, pinned: bool = True) -> None:
 
 
 def prune(root: Path | str | None = None, keep: int | None = None, spare: Path | None = None) -> list[Path]:
-    """Delete the oldest run folders beyond the newest ``keep``; return what was deleted.
+    """Delete the oldest finished runs beyond the newest ``keep``; return what was deleted.
 
-    Pinned runs do not count against ``keep`` and are never deleted; runs still being
-    written by a live process, and ``spare``, count but are never deleted.
+    ``keep`` counts finished runs (every status but a live ``running``). ``spare`` (the
+    run that has just finished) is one of them whatever its age: a run that ran while a
+    newer one started and ended is kept at its own end, and the other goes. Runs still
+    being written by a live process do not count and are never deleted: their own end,
+    or any later prune, brings the folder back to ``keep``. Pinned runs do not count and
+    are never deleted, nor are damaged folders (``runs()`` lists them: look before
+    deleting what cannot be read).
     """
     root = Path(root) if root is not None else default_root()
     keep = default_keep() if keep is None else keep
     if keep < 1:
         raise ConfigError("keep", "must be at least 1", keep)
     spare_resolved = Path(spare).resolve() if spare is not None else None
-    unpinned = [(folder, meta) for folder, meta in _scan(root) if not (folder / PIN_FILE).exists()]
-    doomed = [
-        folder
-        for folder, meta in unpinned[: max(0, len(unpinned) - keep)]
-        if not _is_live(meta) and folder.resolve() != spare_resolved
+    finished = [
+        f.folder
+        for f in _scan(root)
+        if f.meta is not None and not (f.folder / PIN_FILE).exists() and not _is_live(f.meta)
     ]
+    spared = [f for f in finished if f.resolve() == spare_resolved]
+    others = [f for f in finished if f not in spared]
+    doomed = others[: max(0, len(others) - (keep - len(spared)))]
     for folder in doomed:
         shutil.rmtree(folder, ignore_errors=True)
     return doomed

@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import train
 
 import swift_nb
+from swift_nb.cli import main
 
 
 def _cli(*args):
@@ -27,6 +29,15 @@ def test_list_and_show(runs_dir):
     reported = _cli("report", str(run.path))
     assert reported.returncode == 0 and "verdict:" in reported.stdout
     assert (run.path / "report.html").is_file()
+
+
+def test_help_documents_the_exit_status(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "exit status:" in text and "0  done" in text and "1  could not do what was asked" in text
+    assert "2  usage error" in text
 
 
 def test_show_of_a_non_run_folder_is_a_clear_error(tmp_path):

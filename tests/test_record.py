@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pandas as pd
 import pandas.testing as pdt
-import pytest
 from conftest import train
 
 import swift_nb
@@ -65,6 +67,53 @@ def test_retention_never_deletes_a_run_being_written(runs_dir):
     assert live.path.exists()
 
 
+_OVERLAPPING_RUN = """
+import sys, time, torch, swift_nb
+root, label, sleep_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with swift_nb.profile(out_dir=root, keep=1, label=label, wait=0, warmup=0, active=1, report=False):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    print("inside", flush=True)
+    time.sleep(sleep_s)
+"""
+
+
+def _overlapping(runs_dir, label, sleep_s) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _OVERLAPPING_RUN, str(runs_dir), label, str(sleep_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_processes_sharing_a_folder_leave_keep_finished_runs(runs_dir):
+    slow = _overlapping(runs_dir, "slow", 30)
+    assert slow.stdout is not None and slow.stdout.readline().strip() == "inside"
+    fast = _overlapping(runs_dir, "fast", 0)
+    assert fast.wait(timeout=120) == 0
+    assert sorted(swift_nb.runs(runs_dir)["status"]) == ["ok", "running"]  # a running run is never pruned
+    os.kill(slow.pid, signal.SIGINT)  # ends its sleep: the run ends `interrupted`, and prunes
+    slow.communicate(timeout=120)
+    table = swift_nb.runs(runs_dir)
+    assert list(table["label"]) == ["slow"]  # the run that just ended stays, whatever its age
+    assert list(table["status"]) == ["interrupted"]
+    with swift_nb.profile(out_dir=runs_dir, keep=1, label="third", wait=0, warmup=0, active=1, report=False):
+        train(1)
+    assert list(swift_nb.runs(runs_dir)["label"]) == ["third"]
+
+
+def test_prune_keeps_finished_runs_beside_a_live_one(runs_dir):
+    live = _fake_run(runs_dir, 5, status="running")
+    live.host = __import__("socket").gethostname()
+    save(live)
+    for i in range(3):
+        _fake_run(runs_dir, i)
+    assert sorted(p.name for p in prune(runs_dir, keep=2)) == ["20260101-000000-r0"]
+    assert sorted(swift_nb.runs(runs_dir)["label"]) == ["r1", "r2", "r5"]
+
+
 def test_profile_applies_retention(runs_dir):
     for _ in range(3):
         with swift_nb.profile(out_dir=runs_dir, keep=2, wait=0, warmup=0, active=1):
@@ -72,14 +121,17 @@ def test_profile_applies_retention(runs_dir):
     assert len(swift_nb.runs(runs_dir)) == 2
 
 
-def test_corrupt_folder_is_skipped_with_a_warning(runs_dir):
+def test_corrupt_folder_is_a_damaged_row(runs_dir):
     _fake_run(runs_dir, 1)
     bad = runs_dir / "20260101-000099-bad"
     bad.mkdir()
     (bad / "run.json").write_text('{"id": "trunc')
-    with pytest.warns(UserWarning, match="skipping unreadable run folder"):
-        table = swift_nb.runs(runs_dir)
-    assert list(table["label"]) == ["r1"]
+    table = swift_nb.runs(runs_dir)
+    assert list(table["status"]) == ["ok", "damaged"]  # its start is unknown: listed last
+    damaged = table.iloc[1]
+    assert damaged["id"] == bad.name and damaged["path"] == str(bad)
+    assert damaged["problem"].startswith("run.json: not valid JSON (Unterminated string")
+    assert prune(runs_dir, keep=1) == [] and bad.exists()  # never deleted unread
 
 
 def test_dead_running_record_shows_as_crashed(runs_dir):

@@ -8,6 +8,7 @@ event carries the profiler step it falls in (``step``, from the profiler's step 
 from __future__ import annotations
 
 import gzip
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import orjson
 import pandas as pd
 
 from swift_nb import trace_names as tn
+from swift_nb.errors import RecordError
 from swift_nb.record import Run, tables_path
 
 EVENT_COLUMNS = [
@@ -139,31 +141,63 @@ def load_trace(run: Run) -> Trace:
 
 
 def load_trace_file(path: Path | None) -> Trace:
-    """A trace file as tables; an empty Trace when there is none.
+    """A trace file as tables; an empty Trace when there is none. A damaged or foreign
+    file (cut short, empty, not gzip, not a Chrome trace) raises ``RecordError``.
 
     Decoding a big trace's JSON takes seconds, so the tables are kept beside it in
-    ``<name>.tables.npz`` (plain arrays, no pickles) and read from there while they are
-    newer than the trace; an unreadable copy is ignored and rebuilt.
+    ``<name>.tables.npz`` (plain arrays, no pickles, and the trace's size) and read from
+    there while they are newer than the trace and of a trace of its size; a copy that
+    cannot be read, or disagrees with itself or the trace in any way, is rebuilt from the
+    trace.
     """
     if path is None or not Path(path).exists():
         return parse_events([])
+    path = Path(path)
     cache = tables_path(path)
-    if cache.exists() and cache.stat().st_mtime >= Path(path).stat().st_mtime:
+    source = path.stat()
+    if cache.exists() and cache.stat().st_mtime >= source.st_mtime:
         try:
-            return _read_tables(cache)
-        except (OSError, ValueError, KeyError):
+            return _read_tables(cache, source.st_size)
+        except Exception:  # whatever is wrong with a cache, the trace is the truth
             pass
-    with gzip.open(path, "rb") as f:
-        doc = orjson.loads(f.read())
-    trace = parse_events(doc.get("traceEvents", []))
-    save_tables(trace, cache)
+    trace = _parse_file(path)
+    save_tables(trace, cache, source=path)
     return trace
 
 
-def save_tables(trace: Trace, path: Path) -> None:
+def _parse_file(path: Path) -> Trace:
+    """The trace file's tables; ``RecordError`` saying what is wrong with a damaged one."""
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        raise RecordError(path, str(e) or type(e).__name__) from None
+    if not data:
+        raise RecordError(path, "the file is empty")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise RecordError(path, f"not JSON: {e}") from None
+    raw = doc.get("traceEvents") if isinstance(doc, dict) else doc  # the object or the array form
+    if not isinstance(raw, list):
+        raise RecordError(path, "not a Chrome trace: no list of traceEvents")
+    try:
+        return parse_events(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+
+
+#: the trace's size in bytes when its tables were cached: a cache of another trace is not used
+_SOURCE_SIZE = "source/size"
+
+
+def save_tables(trace: Trace, path: Path, source: Path | None = None) -> None:
     """Write ``trace``'s tables to ``path`` (best effort: a read-only folder just means the
-    JSON is decoded again next time)."""
+    JSON is decoded again next time); ``source``: the trace file they come from (its size
+    is kept with them; without it the cache is rebuilt on its first read)."""
     arrays: dict[str, np.ndarray] = {}
+    if source is not None:
+        arrays[_SOURCE_SIZE] = np.array([Path(source).stat().st_size], dtype=np.int64)
     for table_name in ("events", "memory", "steps"):
         table = getattr(trace, table_name)
         for col in table.columns:
@@ -183,28 +217,50 @@ def save_tables(trace: Trace, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _read_tables(path: Path) -> Trace:
+_INT_COLUMNS = {
+    "events": ["step"],
+    "memory": ["bytes", "total_allocated", "device_type", "device_id", "step"],
+    "steps": ["step"],
+}
+
+
+def _text_column(z, key: str) -> np.ndarray:
+    labels = orjson.loads(z[key + "#labels"].tobytes())
+    codes = z[key]
+    if not isinstance(labels, list) or not np.issubdtype(codes.dtype, np.integer):
+        raise ValueError(f"{key}: not codes and labels")
+    if len(codes) and (codes.min() < -1 or codes.max() >= len(labels)):
+        raise ValueError(f"{key}: codes outside its {len(labels)} labels")
+    return np.array([*labels, None], dtype=object)[codes]  # code -1 (missing) picks the trailing None
+
+
+def _read_tables(path: Path, source_size: int) -> Trace:
+    """The cached tables; ValueError/KeyError/… when they are not whole and consistent
+    (each table's columns of one length, codes within their labels, integers whole) or
+    were cached from a trace of another size."""
     columns = {"events": EVENT_COLUMNS, "memory": MEMORY_COLUMNS, "steps": STEP_COLUMNS}
     tables = {}
     with np.load(path, allow_pickle=False) as z:
+        if int(z[_SOURCE_SIZE][0]) != source_size:
+            raise ValueError("cached from another trace")
         for table_name, cols in columns.items():
             data = {}
             for col in cols:
                 key = f"{table_name}/{col}"
                 if col in _TEXT_COLUMNS[table_name]:
-                    labels = np.array([*orjson.loads(z[key + "#labels"].tobytes()), None], dtype=object)
-                    data[col] = labels[z[key]]  # code -1 (missing) picks the trailing None
+                    data[col] = _text_column(z, key)
+                elif not np.issubdtype(z[key].dtype, np.number):
+                    raise ValueError(f"{key}: not numbers")
                 else:
                     data[col] = z[key]
+            if len({len(v) for v in data.values()}) > 1:
+                raise ValueError(f"{table_name}: columns of different lengths")
+            for col in _INT_COLUMNS[table_name]:
+                if not np.isfinite(data[col]).all():
+                    raise ValueError(f"{table_name}/{col}: not whole numbers")
+                data[col] = data[col].astype(np.int64)
             tables[table_name] = pd.DataFrame(data, columns=cols)
     events, memory, steps = tables["events"], tables["memory"], tables["steps"]
-    for table, ints in (
-        (events, ["step"]),
-        (memory, ["bytes", "total_allocated", "device_type", "device_id", "step"]),
-        (steps, ["step"]),
-    ):
-        for col in ints:
-            table[col] = table[col].astype(np.int64)
     return Trace(
         events.astype({"name": str, "cat": str, "input_dims": str, "input_types": str}), memory, steps
     )

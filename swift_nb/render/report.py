@@ -75,6 +75,7 @@ figcaption { color: #666; font-size: 0.85em; }
 .severity { text-transform: uppercase; font-size: 0.75em; color: #666; letter-spacing: 0.05em; }
 code { background: #eee; padding: 0 0.25em; border-radius: 3px; overflow-wrap: anywhere; }
 .empty { color: #777; font-style: italic; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
 """
 
 
@@ -194,9 +195,15 @@ def _summary_section(run: Run) -> Section:
     return Section("Summary", [f"<table><tbody>{body}</tbody></table>"])
 
 
-def _verdict_section(verdict: Verdict | None) -> Section:
+def _not_analysed(what: str, reason: str | None, otherwise: str) -> str:
+    """The empty note of a section without its analysis: why the analysis could not run
+    when it could not (``reason``), else ``otherwise`` (it ran, and found nothing)."""
+    return _empty(f"{what} — {reason}." if reason is not None else f"{what}: {otherwise}")
+
+
+def _verdict_section(verdict: Verdict | None, not_analysed: str | None = None) -> Section:
     if verdict is None:
-        return Section("Verdict", [_empty("No verdict: the run was not analysed.")])
+        return Section("Verdict", [_not_analysed("No verdict", not_analysed, "the run was not analysed.")])
     evidence = _kv_table(list(verdict.evidence.items())) if verdict.evidence else ""
     return Section(
         "Verdict",
@@ -231,17 +238,19 @@ def _finding_html(f: Finding) -> str:
     return "".join(parts)
 
 
-def _findings_section(findings: Sequence[Finding] | None) -> Section:
+def _findings_section(findings: Sequence[Finding] | None, not_analysed: str | None = None) -> Section:
     if findings is None:
-        return Section("Findings", [_empty("No findings: the run was not analysed.")])
+        return Section("Findings", [_not_analysed("No findings", not_analysed, "the run was not analysed.")])
     if not findings:
         return Section("Findings", [_empty("No findings: no rule's threshold was crossed.")])
     return Section("Findings", ["".join(_finding_html(f) for f in findings)])
 
 
-def _throughput_section(throughput: Any) -> Section:
+def _throughput_section(throughput: Any, not_analysed: str | None = None) -> Section:
     if throughput is None:
-        return Section("Throughput", [_empty("Throughput was not computed.")])
+        return Section(
+            "Throughput", [_not_analysed("Throughput was not computed", not_analysed, "no analysis ran.")]
+        )
 
     def get(name: str):
         return getattr(throughput, name, None)
@@ -274,10 +283,13 @@ def _timeline_section(run: Run) -> Section:
     )
 
 
-def _breakdown_section(breakdown: pd.DataFrame | None) -> Section:
+def _breakdown_section(breakdown: pd.DataFrame | None, not_analysed: str | None = None) -> Section:
     title = "Step time breakdown"
     if not _has_rows(breakdown):
-        return Section(title, [_empty("No step breakdown: the profiler recorded no step (no trace).")])
+        return Section(
+            title,
+            [_not_analysed("No step breakdown", not_analysed, "the profiler recorded no step (no trace).")],
+        )
     median = breakdown.median(numeric_only=True).to_frame().T
     # step_s renamed so its header ("step time") differs from the step number's.
     table = (
@@ -299,7 +311,9 @@ def _breakdown_section(breakdown: pd.DataFrame | None) -> Section:
     )
 
 
-def _memory_section(footprint: pd.DataFrame | None, timeline: pd.DataFrame | None) -> Section:
+def _memory_section(
+    footprint: pd.DataFrame | None, timeline: pd.DataFrame | None, not_analysed: str | None = None
+) -> Section:
     section = Section("Memory by category")
     if _has_rows(timeline):
         section.parts.append(
@@ -313,17 +327,22 @@ def _memory_section(footprint: pd.DataFrame | None, timeline: pd.DataFrame | Non
         section.parts.append(_frame_table(footprint))
     if not section.parts:
         section.parts.append(
-            _empty(
-                "No memory categories: they are recorded only for steps the profiler recorded "
-                "with memory profiling on."
+            _not_analysed(
+                "No memory categories",
+                not_analysed,
+                "they are recorded only for steps the profiler recorded with memory profiling on.",
             )
         )
     return section
 
 
-def _operators_section(title: str, operators: pd.DataFrame | None, metric: str, caption: str) -> Section:
+def _operators_section(
+    title: str, operators: pd.DataFrame | None, metric: str, caption: str, not_analysed: str | None = None
+) -> Section:
     if not _has_rows(operators):
-        return Section(title, [_empty("No operators: the profiler recorded no step (no trace).")])
+        return Section(
+            title, [_not_analysed("No operators", not_analysed, "the profiler recorded no step (no trace).")]
+        )
     return Section(
         title,
         [FigurePart(operators_figure(operators, metric=metric), title, caption), _frame_table(operators)],
@@ -397,11 +416,14 @@ def _environment_section(run: Run) -> Section:
     )
 
 
-def _notes_section(notes: Sequence[str]) -> Section | None:
-    if not notes:
-        return None
-    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
-    return Section("Notes", [f"<ul>{items}</ul>"])
+def _notes_section(notes: Sequence[str], traceback: Any = None) -> Section | None:
+    """The run's notes, and the traceback that ended a failed run (collapsed)."""
+    parts = []
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+    if isinstance(traceback, str) and traceback:
+        parts.append(f"<details><summary>Traceback</summary><pre>{escape(traceback)}</pre></details>")
+    return Section("Notes", parts) if parts else None
 
 
 def report_sections(
@@ -417,37 +439,43 @@ def report_sections(
     findings: Sequence[Finding] | None = None,
     per_rank: pd.DataFrame | None = None,
     collectives: pd.DataFrame | None = None,
+    not_analysed: str | None = None,
 ) -> list[Section]:
     """The report's sections in order (the notebook shows the same ones), from the
     analyses' outputs (``step_breakdown``, ``memory_footprint``, ``memory_timeline``,
     ``top_operators`` by time and by memory, throughput, the advisor's verdict and
     findings, and for a job of several ranks ``analysis.ranks.per_rank`` and the collectives); a
-    missing or empty one makes its section say so."""
+    missing or empty one makes its section say so. ``not_analysed``: why the analysis could
+    not run (``trace.json.gz is damaged (…): the analysis could not run``), which each
+    section without its analysis then says instead of "no trace"."""
+    why = not_analysed
     if per_rank is None and len(run.ranks) > 1:
         per_rank = rank_analysis.per_rank(run)
     sections = [
         _summary_section(run),
-        _verdict_section(verdict),
-        _findings_section(findings),
-        _throughput_section(throughput),
+        _verdict_section(verdict, why),
+        _findings_section(findings, why),
+        _throughput_section(throughput, why),
         _per_rank_section(run, per_rank, collectives),
         _timeline_section(run),
-        _breakdown_section(breakdown),
-        _memory_section(footprint, timeline),
+        _breakdown_section(breakdown, why),
+        _memory_section(footprint, timeline, why),
         _operators_section(
             "Top operators by self time",
             operators_time,
             "self_time_s",
             "Time spent in each operator itself, children excluded, over the profiled steps.",
+            why,
         ),
         _operators_section(
             "Top operators by memory allocated",
             operators_memory,
             "alloc_bytes",
             "Bytes each operator allocated over the profiled steps.",
+            why,
         ),
         _environment_section(run),
-        _notes_section(run.notes),
+        _notes_section(run.notes, run.summary.get("traceback")),
     ]
     return [s for s in sections if s is not None]
 
