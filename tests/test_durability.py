@@ -46,10 +46,10 @@ def _only_run(out: Path) -> swift_nb.Run:
 @pytest.mark.parametrize(("signum", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP")])
 def test_terminating_signal_saves_the_run_in_full_then_exits_as_usual(tmp_path, signum, name):
     proc = _start(tmp_path)
-    _wait_for_steps(proc, 8)
+    seen = _wait_for_steps(proc, 8)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
-    printed = [ln for ln in out.splitlines() if ln.startswith("step ")]
+    printed = [ln for ln in [*seen, *out.splitlines()] if ln.startswith("step ")]
     assert proc.returncode == -signum, err[-2000:]  # the default action still ends it (143 for SIGTERM)
     assert "finished" not in out
     run = _only_run(tmp_path)
