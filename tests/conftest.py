@@ -27,6 +27,22 @@ def train(steps: int, model: torch.nn.Module | None = None, opt=None, batch: int
     return model
 
 
+QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
+
+
+def quickstart_steps() -> int:
+    """The steps the quickstart's profiled cell runs: its ``--steps`` hint, read from the
+    notebook itself so that tests never keep a second copy of it."""
+    import json
+    import re
+
+    for cell in json.loads(QUICKSTART.read_text())["cells"]:
+        m = re.search(r"%%swift_profile[^\n]*--steps (\d+)", "".join(cell["source"]))
+        if m:
+            return int(m.group(1))
+    raise AssertionError(f"no %%swift_profile --steps N in {QUICKSTART}")
+
+
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"

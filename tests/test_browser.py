@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import kernel_env
+from conftest import kernel_env, quickstart_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "01_quickstart.ipynb"
@@ -30,7 +30,7 @@ DOCS = ROOT / "docs"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 TABS = ["Summary", "Timeline", "Memory", "Operators", "Advice", "Files"]
-STEPS = 12  # the quickstart's --steps hint and its loader's length
+STEPS = quickstart_steps()  # its --steps hint, equal to its loader's length
 SERVER_START_S = 120
 RUN_ALL_S = 600
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import kernel_env
+from conftest import kernel_env, quickstart_steps
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 
 import swift_nb
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
-STEPS = 8  # the quickstart's loader: 8 samples in batches of 1
+STEPS = quickstart_steps()  # its --steps hint, equal to its loader's length
 SCHEDULE = {"wait": 1, "warmup": 2, "active": 3}  # the magic's defaults
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SECTIONS = ("Verdict", "Findings", "Step time breakdown", "Memory by category", "Top operators")
