@@ -449,13 +449,18 @@ NESTED_SCHEMA: dict[str, dict[str, _Kind]] = {
 }
 
 
-def _load_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
+    """A record file's text; ``RecordError`` when it cannot be read as UTF-8."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except OSError as e:
         raise RecordError(path, f"cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise RecordError(path, "not UTF-8 text") from None
+
+
+def _load_json(path: Path) -> Any:
+    text = _read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -518,12 +523,7 @@ def _read_csv(path: Path, columns: list[str], problems: list[str]) -> pd.DataFra
     are missing values). A last line without its line end is a row whose write was cut
     (the process was killed while appending it): it is dropped and noted in ``problems``.
     Anything else wrong raises ``RecordError``."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise RecordError(path, f"cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise RecordError(path, "not UTF-8 text") from None
+    text = _read_text(path)
     if text and not text.endswith("\n"):
         whole, _, cut = text.rpartition("\n")
         text = whole + "\n" if whole else ""
