@@ -3,11 +3,13 @@
 with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook cell
     train()                          # every optimizer.step() ends a step
 run.summary, run.steps, run.samples  # plain data, also saved in run.path
+swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere, as a run
 """
 
 from swift_nb.api import compare, profile, report
 from swift_nb.capture.steps import step
 from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.importer import import_trace
 from swift_nb.monitor import Report, ResourceMonitor
 from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
 from swift_nb.record import Run, load_run, pin, prune, runs, save
@@ -20,6 +22,7 @@ __all__ = [
     "RunDirError",
     "compare",
     "gather_sequence",
+    "import_trace",
     "load_ipython_extension",
     "load_run",
     "pin",

@@ -1,4 +1,5 @@
-"""``swift-nb``: list runs, print a run's summary, (re)write a run's report.html, compare runs."""
+"""``swift-nb``: list runs, print a run's summary, (re)write a run's report.html, compare runs,
+import torch.profiler traces recorded anywhere as runs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 from pathlib import Path
 
 from swift_nb.api import compare, report
-from swift_nb.errors import RecordError
+from swift_nb.errors import ConfigError, RecordError
+from swift_nb.importer import import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
 from swift_nb.render.compare import compare_table_text
 from swift_nb.render.tables import runs_text, summary_text
@@ -15,10 +17,11 @@ from swift_nb.render.tables import runs_text, summary_text
 EPILOG = """\
 exit status:
   0  done (warnings about a record, e.g. a table missing, go to stderr)
-  1  could not do what was asked: a damaged run record (the file and what is wrong with
-     it are printed), or a report whose analysis could not run (a damaged trace,
+  1  could not do what was asked: a damaged run record or trace (the file and what is
+     wrong with it are printed), or a report whose analysis could not run (a damaged trace,
      steps.csv missing: report.html is written and says why)
-  2  usage error: bad arguments, or a folder that is not a run folder
+  2  usage error: bad arguments, a folder that is not a run folder, or a trace path that
+     does not exist
 
 A damaged run is listed by `list` with status "damaged" and its problem."""
 
@@ -50,7 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument(
         "-o", "--out", default=None, help=f"where to write the page (default RUN_DIR/{COMPARE_FILE})"
     )
+    p_import = sub.add_parser(
+        "import",
+        help="turn torch.profiler traces (.json/.json.gz, one per rank, or folders of them) into a run",
+    )
+    p_import.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders of them")
+    p_import.add_argument(
+        "-o", "--out", default=None, help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)"
+    )
+    p_import.add_argument("--label", default=None, help="a name for the run")
     args = parser.parse_args(argv)
+    if args.command == "import":
+        return _import(args.traces, args.out, args.label)
     if args.command == "list":
         print(runs_text(runs(args.root, limit=args.n)))
         return OK
@@ -109,6 +123,19 @@ def _report(run: Run) -> int:
     assert run.path is not None  # a loaded run has its folder
     print(run.path / run.files.get("report", REPORT_FILE))
     return OK if analysis is not None else FAILED
+
+
+def _import(traces: list[str], out: str | None, label: str | None) -> int:
+    try:
+        run = import_trace(traces, out, label=label, report=False)
+    except ConfigError as e:
+        _error(str(e))
+        return USAGE
+    except RecordError as e:
+        _error(str(e))
+        return FAILED
+    print(f"imported {len(run.rank_trace_paths())} trace(s) as {run.path}")
+    return _report(run)
 
 
 def _compare(loaded: list[Run], out: str | None) -> int:

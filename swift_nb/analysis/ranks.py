@@ -109,7 +109,7 @@ def findings_across_ranks(
     numbers kept; a rule about a share of the step also gets every rank's share
     (``evidence["per_rank_pct"]``) and says how high it is where the rule does not fire."""
     records = rank_records(run)
-    world = len(run.ranks)
+    world = int(run.context.get("world_size") or len(run.ranks))  # a job imported in part has fewer rows
     by_rank: dict[int, list[Finding]] = {0: rank0_findings}
     evidence: dict[int, Evidence] = {0: rank0_evidence} if rank0_evidence is not None else {}
     for rank, rec in records.items():
