@@ -2,8 +2,9 @@
 
 The one place that knows the trace's vocabulary: the profiler's step spans, swift_nb's own
 events, the collectives and their kinds, the events each part of the step breakdown is made
-of; and unions, differences and clipping of time intervals, which turn those events into
-seconds of collective time and of exposed communication. Imports only the standard library
+of, the kinds of device kernels; and unions, intersections, differences and clipping of time
+intervals (numpy throughout, no loop over events), which turn those events into seconds of
+collective time, exposed communication and device idle time. Imports only the standard library
 and numpy, so the capture layer (which records traces) and the analysis layer (which reads
 them) share it.
 
@@ -51,6 +52,12 @@ FSDP_PREFIX = "FSDP::"
 # Categories of events on a device's timeline (all others run on a host thread).
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # a device stream busy
+# Host-side calls into the CUDA runtime and driver; a device event's ``correlation`` id is
+# that of the call that launched it.
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# Host events that are the host doing work (an operator, a runtime call), as opposed to
+# annotations that only name a region (``## forward ##``, ``DistributedDataParallel.forward``).
+HOST_WORK = ("cpu_op", "cuda_runtime", "cuda_driver")
 
 # -- communication ------------------------------------------------------------------------
 
@@ -126,25 +133,84 @@ def compute_mask(names: Sequence[str], cats: Sequence[str]) -> np.ndarray:
     )
 
 
+# -- device kernels ---------------------------------------------------------------------------
+
+# What device work counts as compute, as HolisticTraceAnalysis (HTA) classifies it
+# (hta/utils/utils.py, ``NCCL_COMPUTE_KERNEL_RE``): everything but NCCL kernels, memory
+# copies and sets, and names that say ``Sync``. Kept verbatim so the percentages agree.
+NOT_COMPUTE = re.compile(r"^nccl.*Kernel|.*Memcpy|Memset|.*Sync")
+# A communication kernel: NCCL's, however a version names it (``ncclKernel_AllReduce_…``,
+# ``ncclDevKernel_AllGather_…``); HTA's ``NCCL_KERNEL_RE``.
+COMM_KERNEL = re.compile(r"^nccl.*Kernel")
+# Host operators and annotations that wait for asynchronous work: c10d's and the functional
+# collectives' waits (``record_param_comms`` of a ``wait`` is already a collective), and
+# libraries' awaitables (``## KJTAllToAllSplitsAwaitable wait() ##``, ``All2All_Pooled_Wait``).
+# In a training step what they wait for is a collective.
+WAIT = re.compile(r"wait", re.I)
+
+# Kinds of device work, first match wins, from the names that real CUDA traces carry.
+KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("communication", COMM_KERNEL),
+    ("memcpy", re.compile(r"^(?:Memcpy|dma)")),  # Memcpy HtoD (Pinned -> Device), DtoD, DtoH
+    ("memset", re.compile(r"^Memset")),
+    # fused attention: FlashAttention (flash_fwd_kernel, flash::…), xformers/PyTorch
+    # memory-efficient attention (fmha_cutlassF…, efficient_attention…), cuDNN SDPA
+    ("attention", re.compile(r"flash_fwd|flash_bwd|flash::|fmha|attention|sdpa|_attn_", re.I)),
+    # cuDNN and CUTLASS convolutions: implicit GEMMs named by pass (fprop, dgrad, wgrad),
+    # Winograd, cuDNN's scudnn kernels
+    ("convolution", re.compile(r"conv|implicit_?gemm|winograd|wgrad|dgrad|fprop|scudnn", re.I)),
+    # cuBLAS/cuBLASLt/CUTLASS matrix products (ampere_sgemm_…, sm90_xmma_gemm_…, nvjet_…,
+    # cutlass::Kernel<…gemm…>, gemv, split-K reductions); not fbgemm's embedding kernels
+    ("gemm", re.compile(r"(?<!fb)gemm|gemv|cublas|cutlass|xmma|nvjet|matmul|splitKreduce", re.I)),
+    # embedding tables (fbgemm's split_embedding_…, permute_pooled_embs, index bounds)
+    ("embedding", re.compile(r"embedding|embs_kernel|bounds_check_indices", re.I)),
+    # PyTorch's elementwise and reduction kernels and their kin: normalisation, softmax,
+    # pooling, concatenation, indexing, the fused optimizer's multi_tensor_apply, CUB scans
+    # and sorts, layout transforms
+    (
+        "elementwise/reduction",
+        re.compile(
+            r"elementwise|reduce|multi_tensor_apply|softmax|norm|bn_fw|bn_bw|GammaBeta|Moments"
+            r"|pool|CatArray|index|scatter|gather|cub::|_kernel_cuda|nchwToNhwc|nhwcToNchw",
+            re.I,
+        ),
+    ),
+)
+KERNEL_KIND_NAMES = (*(k for k, _ in KERNEL_KINDS), "other")
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a device event (``KERNEL_KIND_NAMES``) from its name: ``gemm``,
+    ``convolution``, ``attention``, ``embedding``, ``elementwise/reduction``,
+    ``communication``, ``memcpy``, ``memset``, or ``other``."""
+    for kind, rx in KERNEL_KINDS:
+        if rx.search(name):
+            return kind
+    return "other"
+
+
+def is_compute(name: str) -> bool:
+    """Whether a device event is compute by HTA's rule (``NOT_COMPUTE``)."""
+    return NOT_COMPUTE.match(name) is None
+
+
 # -- intervals ----------------------------------------------------------------------------
 
 
 def union(starts, ends) -> np.ndarray:
-    """Merge intervals into a sorted, disjoint (n, 2) array."""
-    if len(starts) == 0:
+    """Merge intervals into a sorted, disjoint (n, 2) array (touching ones merge)."""
+    s = np.asarray(starts, float).ravel()
+    e = np.asarray(ends, float).ravel()
+    if not len(s):
         return np.empty((0, 2))
-    order = np.argsort(starts, kind="stable")
-    s, e = np.asarray(starts, float)[order], np.asarray(ends, float)[order]
-    out = []
-    cur_s, cur_e = s[0], e[0]
-    for a, b in zip(s[1:], e[1:], strict=True):
-        if a <= cur_e:
-            cur_e = max(cur_e, b)
-        else:
-            out.append((cur_s, cur_e))
-            cur_s, cur_e = a, b
-    out.append((cur_s, cur_e))
-    return np.array(out)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)  # the furthest end so far
+    first = np.empty(len(s), bool)
+    first[0] = True
+    first[1:] = s[1:] > reach[:-1]  # starts after everything before it: a new interval
+    last = np.append(np.flatnonzero(first)[1:] - 1, len(s) - 1)
+    return np.column_stack([s[first], reach[last]])
 
 
 def length(iv: np.ndarray) -> float:
@@ -152,26 +218,31 @@ def length(iv: np.ndarray) -> float:
     return float((iv[:, 1] - iv[:, 0]).sum()) if len(iv) else 0.0
 
 
+def _sweep(a: np.ndarray, b: np.ndarray, state: int) -> np.ndarray:
+    """The parts of the line where the depth of disjoint sorted ``a`` (counted 1) plus that
+    of disjoint sorted ``b`` (counted 2) is ``state``: 1 is a less b, 3 both."""
+    t = np.concatenate([a[:, 0], a[:, 1], b[:, 0], b[:, 1]])
+    step = np.repeat([1, -1, 2, -2], [len(a), len(a), len(b), len(b)])
+    order = np.argsort(t, kind="stable")
+    t, depth = t[order], np.cumsum(step[order])
+    # [t[i], t[i + 1]) has the depth after boundary i; at tied times only the last counts,
+    # and the ones before it give empty pieces, dropped
+    keep = (depth[:-1] == state) & (t[1:] > t[:-1])
+    return np.column_stack([t[:-1][keep], t[1:][keep]])
+
+
 def subtract(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Parts of disjoint sorted intervals ``a`` not covered by disjoint sorted ``b``."""
     if not len(a) or not len(b):
         return a
-    out, j = [], 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
-            if cur >= e:
-                break
-            k += 1
-        if cur < e:
-            out.append((cur, e))
-    return np.array(out) if out else np.empty((0, 2))
+    return _sweep(np.asarray(a, float), np.asarray(b, float), 1)
+
+
+def intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Parts covered by both disjoint sorted ``a`` and disjoint sorted ``b``."""
+    if not len(a) or not len(b):
+        return np.empty((0, 2))
+    return _sweep(np.asarray(a, float), np.asarray(b, float), 3)
 
 
 def clip(iv: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -182,9 +253,23 @@ def clip(iv: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return c[c[:, 1] > c[:, 0]]
 
 
-def covered(spans: np.ndarray, iv: np.ndarray) -> np.ndarray:
+def _before(iv: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each time in ``t``, the length of disjoint sorted ``iv`` before it."""
+    s, e = iv[:, 0], iv[:, 1]
+    done = np.concatenate([[0.0], np.cumsum(e - s)])  # lengths of the first k intervals
+    k = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+    last = np.maximum(k - 1, 0)
+    partial = np.where(k > 0, np.clip(t - s[last], 0.0, e[last] - s[last]), 0.0)
+    return done[last] + partial
+
+
+def covered(spans, iv: np.ndarray) -> np.ndarray:
     """For each row (start, end) of ``spans``, the length of disjoint sorted ``iv`` inside it."""
-    return np.array([length(clip(iv, a, b)) for a, b in np.asarray(spans, float).reshape(-1, 2)])
+    sp = np.asarray(spans, float).reshape(-1, 2)
+    if not len(iv) or not len(sp):
+        return np.zeros(len(sp))
+    iv = np.asarray(iv, float)
+    return np.maximum(_before(iv, sp[:, 1]) - _before(iv, sp[:, 0]), 0.0)
 
 
 def _spans(a) -> np.ndarray:

@@ -32,9 +32,23 @@ EVENT_COLUMNS = [
     "input_dims",
     "input_types",
     "ext_id",
+    "correlation",
+    "msg_nelems",
+    "msg_dtype",
+    "group_size",
 ]
 MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
 STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
+_EVENT_TYPES = {
+    "name": str,
+    "cat": str,
+    "input_dims": str,
+    "input_types": str,
+    "msg_dtype": str,
+    "correlation": np.int64,
+    "msg_nelems": float,
+    "group_size": float,
+}
 
 
 @dataclass
@@ -42,7 +56,12 @@ class Trace:
     """A run's trace as tables.
 
     events: complete ("X") events; input_dims is the op's input shapes as text, input_types
-    their element types (``['float', 'TensorList', …]``, empty for ops without shapes).
+    their element types (``['float', 'TensorList', …]``, empty for ops without shapes);
+    correlation links a device event to the runtime call that launched it (-1: none);
+    msg_nelems, msg_dtype and group_size are a collective's payload as the profiler records
+    it on ``record_param_comms`` and NCCL kernels (the larger of its "In msg nelems" and
+    "Out msg nelems", its element type such as ``Float``, the process group's size; NaN
+    and empty where not recorded).
     memory: ``[memory]`` allocation (bytes > 0) and free (bytes < 0) events.
     steps: one row per profiler step span: step, start_us, end_us, dur_us, and the tid of
     the thread that ran the training loop.
@@ -61,6 +80,13 @@ def _shapes(args: dict) -> str:
     # str() of a list of int lists is valid JSON and several times faster than json.dumps
     dims = args.get("Input Dims")
     return str(dims) if dims else ""
+
+
+def _msg_nelems(args: dict) -> float:
+    n_in, n_out = args.get("In msg nelems"), args.get("Out msg nelems")
+    if n_in is None and n_out is None:
+        return np.nan
+    return float(max(n_in or 0, n_out or 0))
 
 
 def parse_events(raw: list[dict]) -> Trace:
@@ -83,6 +109,10 @@ def parse_events(raw: list[dict]) -> Trace:
             "input_dims": [_shapes(a) for a in args],
             "input_types": [str(t) if (t := a.get("Input type")) and "Input Dims" in a else "" for a in args],
             "ext_id": [a.get("External id") for a in args],
+            "correlation": [a.get("correlation", -1) for a in args],
+            "msg_nelems": [_msg_nelems(a) for a in args],
+            "msg_dtype": [a.get("dtype") or "" for a in args],
+            "group_size": [a.get("Group size", np.nan) for a in args],
         },
         columns=EVENT_COLUMNS,
     )
@@ -100,9 +130,7 @@ def parse_events(raw: list[dict]) -> Trace:
         },
         columns=MEMORY_COLUMNS,
     ).sort_values("ts_us", kind="stable", ignore_index=True)
-    events = events.astype(
-        {"name": str, "cat": str, "input_dims": str, "input_types": str}
-    )  # typed even when empty
+    events = events.astype(_EVENT_TYPES)  # typed even when empty
     numbers = {n: k for n in events["name"].unique() if (k := tn.step_of(n)) is not None}
     step_no = events["name"].map(numbers)
     is_step = step_no.notna()
@@ -113,13 +141,14 @@ def parse_events(raw: list[dict]) -> Trace:
         .sort_values("start_us", ignore_index=True)[STEP_COLUMNS]
     )
     events = events.loc[~is_step & (events["cat"] != "Trace")].reset_index(drop=True)
-    events["step"] = _assign_steps(events["ts_us"].to_numpy(), steps)
-    memory["step"] = _assign_steps(memory["ts_us"].to_numpy(), steps)
+    events["step"] = steps_of(events["ts_us"].to_numpy(), steps)
+    memory["step"] = steps_of(memory["ts_us"].to_numpy(), steps)
     return Trace(events, memory, steps)
 
 
-def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """The step whose span holds each timestamp (-1 outside every step)."""
+def steps_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """The step whose span (a row of ``Trace.steps``) holds each timestamp (µs); -1 outside
+    every step."""
     if steps.empty or not len(ts):
         return np.full(len(ts), -1, dtype=int)
     starts, ends = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
@@ -129,7 +158,7 @@ def _assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 
 
 _TEXT_COLUMNS = {
-    "events": ["name", "cat", "pid", "tid", "input_dims", "input_types"],
+    "events": ["name", "cat", "pid", "tid", "input_dims", "input_types", "msg_dtype"],
     "memory": ["addr"],
     "steps": ["tid"],
 }
@@ -218,7 +247,7 @@ def save_tables(trace: Trace, path: Path, source: Path | None = None) -> None:
 
 
 _INT_COLUMNS = {
-    "events": ["step"],
+    "events": ["step", "correlation"],
     "memory": ["bytes", "total_allocated", "device_type", "device_id", "step"],
     "steps": ["step"],
 }
@@ -261,6 +290,4 @@ def _read_tables(path: Path, source_size: int) -> Trace:
                 data[col] = data[col].astype(np.int64)
             tables[table_name] = pd.DataFrame(data, columns=cols)
     events, memory, steps = tables["events"], tables["memory"], tables["steps"]
-    return Trace(
-        events.astype({"name": str, "cat": str, "input_dims": str, "input_types": str}), memory, steps
-    )
+    return Trace(events.astype(_EVENT_TYPES), memory, steps)
