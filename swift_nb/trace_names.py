@@ -71,6 +71,9 @@ COMMUNICATION = re.compile(
 # backend's annotations and transfers (``gloo:…``, ``nccl:…``, NCCL kernels), the
 # profiler's ``record_param_comms``; not FSDP's copy-in/out work.
 COLLECTIVE = re.compile(r"^(?:c10d::|gloo:|nccl|record_param_comms|ProcessGroup)", re.I)
+# The profiler's op inside each c10d collective; it records the message's size, element
+# type and process group size in its args.
+PARAM_COMMS = "record_param_comms"
 COLLECTIVE_CATEGORIES = ("cpu_op", "user_annotation", "kernel")
 # A collective's transfer, whose duration includes waiting for the slowest peer: gloo's
 # work on its own threads, an NCCL kernel on the device.

@@ -14,6 +14,7 @@ from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
 from swift_nb.analysis.breakdown import device_busy, step_breakdown
 from swift_nb.analysis.comm import collectives, job_collectives
+from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
 from swift_nb.analysis.operators import by_memory, top_operators
@@ -37,6 +38,11 @@ class Analysis:
     findings: list[Finding]
     per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)  # analysis.ranks.per_rank
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # analysis.comm, every rank
+    # analysis.device: the device's time (all absent/empty on a CPU run)
+    device: dict = field(default_factory=dict)  # device_summary
+    device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # device_steps
+    kernel_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernels_by_kind
+    idle_causes: pd.DataFrame = field(default_factory=pd.DataFrame)  # idle_by_cause, whole trace
 
 
 def analyze(
@@ -69,6 +75,10 @@ def analyze(
         findings=findings,
         per_rank=per_rank,
         collectives=comm,
+        device=device_summary(trace),
+        device_steps=device_steps(trace),
+        kernel_kinds=kernels_by_kind(trace),
+        idle_causes=idle_by_cause(trace),
     )
 
 

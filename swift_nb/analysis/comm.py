@@ -20,7 +20,13 @@ stand in (``time_source`` says which).
 Sizes: ``bytes`` is the collective's payload (all-reduce and reduce-scatter: their
 input; all-gather: its output, P × the input); ``wire_bytes`` what each rank sends with
 ring algorithms: 2·(P−1)/P × bytes for all-reduce, (P−1)/P × bytes for all-gather and
-reduce-scatter, bytes for broadcast. ``busbw_bytes_per_s`` = wire_bytes / time.
+reduce-scatter, bytes for broadcast. ``busbw_bytes_per_s`` = wire_bytes / time. The
+payload comes from the issued op's recorded input shapes; where the profiler did not
+record shapes (or recorded a TensorList without them), from what it recorded inside the
+op: ``record_param_comms``'s message size and element type ("In/Out msg nelems",
+"dtype"; then P is its "Group size"), else the backend annotation's input shape
+(``nccl:all_reduce`` of ``[[19618307]]`` floats) for the kinds whose input is the payload.
+Unknown sizes stay NaN, never 0.
 
 ``optimizer_share``: part of a kind's time inside ``Optimizer.step`` (synchronising
 master weights or gradients there, rather than overlapped with backward);
@@ -52,6 +58,23 @@ DTYPE_BYTES = {
     "c10::Float8_e4m3fn": 1,
     "c10::Float8_e5m2": 1,
 }
+# Element sizes by the names record_param_comms and NCCL kernels give types (c10's ScalarType).
+MSG_DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Int": 4,
+    "Long": 8,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+}
+# Kinds whose backend annotation's first input is the whole payload.
+_INPUT_IS_PAYLOAD = ("all_reduce", "broadcast", "all_to_all")
 COLUMNS = [
     "rank",
     "kind",
@@ -83,8 +106,8 @@ def _payload_bytes(name: str, kind: str, dims_text: str, types_text: str, world:
         types = json.loads(types_text.replace("'", '"')) if types_text else []
     except ValueError:
         return float("nan")
-    if not dims:
-        return float("nan")
+    if not dims or (not dims[0] and types[:1] == ["TensorList"]):
+        return float("nan")  # no shapes, or a TensorList recorded without its tensors' shapes
     # Element type of the first tensor argument; a TensorList does not record its own.
     elem = next((DTYPE_BYTES[t] for t in types[:2] if t in DTYPE_BYTES), 4)
     first = _numel(dims[0])
@@ -93,6 +116,50 @@ def _payload_bytes(name: str, kind: str, dims_text: str, types_text: str, world:
     if kind == "reduce_scatter":
         return float(first * world * elem)  # the first argument is this rank's output shard
     return float(first * elem)
+
+
+def _nested(outer: pd.DataFrame, inner: pd.DataFrame) -> pd.DataFrame:
+    """For each row of ``outer``, in its order, the columns of the first row of ``inner``
+    that starts inside it on the same thread (NaN where none)."""
+    left = pd.DataFrame(
+        {
+            "ts_us": outer["ts_us"].to_numpy(),
+            "end_us": outer["end_us"].to_numpy(),
+            "tid": outer["tid"].to_numpy(),
+            "_row": np.arange(len(outer)),
+        }
+    ).sort_values("ts_us", kind="stable")
+    right = inner.drop(columns="end_us").assign(_start=inner["ts_us"]).sort_values("ts_us", kind="stable")
+    hit = pd.merge_asof(left, right, on="ts_us", by="tid", direction="forward")
+    hit = hit.sort_values("_row").reset_index(drop=True)
+    values = [c for c in inner.columns if c not in ("ts_us", "end_us", "tid")]
+    hit.loc[~(hit["_start"] <= hit["end_us"]), values] = np.nan
+    return hit
+
+
+def _recorded_payload(issued: pd.DataFrame, ev: pd.DataFrame, world: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, group size) of each issued op (in ``ts_us`` order) from what the profiler
+    recorded inside it (see the module's docstring); NaN where nothing says."""
+    n = len(issued)
+    nbytes, group = np.full(n, np.nan), np.full(n, np.nan)
+    cols = ["ts_us", "end_us", "tid"]
+    params = ev[(ev["name"] == tn.PARAM_COMMS) & ev["msg_nelems"].notna() & (ev["cat"] == "cpu_op")]
+    if len(params):
+        hit = _nested(issued, params[[*cols, "msg_nelems", "msg_dtype", "group_size"]])
+        elem = hit["msg_dtype"].map(MSG_DTYPE_BYTES).to_numpy(dtype=float)
+        nbytes = hit["msg_nelems"].to_numpy(dtype=float) * elem
+        group = hit["group_size"].to_numpy(dtype=float)
+    notes = ev[(ev["cat"] == "user_annotation") & (ev["input_dims"] != "")]
+    notes = notes[notes["name"].map(tn.collective_kind).isin(_INPUT_IS_PAYLOAD).to_numpy()]
+    if len(notes) and np.isnan(nbytes).any():
+        hit = _nested(issued, notes[[*cols, "name", "input_dims", "input_types"]])
+        for i in np.flatnonzero(np.isnan(nbytes) & hit["name"].notna().to_numpy()):
+            kind = issued["kind"].iat[i]
+            if kind in _INPUT_IS_PAYLOAD:
+                nbytes[i] = _payload_bytes(
+                    hit["name"].iat[i], kind, hit["input_dims"].iat[i], hit["input_types"].iat[i], world
+                )
+    return nbytes, group
 
 
 def _wire_factor(kind: str, world: int) -> float:
@@ -170,12 +237,15 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
         _payload_bytes(n, k, d, t, world)
         for n, k, d, t in issued[["name", "kind", "input_dims", "input_types"]].itertuples(index=False)
     ]
+    recorded, group = _recorded_payload(issued, ev, world)
+    issued["bytes"] = issued["bytes"].fillna(pd.Series(recorded, index=issued.index))
+    issued["group"] = np.where(np.isnan(group), world, group)
     step_s = float(trace.steps["dur_us"].mean()) / 1e6
     rows = []
     for kind, g in issued.groupby("kind", sort=True):
         time_s = float(g["time_us"].sum()) / 1e6 / n_steps
-        nbytes = float(g["bytes"].sum()) / n_steps
-        wire = nbytes * _wire_factor(str(kind), world)
+        nbytes = float(g["bytes"].sum(min_count=1)) / n_steps  # NaN when no size is known
+        wire = nbytes * _wire_factor(str(kind), int(g["group"].max()))
         spans = tn.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
         total_us = tn.length(spans)
         rows.append(

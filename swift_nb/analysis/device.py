@@ -1,0 +1,272 @@
+"""The device's time in a CUDA trace: how much of it is idle, compute and non-compute, how
+much communication overlaps compute, which kinds of kernels take it, and why it idles.
+
+Device work is every kernel, memory copy and memory set (``trace_names.DEVICE_WORK``) on any
+stream; the device is busy while at least one runs. Each piece of work is tied to the
+host runtime call that launched it by its ``correlation`` id.
+
+Windows. The whole-trace figures (``device_summary``, ``kernels_by_kind``,
+``idle_by_cause``) use HolisticTraceAnalysis's (HTA's) window: the device work launched
+before the last profiler step begins (HTA leaves the last step out, as its work may be cut
+off when the profiler stops; ``include_last_step=True`` keeps it, as HTA's
+``include_last_profiler_step`` does), or all of it when the trace has fewer than two steps;
+the window runs from that work's first start to its last end. With ``by_step=True`` each
+profiler step has its own window: from the first start of the work launched during the
+step to the first start of the next step's work (the last step: to its work's last end), so
+the steps' windows tile the device's timeline and every idle moment belongs to one step.
+
+The shares are HTA's (``get_temporal_breakdown``, ``get_comm_comp_overlap``):
+``idle_pct`` is the part of the window with no device work running; ``compute_pct`` the
+part with a compute kernel running (``trace_names.is_compute``: not NCCL, not a copy or
+set); ``non_compute_pct`` the rest of the busy time (communication, copies, sets alone), so
+the three add up to 100; ``comm_compute_overlap_pct`` is the part of the time communication
+kernels run during which a compute kernel runs too. All are None on a trace without
+device work (a CPU run), and the overlap is None without communication kernels.
+
+Pure functions over a ``Trace``; times in seconds, shares in percent (0–100).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from swift_nb import trace_names as tn
+from swift_nb.analysis.trace import Trace, steps_of
+
+SHARES = ["idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct"]
+SUMMARY_KEYS = [
+    "device_idle_pct",
+    "device_compute_pct",
+    "device_non_compute_pct",
+    "comm_compute_overlap_pct",
+    "window_s",
+]
+KIND_COLUMNS = ["kind", "count", "time_s", "time_pct"]
+CAUSES = ["comm_wait_s", "host_bound_s", "other_s"]
+IDLE_COLUMNS = ["window_s", "idle_s", *CAUSES]
+STEP_COLUMNS = ["step", "window_s", *SHARES, "idle_s", *CAUSES]
+
+
+def _flags(names: pd.Series, rule) -> np.ndarray:
+    """``rule(name)`` for every name, computed once per distinct name."""
+    uniq = names.unique()
+    return names.map(dict(zip(uniq, map(rule, uniq), strict=True))).to_numpy()
+
+
+def device_work(trace: Trace) -> pd.DataFrame:
+    """One row per piece of device work: ``name``, ``kind`` (``trace_names.kernel_kind``),
+    ``compute`` and ``comm`` (HTA's compute rule; an NCCL kernel), ``ts_us``, ``end_us``,
+    ``launch_us`` (the start of the runtime call that launched it; NaN when the trace does
+    not have it) and ``step`` (the profiler step that launched it; -1: none), in start order."""
+    ev = trace.events
+    work = ev[ev["cat"].isin(tn.DEVICE_WORK)]
+    calls = ev[ev["cat"].isin(tn.LAUNCH_CATEGORIES) & (ev["correlation"] >= 0)]
+    launch_at = calls.drop_duplicates("correlation").set_index("correlation")["ts_us"]
+    launch = work["correlation"].map(launch_at).to_numpy(dtype=float)
+    names = work["name"]
+    return (
+        pd.DataFrame(
+            {
+                "name": names.to_numpy(),
+                "kind": _flags(names, tn.kernel_kind),
+                "compute": _flags(names, tn.is_compute).astype(bool),
+                "comm": _flags(names, lambda n: bool(tn.COMM_KERNEL.match(n))).astype(bool),
+                "ts_us": work["ts_us"].to_numpy(dtype=float),
+                "end_us": work["end_us"].to_numpy(dtype=float),
+                "launch_us": launch,
+                "step": steps_of(launch, trace.steps),
+            }
+        )
+        .sort_values("ts_us", kind="stable")
+        .reset_index(drop=True)
+    )
+
+
+def _in_window(work: pd.DataFrame, trace: Trace, include_last_step: bool) -> pd.DataFrame:
+    """The work HTA's whole-trace figures cover (see the module's docstring)."""
+    steps = trace.steps
+    if len(steps) < 2:
+        return work
+    launch = work["launch_us"].to_numpy()
+    if include_last_step:
+        return work[launch <= steps["end_us"].max()]
+    return work[launch < steps["start_us"].max()]
+
+
+def _union(work: pd.DataFrame, mask=None) -> np.ndarray:
+    w = work if mask is None else work[mask]
+    return tn.union(w["ts_us"].to_numpy(), w["end_us"].to_numpy())
+
+
+def _shares(windows: np.ndarray, work: pd.DataFrame) -> pd.DataFrame:
+    """HTA's shares of each window (rows of (start, end), µs) from ``work``."""
+    span = windows[:, 1] - windows[:, 0]
+    busy = tn.covered(windows, _union(work))
+    compute_iv = _union(work, work["compute"].to_numpy())
+    comm_iv = _union(work, work["comm"].to_numpy())
+    compute = tn.covered(windows, compute_iv)
+    comm = tn.covered(windows, comm_iv)
+    both = tn.covered(windows, tn.intersect(comm_iv, compute_iv))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = np.where(span > 0, 100.0 / span, np.nan)
+        return pd.DataFrame(
+            {
+                "window_s": span / 1e6,
+                "idle_pct": (span - busy) * pct,
+                "compute_pct": compute * pct,
+                "non_compute_pct": (busy - compute) * pct,
+                "comm_compute_overlap_pct": np.where(comm > 0, 100.0 * both / comm, np.nan),
+            }
+        )
+
+
+def _whole_window(work: pd.DataFrame) -> np.ndarray:
+    return np.array([[work["ts_us"].min(), work["end_us"].max()]])
+
+
+def device_summary(trace: Trace, include_last_step: bool = False) -> dict:
+    """HTA's temporal breakdown and communication/compute overlap of the whole trace's
+    window: ``device_idle_pct``, ``device_compute_pct``, ``device_non_compute_pct``,
+    ``comm_compute_overlap_pct`` (percent) and ``window_s`` (seconds); every value None
+    without device work, the overlap None without communication kernels."""
+    work = _in_window(device_work(trace), trace, include_last_step)
+    if work.empty:
+        return dict.fromkeys(SUMMARY_KEYS)
+    row = _shares(_whole_window(work), work).iloc[0]
+    out = {f"device_{k}": float(row[k]) for k in ("idle_pct", "compute_pct", "non_compute_pct")}
+    overlap = row["comm_compute_overlap_pct"]
+    out["comm_compute_overlap_pct"] = None if np.isnan(overlap) else float(overlap)
+    out["window_s"] = float(row["window_s"])
+    return out
+
+
+def _step_windows(work: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, windows): each step that launched device work, and its window (µs)."""
+    launched = work[work["step"] >= 0]
+    if launched.empty:
+        return np.empty(0, dtype=int), np.empty((0, 2))
+    g = launched.groupby("step", sort=True)
+    first, last = g["ts_us"].min(), g["end_us"].max()
+    starts = first.to_numpy()
+    ends = np.append(starts[1:], last.to_numpy()[-1])
+    return first.index.to_numpy(), np.column_stack([starts, np.maximum(ends, starts)])
+
+
+def device_steps(trace: Trace) -> pd.DataFrame:
+    """One row per profiler step that launched device work: ``step``, its window
+    (``window_s``), HTA's shares of it (``idle_pct``, ``compute_pct``, ``non_compute_pct``,
+    ``comm_compute_overlap_pct``; percent, the overlap NaN without communication) and its
+    idle seconds by cause (``idle_s`` = ``comm_wait_s`` + ``host_bound_s`` + ``other_s``, see
+    ``idle_by_cause``). Empty without device work or steps."""
+    work = device_work(trace)
+    steps, windows = _step_windows(work)
+    if not len(steps):
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    shares = _shares(windows, work)
+    causes = _idle_causes(trace, work, windows)
+    return pd.concat([pd.DataFrame({"step": steps}), shares, causes.drop(columns="window_s")], axis=1)[
+        STEP_COLUMNS
+    ]
+
+
+def kernels_by_kind(trace: Trace, by_step: bool = False, include_last_step: bool = False) -> pd.DataFrame:
+    """Device time by kind of work (``trace_names.KERNEL_KIND_NAMES``): ``kind``,
+    ``count``, ``time_s`` (summed durations, seconds; overlapping work counts in full) and
+    ``time_pct`` (share of the summed device time, percent), longest first, over the
+    whole trace's window; ``by_step``: the same per profiler step that launched the work,
+    with a ``step`` column. Empty without device work."""
+    work = device_work(trace)
+    if by_step:
+        work, keys = work[work["step"] >= 0], ["step", "kind"]
+    else:
+        work, keys = _in_window(work, trace, include_last_step), ["kind"]
+    columns = ["step", *KIND_COLUMNS] if by_step else KIND_COLUMNS
+    if work.empty:
+        return pd.DataFrame(columns=columns)
+    dur = (work["end_us"] - work["ts_us"]) / 1e6
+    table = (
+        work.assign(time_s=dur)
+        .groupby(keys, sort=False)
+        .agg(count=("time_s", "size"), time_s=("time_s", "sum"))
+        .reset_index()
+    )
+    total = table.groupby(keys[:-1])["time_s"].transform("sum") if by_step else table["time_s"].sum()
+    table["time_pct"] = 100.0 * table["time_s"] / total
+    order = ["step", "time_s"] if by_step else ["time_s"]
+    ascending = [True, False] if by_step else [False]
+    return table.sort_values(order, ascending=ascending, ignore_index=True)[columns]
+
+
+def _host_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(communication, host work): disjoint sorted spans (µs) of the host inside a
+    collective or a wait, and of the host running an operator, a runtime call or data
+    loading (see ``idle_by_cause``)."""
+    ev = trace.events
+    host = ev[~ev["cat"].isin(tn.DEVICE_CATEGORIES)]
+    names = host["name"]
+    comm = _flags(names, lambda n: bool(tn.COLLECTIVE.match(n) or tn.WAIT.search(n))).astype(bool)
+    comm &= host["cat"].isin(tn.COLLECTIVE_CATEGORIES).to_numpy()
+    data = _flags(names, lambda n: bool(tn.DATA.match(n))).astype(bool)
+    busy = host["cat"].isin(tn.HOST_WORK).to_numpy() | data
+    ts, te = host["ts_us"].to_numpy(), host["end_us"].to_numpy()
+    return tn.union(ts[comm], te[comm]), tn.union(ts[busy], te[busy])
+
+
+def _idle_causes(trace: Trace, work: pd.DataFrame, windows: np.ndarray, busy=None) -> pd.DataFrame:
+    """Idle seconds of each window by cause; ``busy``: the device's busy spans (default:
+    all of ``work``)."""
+    busy = _union(work) if busy is None else busy
+    hull = np.array([[windows[:, 0].min(), windows[:, 1].max()]])
+    idle = tn.subtract(hull, busy)
+    comm_host, host_work = _host_spans(trace)
+    # a collective launched and not yet running also holds the device
+    queued = work[work["comm"].to_numpy() & (work["launch_us"] < work["ts_us"]).to_numpy()]
+    comm = tn.union(
+        np.concatenate([comm_host[:, 0], queued["launch_us"].to_numpy()]),
+        np.concatenate([comm_host[:, 1], queued["ts_us"].to_numpy()]),
+    )
+    waiting = tn.intersect(idle, comm)
+    rest = tn.subtract(idle, comm)
+    hosted = tn.intersect(rest, host_work)
+    other = tn.subtract(rest, host_work)
+    return pd.DataFrame(
+        {
+            "window_s": (windows[:, 1] - windows[:, 0]) / 1e6,
+            "idle_s": tn.covered(windows, idle) / 1e6,
+            "comm_wait_s": tn.covered(windows, waiting) / 1e6,
+            "host_bound_s": tn.covered(windows, hosted) / 1e6,
+            "other_s": tn.covered(windows, other) / 1e6,
+        }
+    )
+
+
+def idle_by_cause(trace: Trace, by_step: bool = False, include_last_step: bool = False) -> pd.DataFrame:
+    """The device's idle seconds by cause, over the whole trace's window (one row) or,
+    ``by_step``, per profiler step (a ``step`` column): ``window_s``, ``idle_s`` and its
+    parts ``comm_wait_s`` + ``host_bound_s`` + ``other_s``. Empty without device work.
+
+    Each idle moment (no device work running on any stream) gets the first cause that
+    holds:
+
+    1. ``comm_wait_s``, waiting on communication: a host thread is inside a collective
+       (``c10d::…``, ``nccl:…``, ``gloo:…``, ``record_param_comms``, ``ProcessGroup…``) or
+       an operator or annotation that waits (``trace_names.WAIT``: c10d and functional
+       collectives' waits, awaitables), or an NCCL kernel has been launched and not yet
+       started;
+    2. ``host_bound_s``, a launch gap: a host thread is running an operator or a CUDA
+       runtime/driver call, or loading data (``enumerate(DataLoader)``), so the host, not
+       the device, sets the pace;
+    3. ``other_s``: none of these: the host is between traced operators (Python, untraced
+       waits and sleeps).
+    """
+    work = device_work(trace)
+    if by_step:
+        steps, windows = _step_windows(work)
+        if not len(steps):
+            return pd.DataFrame(columns=["step", *IDLE_COLUMNS])
+        return pd.concat([pd.DataFrame({"step": steps}), _idle_causes(trace, work, windows)], axis=1)
+    chosen = _in_window(work, trace, include_last_step)
+    if chosen.empty:
+        return pd.DataFrame(columns=IDLE_COLUMNS)
+    return _idle_causes(trace, work, _whole_window(chosen), busy=_union(chosen))
