@@ -34,6 +34,8 @@ from swift_nb.render.figures import (
     rank_timeline_figure,
     timeline_figure,
 )
+from swift_nb.render.oom import TITLE as OOM_TITLE
+from swift_nb.render.oom import oom_html
 from swift_nb.render.tables import summary_rows
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 
@@ -426,6 +428,12 @@ def _notes_section(notes: Sequence[str], traceback: Any = None) -> Section | Non
     return Section("Notes", parts) if parts else None
 
 
+def _oom_section(run: Run) -> list[Section]:
+    """A run that ran out of memory leads with why (``swift_nb.render.oom``)."""
+    body = oom_html(run)
+    return [Section(OOM_TITLE, [body])] if body is not None else []
+
+
 def report_sections(
     run: Run,
     *,
@@ -453,6 +461,7 @@ def report_sections(
         per_rank = rank_analysis.per_rank(run)
     sections = [
         _summary_section(run),
+        *_oom_section(run),
         _verdict_section(verdict, why),
         _findings_section(findings, why),
         _throughput_section(throughput, why),
