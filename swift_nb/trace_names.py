@@ -160,21 +160,21 @@ KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # memory-efficient attention (fmha_cutlassF…, efficient_attention…), cuDNN SDPA
     ("attention", re.compile(r"flash_fwd|flash_bwd|flash::|fmha|attention|sdpa|_attn_", re.I)),
     # cuDNN and CUTLASS convolutions: implicit GEMMs named by pass (fprop, dgrad, wgrad),
-    # Winograd, cuDNN's scudnn kernels
-    ("convolution", re.compile(r"conv|implicit_?gemm|winograd|wgrad|dgrad|fprop|scudnn", re.I)),
+    # Winograd, cuDNN's scudnn kernels and their offset set-up (cask_cudnn…computeOffsets)
+    ("convolution", re.compile(r"conv|implicit_?gemm|winograd|wgrad|dgrad|fprop|scudnn|cask_cudnn", re.I)),
     # cuBLAS/cuBLASLt/CUTLASS matrix products (ampere_sgemm_…, sm90_xmma_gemm_…, nvjet_…,
     # cutlass::Kernel<…gemm…>, gemv, split-K reductions); not fbgemm's embedding kernels
     ("gemm", re.compile(r"(?<!fb)gemm|gemv|cublas|cutlass|xmma|nvjet|matmul|splitKreduce", re.I)),
     # embedding tables (fbgemm's split_embedding_…, permute_pooled_embs, index bounds)
     ("embedding", re.compile(r"embedding|embs_kernel|bounds_check_indices", re.I)),
     # PyTorch's elementwise and reduction kernels and their kin: normalisation, softmax,
-    # pooling, concatenation, indexing, the fused optimizer's multi_tensor_apply, CUB scans
-    # and sorts, layout transforms
+    # pooling, concatenation, indexing, permutations, (de)quantisation, the fused
+    # optimizer's multi_tensor_apply, CUB scans and sorts, cuDNN's layout and scale kernels
     (
         "elementwise/reduction",
         re.compile(
             r"elementwise|reduce|multi_tensor_apply|softmax|norm|bn_fw|bn_bw|GammaBeta|Moments"
-            r"|pool|CatArray|index|scatter|gather|cub::|_kernel_cuda|nchwToNhwc|nhwcToNchw",
+            r"|pool|CatArray|index|scatter|gather|permute|quantize|FP8|cub::|_kernel_cuda|cudnn::ops::",
             re.I,
         ),
     ),

@@ -41,6 +41,7 @@ SUMMARY_KEYS = [
     "device_non_compute_pct",
     "comm_compute_overlap_pct",
     "window_s",
+    "last_step_left_out",
 ]
 KIND_COLUMNS = ["kind", "count", "time_s", "time_pct"]
 CAUSES = ["comm_wait_s", "host_bound_s", "other_s"]
@@ -50,8 +51,8 @@ STEP_COLUMNS = ["step", "window_s", *SHARES, "idle_s", *CAUSES]
 
 def _flags(names: pd.Series, rule) -> np.ndarray:
     """``rule(name)`` for every name, computed once per distinct name."""
-    uniq = names.unique()
-    return names.map(dict(zip(uniq, map(rule, uniq), strict=True))).to_numpy()
+    codes, uniq = pd.factorize(names)
+    return np.array([rule(n) for n in uniq] or [None], dtype=object)[codes]
 
 
 def device_work(trace: Trace) -> pd.DataFrame:
@@ -128,8 +129,9 @@ def _whole_window(work: pd.DataFrame) -> np.ndarray:
 def device_summary(trace: Trace, include_last_step: bool = False) -> dict:
     """HTA's temporal breakdown and communication/compute overlap of the whole trace's
     window: ``device_idle_pct``, ``device_compute_pct``, ``device_non_compute_pct``,
-    ``comm_compute_overlap_pct`` (percent) and ``window_s`` (seconds); every value None
-    without device work, the overlap None without communication kernels."""
+    ``comm_compute_overlap_pct`` (percent), ``window_s`` (seconds) and
+    ``last_step_left_out`` (whether the window leaves the last step's work out); every
+    value None without device work, the overlap None without communication kernels."""
     work = _in_window(device_work(trace), trace, include_last_step)
     if work.empty:
         return dict.fromkeys(SUMMARY_KEYS)
@@ -138,6 +140,7 @@ def device_summary(trace: Trace, include_last_step: bool = False) -> dict:
     overlap = row["comm_compute_overlap_pct"]
     out["comm_compute_overlap_pct"] = None if np.isnan(overlap) else float(overlap)
     out["window_s"] = float(row["window_s"])
+    out["last_step_left_out"] = len(trace.steps) >= 2 and not include_last_step
     return out
 
 

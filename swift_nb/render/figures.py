@@ -38,6 +38,14 @@ MEMORY_COLORS = {
     "activations": "#d62728",
     "other": "#9467bd",
 }
+# The device's time in a step's window, bottom of the stack first: work, then idle by cause.
+DEVICE_PARTS = {
+    "compute_s": ("compute kernels", "#1f77b4"),
+    "non_compute_s": ("non-compute only (communication, copies)", "#d62728"),
+    "comm_wait_s": ("idle: waiting on communication", "#f7b6d2"),
+    "host_bound_s": ("idle: host-bound launch gaps", "#ffbb78"),
+    "other_s": ("idle: other (host outside traced ops)", "#c7c7c7"),
+}
 OPERATOR_METRICS = {
     "self_time_s": "self time",
     "total_time_s": "total time (incl. children)",
@@ -188,6 +196,40 @@ def breakdown_figure(breakdown: pd.DataFrame, width_in: float = 10.0) -> Figure:
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8, frameon=False)
     median = float(total.median())
     ax.set_title(f"Where each profiled step's time goes (median step {fmt_seconds(median)})", fontsize=10)
+    return fig
+
+
+def device_figure(device_steps: pd.DataFrame, width_in: float = 10.0) -> Figure:
+    """Stacked bars, one per profiled step, of the device's time in the step's window
+    (``analysis.device.device_steps``): compute, non-compute only, and idle time by cause."""
+    if device_steps is None or device_steps.empty:
+        return _empty_note("No device time: the trace has no kernels.", width_in)
+    window = _numeric(device_steps, "window_s").fillna(0.0)
+    values = {
+        "compute_s": window * _numeric(device_steps, "compute_pct").fillna(0.0) / 100.0,
+        "non_compute_s": window * _numeric(device_steps, "non_compute_pct").fillna(0.0) / 100.0,
+        **{c: _numeric(device_steps, c).fillna(0.0) for c in ("comm_wait_s", "host_bound_s", "other_s")},
+    }
+    unit, scale = _time_scale(float(window.max()))
+    x = _numeric(device_steps, "step")
+    fig = new_figure(width_in, 3.8)
+    ax = fig.subplots()
+    bottom = pd.Series(0.0, index=device_steps.index)
+    for c, (label, color) in DEVICE_PARTS.items():
+        if (values[c] > 0).any():
+            ax.bar(x, values[c] * scale, bottom=bottom, width=0.7, label=label, color=color)
+            bottom = bottom + values[c] * scale
+    ax.set_xlabel("profiled step")
+    ax.set_ylabel(f"device time per step ({unit})")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="y", alpha=0.25)
+    ax.set_axisbelow(True)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8, frameon=False)
+    idle = float(_numeric(device_steps, "idle_pct").median())
+    ax.set_title(f"The GPU's time in each profiled step (median idle {fmt_pct(idle)})", fontsize=10)
     return fig
 
 

@@ -27,6 +27,7 @@ from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.record import REPORT_FILE, Run, atomic_write_text
 from swift_nb.render.figures import (
     breakdown_figure,
+    device_figure,
     figure_png,
     memory_figure,
     operators_figure,
@@ -36,7 +37,7 @@ from swift_nb.render.figures import (
 )
 from swift_nb.render.oom import TITLE as OOM_TITLE
 from swift_nb.render.oom import oom_html
-from swift_nb.render.tables import summary_rows
+from swift_nb.render.tables import absent_text, is_imported, summary_rows
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 
 if TYPE_CHECKING:
@@ -273,6 +274,21 @@ def _throughput_section(throughput: Any, not_analysed: str | None = None) -> Sec
 
 
 def _timeline_section(run: Run) -> Section:
+    peaks = (
+        pd.to_numeric(run.steps["peak_tensor_bytes"], errors="coerce")
+        if "peak_tensor_bytes" in run.steps
+        else None
+    )
+    if run.samples.empty and (peaks is None or peaks.isna().all()):
+        why = (
+            "a profiler trace holds no utilisation or memory samples"
+            if is_imported(run)
+            else "no sample was taken during the run"
+        )
+        return Section(
+            "Timeline",
+            [_empty(f"Utilisation and memory over time were {absent_text(run)}: {why}.")],
+        )
     return Section(
         "Timeline",
         [
@@ -314,7 +330,10 @@ def _breakdown_section(breakdown: pd.DataFrame | None, not_analysed: str | None 
 
 
 def _memory_section(
-    footprint: pd.DataFrame | None, timeline: pd.DataFrame | None, not_analysed: str | None = None
+    footprint: pd.DataFrame | None,
+    timeline: pd.DataFrame | None,
+    not_analysed: str | None = None,
+    run: Run | None = None,
 ) -> Section:
     section = Section("Memory by category")
     if _has_rows(timeline):
@@ -327,6 +346,13 @@ def _memory_section(
         )
     if _has_rows(footprint):
         section.parts.append(_frame_table(footprint))
+    if not section.parts and run is not None and is_imported(run) and not_analysed is None:
+        section.parts.append(
+            _empty(
+                "Tensor memory by category was not recorded in this trace: it needs the profiler's "
+                "[memory] events, which torch.profiler writes only with profile_memory=True."
+            )
+        )
     if not section.parts:
         section.parts.append(
             _not_analysed(
@@ -338,17 +364,169 @@ def _memory_section(
     return section
 
 
+def _allocations_absent(run: Run, operators: pd.DataFrame | None) -> bool:
+    """An imported trace without the profiler's [memory] events: every operator's bytes
+    read 0 because none were recorded, not because none were allocated."""
+    if not is_imported(run) or not _has_rows(operators) or "alloc_bytes" not in operators:
+        return False
+    return not pd.to_numeric(operators["alloc_bytes"], errors="coerce").fillna(0).gt(0).any()
+
+
 def _operators_section(
-    title: str, operators: pd.DataFrame | None, metric: str, caption: str, not_analysed: str | None = None
+    title: str,
+    operators: pd.DataFrame | None,
+    metric: str,
+    caption: str,
+    not_analysed: str | None = None,
+    run: Run | None = None,
 ) -> Section:
     if not _has_rows(operators):
         return Section(
             title, [_not_analysed("No operators", not_analysed, "the profiler recorded no step (no trace).")]
         )
+    if run is not None and _allocations_absent(run, operators):
+        if metric == "alloc_bytes":
+            return Section(
+                title,
+                [
+                    _empty(
+                        "Memory allocated by operators was not recorded in this trace: it needs the "
+                        "profiler's [memory] events, which torch.profiler writes only with profile_memory=True."
+                    )
+                ],
+            )
+        operators = operators.drop(columns="alloc_bytes")
     return Section(
         title,
         [FigurePart(operators_figure(operators, metric=metric), title, caption), _frame_table(operators)],
     )
+
+
+KIND_WORDS = {
+    "gemm": "matrix multiplication (GEMM)",
+    "convolution": "convolution",
+    "attention": "fused attention",
+    "embedding": "embedding",
+    "elementwise/reduction": "elementwise and reduction",
+    "communication": "communication (NCCL)",
+    "memcpy": "memory copy",
+    "memset": "memory set",
+    "other": "other",
+}
+
+
+def _pct1(value: Any) -> str:
+    return "–" if _is_missing(value) else f"{float(value):.1f} %"
+
+
+def _share(part: float, whole: float) -> str:
+    return _pct1(100.0 * part / whole) if whole > 0 else "–"
+
+
+def _device_sentences(device: dict) -> str:
+    scope = (
+        "the device work launched before the last profiled step (HolisticTraceAnalysis's window: "
+        "the last step's work may be cut off where the profiler stopped)"
+        if device.get("last_step_left_out")
+        else "all the device work in the trace"
+    )
+    text = (
+        f"Over {fmt_seconds(device['window_s'])} from the first to the last kernel, copy or memset of "
+        f"{scope}, the GPU was idle {_pct1(device['device_idle_pct'])} of the time, ran compute kernels "
+        f"{_pct1(device['device_compute_pct'])} of it and ran only non-compute work (communication, "
+        f"memory copies and sets) {_pct1(device['device_non_compute_pct'])} of it."
+    )
+    overlap = device.get("comm_compute_overlap_pct")
+    if _is_missing(overlap):
+        text += (
+            " No communication kernel ran, so there is no overlap of communication with compute to measure."
+        )
+    else:
+        text += f" Communication kernels ran alongside compute kernels for {_pct1(overlap)} of their running time."
+    return f"<p>{escape(text)}</p>"
+
+
+def _idle_sentences(idle_causes: pd.DataFrame) -> str:
+    row = idle_causes.iloc[0]
+    idle = float(row["idle_s"])
+    if not idle > 0:
+        return f"<p>{escape('The GPU was never idle in this window.')}</p>"
+    comm, host, other = (float(row[c]) for c in ("comm_wait_s", "host_bound_s", "other_s"))
+    text = (
+        f"Of the {fmt_seconds(idle)} the GPU was idle, {fmt_seconds(comm)} ({_share(comm, idle)}) went to "
+        "waiting on communication (a collective issued and not yet running, or the host inside a "
+        f"collective or a wait), {fmt_seconds(host)} ({_share(host, idle)}) were host-bound launch gaps "
+        "(the host busy in operators, CUDA calls or data loading), and "
+        f"{fmt_seconds(other)} ({_share(other, idle)}) had no traced cause (the host between operators: "
+        "Python, untraced waits)."
+    )
+    return f"<p>{escape(text)}</p>"
+
+
+def _kinds_part(kinds: pd.DataFrame) -> list[str]:
+    top = kinds.iloc[0]
+    words = KIND_WORDS.get(str(top["kind"]), str(top["kind"]))
+    count = int(top["count"])
+    text = (
+        f"{words[:1].upper() + words[1:]} took the most device time: {fmt_seconds(top['time_s'])} in "
+        f"{count} kernel{'s' if count != 1 else ''}, {_pct1(top['time_pct'])} of the summed time of all "
+        "device work."
+    )
+    table = pd.DataFrame(
+        {
+            "kind": kinds["kind"].astype(str),
+            "count": kinds["count"].astype(int),
+            "device_time_s": kinds["time_s"].astype(float),
+            "share of device time": [_pct1(v) for v in kinds["time_pct"]],
+        }
+    )
+    return [f"<h3>Device time by kind of kernel</h3><p>{escape(text)}</p>", _frame_table(table)]
+
+
+def _device_steps_part(device_steps: pd.DataFrame) -> list[str | FigurePart]:
+    table = pd.DataFrame(
+        {
+            "step": device_steps["step"].astype(int),
+            "window_s": device_steps["window_s"].astype(float),
+            "idle": [_pct1(v) for v in device_steps["idle_pct"]],
+            "compute": [_pct1(v) for v in device_steps["compute_pct"]],
+            "non-compute": [_pct1(v) for v in device_steps["non_compute_pct"]],
+            "comm/compute overlap": [_pct1(v) for v in device_steps["comm_compute_overlap_pct"]],
+            "idle: waiting on communication_s": device_steps["comm_wait_s"].astype(float),
+            "idle: host-bound_s": device_steps["host_bound_s"].astype(float),
+            "idle: other_s": device_steps["other_s"].astype(float),
+        }
+    )
+    return [
+        "<h3>Per step</h3>",
+        FigurePart(
+            device_figure(device_steps),
+            "Stacked bars of the GPU's time in each profiled step",
+            "Each bar is one profiled step's window on the GPU, from its first kernel to the next step's "
+            "first: compute, non-compute work alone, and idle time by cause.",
+        ),
+        _frame_table(table),
+    ]
+
+
+def _gpu_section(
+    device: dict | None,
+    device_steps: pd.DataFrame | None,
+    kernel_kinds: pd.DataFrame | None,
+    idle_causes: pd.DataFrame | None,
+) -> Section | None:
+    """The GPU's time (``analysis.device``): HTA's shares, idle time by cause, time by kind
+    of kernel, per step; None for a trace without device work (a CPU run)."""
+    if not device or _is_missing(device.get("device_idle_pct")):
+        return None
+    section = Section("GPU", [_device_sentences(device)])
+    if _has_rows(idle_causes):
+        section.parts.append(_idle_sentences(idle_causes))
+    if _has_rows(kernel_kinds):
+        section.parts += _kinds_part(kernel_kinds)
+    if _has_rows(device_steps):
+        section.parts += _device_steps_part(device_steps)
+    return section
 
 
 PER_RANK_TABLE = [
@@ -447,13 +625,19 @@ def report_sections(
     findings: Sequence[Finding] | None = None,
     per_rank: pd.DataFrame | None = None,
     collectives: pd.DataFrame | None = None,
+    device: dict | None = None,
+    device_steps: pd.DataFrame | None = None,
+    kernel_kinds: pd.DataFrame | None = None,
+    idle_causes: pd.DataFrame | None = None,
     not_analysed: str | None = None,
 ) -> list[Section]:
     """The report's sections in order (the notebook shows the same ones), from the
     analyses' outputs (``step_breakdown``, ``memory_footprint``, ``memory_timeline``,
     ``top_operators`` by time and by memory, throughput, the advisor's verdict and
-    findings, and for a job of several ranks ``analysis.ranks.per_rank`` and the collectives); a
-    missing or empty one makes its section say so. ``not_analysed``: why the analysis could
+    findings, for a job of several ranks ``analysis.ranks.per_rank`` and the collectives, and
+    for a trace with device work ``analysis.device``'s summary, per-step table, kernel kinds
+    and idle causes, which make the GPU section); a missing or empty one makes its section
+    say so (the GPU section is left out). ``not_analysed``: why the analysis could
     not run (``trace.json.gz is damaged (…): the analysis could not run``), which each
     section without its analysis then says instead of "no trace"."""
     why = not_analysed
@@ -468,13 +652,15 @@ def report_sections(
         _per_rank_section(run, per_rank, collectives),
         _timeline_section(run),
         _breakdown_section(breakdown, why),
-        _memory_section(footprint, timeline, why),
+        _gpu_section(device, device_steps, kernel_kinds, idle_causes),
+        _memory_section(footprint, timeline, why, run),
         _operators_section(
             "Top operators by self time",
             operators_time,
             "self_time_s",
             "Time spent in each operator itself, children excluded, over the profiled steps.",
             why,
+            run,
         ),
         _operators_section(
             "Top operators by memory allocated",
@@ -482,6 +668,7 @@ def report_sections(
             "alloc_bytes",
             "Bytes each operator allocated over the profiled steps.",
             why,
+            run,
         ),
         _environment_section(run),
         _notes_section(run.notes, run.summary.get("traceback")),
@@ -528,6 +715,10 @@ def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:
         findings=analysis.findings,
         per_rank=analysis.per_rank,
         collectives=analysis.collectives,
+        device=analysis.device,
+        device_steps=analysis.device_steps,
+        kernel_kinds=analysis.kernel_kinds,
+        idle_causes=analysis.idle_causes,
     )
 
 

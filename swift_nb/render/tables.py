@@ -11,9 +11,21 @@ from swift_nb.record import Run
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 
 
+def is_imported(run: Run) -> bool:
+    """Whether the run was imported from a profiler trace (``swift_nb.import_trace``)."""
+    return bool(run.source.get("imported_from"))
+
+
+def absent_text(run: Run) -> str:
+    """How a value the run lacks is shown: an imported run's trace never holds it."""
+    return "not recorded in this trace" if is_imported(run) else "not recorded"
+
+
 def summary_rows(run: Run) -> list[tuple[str, str]]:
-    """(name, value) pairs shown for a run, in display order."""
+    """(name, value) pairs shown for a run, in display order; what an imported run's trace
+    cannot hold (samples, process memory) reads "not recorded in this trace"."""
     s, env, sched = run.summary, run.environment, run.schedule
+    absent = absent_text(run) if is_imported(run) else None
     util_name = {"gpu": "GPU util", "cpu": "process CPU"}.get(s.get("util_source") or "", "util")
     devices = ", ".join(env.get("devices") or []) or "–"
     rows = [
@@ -27,11 +39,13 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             f"{fmt_seconds(s.get('step_time_median_s'))} / {fmt_seconds(s.get('step_time_p90_s'))}",
         ),
         ("throughput", fmt_rate(s.get("steps_per_s"), "steps/s")),
-        ("peak tensor memory", fmt_bytes(s.get("peak_mem_bytes"))),
-        ("peak RSS", fmt_bytes(s.get("peak_rss_bytes"))),
+        ("peak tensor memory", _or(absent, s.get("peak_mem_bytes"), fmt_bytes)),
+        ("peak RSS", _or(absent, s.get("peak_rss_bytes"), fmt_bytes)),
         (
             f"{util_name} (mean / peak)",
-            f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
+            absent
+            if absent and s.get("mean_util_pct") is None
+            else f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
         ),
         ("device", f"{env.get('device', '–')} ({devices})"),
         ("ranks", _ranks_text(run)),
@@ -50,6 +64,11 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
         if run.trace_path is not None:
             rows.append(("trace", f"{run.trace_path} (open in ui.perfetto.dev)"))
     return rows
+
+
+def _or(absent: str | None, value, fmt) -> str:
+    """``fmt(value)``, or ``absent`` for a missing value when that has words."""
+    return absent if absent and (value is None or value != value) else fmt(value)
 
 
 def _ranks_text(run: Run) -> str:
