@@ -41,7 +41,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -89,12 +89,13 @@ def tables_path(trace_path: Path) -> Path:
 #: terminated: SIGTERM or SIGHUP (a scheduler, `timeout`, a shutdown), saved in full;
 #: crashed: the process died while running (SIGKILL, OOM killer, power loss) — the record
 #: holds what was flushed until then; running: still being written by a live process.
-STATUSES = ("running", "ok", "failed", "interrupted", "terminated", "crashed")
+STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "crashed")
 
 # steps.csv columns. Times in seconds from the run's start (perf_counter clock), bytes.
 #   step: 0-based step index; start_s/end_s/duration_s: the step's span;
 #   phase: profiler schedule action for the step (none|wait|warmup|active);
-#   trigger: what ended the step (optimizer|explicit|end);
+#   trigger: what ended the step (optimizer|explicit|end; trace: a step imported from a
+#     trace, its profiler's ProfilerStep#N span — swift_nb.importer);
 #   overhead_s: time swift_nb's own step hook took at the boundary that began the step
 #     (not part of duration_s; the profiler's trace export shows up here);
 #   peak_tensor_bytes: peak bytes held by tensors during the step — CUDA: the caching
@@ -143,6 +144,57 @@ MEMORY_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations"
 MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
 
 
+@dataclass(frozen=True)
+class OutOfMemory:
+    """What was in memory when a run failed allocating (its status ``oom``), as
+    ``swift_nb.capture.oom.post_mortem`` read it from the failure.
+
+    categories: bytes live by category (``MEMORY_CATEGORIES``) at the failure;
+    requested_bytes: the allocation that failed (from the error's message; None if it
+    does not say); step, phase (data loading|forward|backward|optimizer), module (the
+    deepest module running, by path: ``model.layers.7.attn``), op (the source line that
+    asked), where (the user's own line: ``file:line in function``); top_tensors: the
+    largest live tensors (bytes, shape, dtype, device, category, name, made_by);
+    capacity_bytes and capacity_source (the device, RLIMIT_AS, a cgroup limit or the
+    machine's memory); outside_tensors_bytes: what counts against that capacity besides
+    the tensors (the CUDA context; the process's own memory on CPU); square_bytes: the
+    activations shaped ``[.., T, T]`` (attention scores); blocks: the model's repeated
+    blocks (its longest ModuleList), blocks_reached: the failing block's number counting
+    from 1 (None outside the blocks); CUDA only: allocated_bytes, reserved_bytes,
+    fragmentation_bytes (reserved but unallocated), expandable_segments.
+    """
+
+    error: str = ""
+    requested_bytes: int | None = None
+    step: int | None = None
+    phase: str | None = None
+    module: str | None = None
+    op: str | None = None
+    where: str | None = None
+    device: str = "cpu"
+    categories: dict[str, int] = field(default_factory=dict)
+    top_tensors: list[dict[str, Any]] = field(default_factory=list)
+    capacity_bytes: int | None = None
+    capacity_source: str | None = None
+    outside_tensors_bytes: int | None = None
+    square_bytes: int = 0
+    blocks: int | None = None
+    blocks_reached: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    fragmentation_bytes: int | None = None
+    expandable_segments: bool | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OutOfMemory:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(self.categories.values())
+
+
 @dataclass
 class Run:
     """One profiled run: metadata plus its step and sample tables.
@@ -165,6 +217,7 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    oom: OutOfMemory | None = None  # the post-mortem of a run that ran out of memory
     pid: int = 0
     host: str = ""
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
@@ -205,6 +258,7 @@ class Run:
     def meta(self) -> dict[str, Any]:
         """The JSON-serialisable part of the record (everything but the tables)."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TABLES}
+        d["oom"] = asdict(self.oom) if self.oom is not None else None
         d["notes"] = [n for n in self.notes if n not in self.problems]
         d["schema_version"] = SCHEMA_VERSION
         return d
@@ -417,6 +471,7 @@ META_SCHEMA: dict[str, _Kind] = {
     "summary": _OBJECT,
     "notes": _STRINGS,
     "files": _OBJECT,  # of strings: file names relative to the folder
+    "oom": _Kind("an object or null", lambda v: v is None or isinstance(v, dict)),
     "pid": _WHOLE,
     "host": _STRING,
     "schema_version": _WHOLE,
@@ -602,6 +657,8 @@ def load_run(path: Path | str) -> Run:
     meta = read_meta(meta_path)
     known = {f.name for f in fields(Run)} - _TABLES
     run = Run(**{k: v for k, v in meta.items() if k in known})
+    if isinstance(meta.get("oom"), dict):
+        run.oom = OutOfMemory.from_dict(meta["oom"])
     run.status = status_of(meta)
     problems: list[str] = []
     run.steps = _read_table(folder, STEPS_FILE, STEP_COLUMNS, problems, "the steps of this run are unknown")

@@ -193,7 +193,7 @@ def collect_from_disk(job: Path, ranks: list[int], deadline: float) -> dict[int,
 
 
 def _worst(statuses: list[str]) -> str:
-    for s in ("failed", "interrupted"):
+    for s in ("oom", "failed", "interrupted"):  # a rank out of memory is why the others failed
         if s in statuses:
             return s
     return "ok"

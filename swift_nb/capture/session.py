@@ -25,7 +25,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from swift_nb import trace_names
-from swift_nb.capture import dist, job, signals
+from swift_nb.capture import dist, job, oom, signals
 from swift_nb.capture import memory_categories as memcat
 from swift_nb.capture.journal import Journal
 from swift_nb.capture.sampler import Sampler
@@ -37,6 +37,7 @@ from swift_nb.options import ProfileOptions
 from swift_nb.record import (
     STEP_COLUMNS,
     TRACE_FILE,
+    OutOfMemory,
     Run,
     default_keep,
     default_root,
@@ -268,6 +269,9 @@ class Session:
     def _finish(self, status: str, error: BaseException | None) -> Run:
         run = self.run
         end_s = time.perf_counter() - self._t0
+        if status == "failed" and oom.is_oom(error):
+            status = "oom"
+            self._post_mortem(error)
         if error is not None:
             self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
             run.summary["traceback"] = job.describe_error(error)
@@ -310,6 +314,14 @@ class Session:
         except OSError as e:
             self.note(f"old runs could not be pruned ({e})")
         return run
+
+    def _post_mortem(self, error: BaseException) -> None:
+        """Read what was in memory at the failure while its traceback still holds it."""
+        try:
+            found = oom.post_mortem(error, step=self._step, optimizers=self._watcher.optimizers.values())
+            self.run.oom = OutOfMemory.from_dict(found)
+        except Exception as e:  # never raised over the user's own error
+            self.note(f"what was in memory at the failure could not be read ({type(e).__name__}: {e})")
 
     def _stop_capture(self):
         """Stop every part of the capture (each even if another fails); the finished
