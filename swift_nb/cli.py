@@ -12,6 +12,7 @@ from swift_nb.errors import ConfigError, RecordError
 from swift_nb.importer import import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
 from swift_nb.render.compare import compare_table_text
+from swift_nb.render.oom import oom_text
 from swift_nb.render.tables import runs_text, summary_text
 
 EPILOG = """\
@@ -103,6 +104,9 @@ def _load(run_dirs: list[str]) -> list[Run] | int:
 
 def _show(run: Run) -> int:
     print(summary_text(run))
+    post_mortem = oom_text(run)
+    if post_mortem is not None:
+        print(f"\n{post_mortem}")
     traceback = run.summary.get("traceback")
     if traceback:
         print(f"\n{traceback.rstrip()}")

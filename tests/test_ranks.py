@@ -213,6 +213,31 @@ def test_rank_raising_fails_the_job_with_its_traceback(tmp_path_factory):
     assert any(n.startswith("rank 1: failed: ValueError: injected failure") for n in run.notes), run.notes
 
 
+def test_a_rank_out_of_memory_makes_the_job_oom_with_its_post_mortem(tmp_path_factory):
+    job = _job(
+        tmp_path_factory,
+        "oom",
+        2,
+        "--raise-rank",
+        "1",
+        "--raise-oom",
+        "--pg-timeout-s",
+        "10",
+        "--steps",
+        "8",
+        gather_timeout_s=5,
+    )
+    run = job.run
+    assert run.status == "oom"  # rank 0 failed waiting for rank 1: the job failed because rank 1 ran out
+    ranks = run.ranks.set_index("rank")
+    assert ranks.loc[1, "status"] == "oom"
+    assert run.oom is not None and run.oom.step == 4 and run.oom.requested_bytes == 1 << 30
+    assert "rank 1 ran out of memory; the post-mortem shown is rank 1's" in run.notes
+    # torchrun stops rank 0 once rank 1 has failed, so the job's report is written afterwards
+    page = (swift_nb.report(run).run.path / "report.html").read_text()
+    assert "Out of memory in step 4, forward, asking for 1.0 GiB" in page
+
+
 def _gone(pids, within_s: float = 10.0) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:

@@ -149,6 +149,7 @@ def payload(run: Run, info: RankInfo) -> dict[str, Any]:
         "samples": samples.reset_index(drop=True),
         "notes": list(run.notes),
         "layout": run.context.get("layout"),
+        "oom": run.oom,
     }
 
 
@@ -272,6 +273,12 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
             f"{'its partial record' if len(never_done) == 1 else 'their partial records'} held at the start "
             f"is included here ({', '.join(f'rank{r}/' for r in never_done)} in this folder keeps whatever "
             "they saved later)"
+        )
+    oom_ranks = [r for r, p in sorted(parts.items()) if p.get("oom") is not None]
+    if oom_ranks:  # the job's post-mortem is the first rank's that ran out of memory
+        job_run.oom = parts[oom_ranks[0]]["oom"]
+        job_run.notes.append(
+            f"{ranks_text(oom_ranks)} ran out of memory; the post-mortem shown is rank {oom_ranks[0]}'s"
         )
     statuses = [p["row"]["status"] for p in parts.values()]
     job_run.status = _worst(statuses + (["failed"] if never_done else []))

@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--sleep-rank", type=int, default=-1)
     p.add_argument("--sleep-s", type=float, default=0.0)
     p.add_argument("--raise-rank", type=int, default=-1)
+    p.add_argument("--raise-oom", action="store_true", help="the injected failure is an allocation failure")
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=4)
     p.add_argument("--skip-rank", type=int, default=-1)
@@ -59,6 +60,10 @@ def main() -> None:
             if rank == args.sleep_rank:
                 time.sleep(args.sleep_s)
             if i == args.fault_step and rank == args.raise_rank:
+                if args.raise_oom:
+                    raise torch.OutOfMemoryError(
+                        f"CUDA out of memory. Tried to allocate 1.00 GiB (rank {rank})"
+                    )
                 raise ValueError(f"injected failure on rank {rank} at step {i}")
             if i == args.fault_step and rank == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
