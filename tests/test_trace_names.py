@@ -13,9 +13,8 @@ import pytest
 
 from swift_nb import trace_names as tn
 
-# Real GPU traces (see their README); absent outside this project's workspace.
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-NCCL_TRACE = SHARED_TRACES / "gpu_nccl_2ranks_rank0.json.gz"
+# A real GPU trace (see tests/data/gpu/README.md).
+NCCL_TRACE = Path(__file__).parent / "data" / "gpu" / "gpu_nccl_2ranks_rank0.json.gz"
 
 
 @pytest.mark.parametrize(
@@ -91,6 +90,119 @@ def test_masks_tell_collectives_from_compute():
     assert tn.collective_mask([], []).shape == (0,)
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        # names from the real traces in tests/data/gpu
+        ("ampere_sgemm_128x64_nn", "gemm"),
+        ("volta_sgemm_64x32_sliced1x4_tn", "gemm"),
+        (
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(cutlass_80_…::Params)",
+            "gemm",
+        ),
+        (
+            "void gemmk1_kernel<float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<…>",
+            "gemm",
+        ),
+        (
+            "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>",
+            "gemm",
+        ),
+        (
+            "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16",
+            "convolution",
+        ),
+        ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", "convolution"),
+        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(…)", "convolution"),
+        (
+            "void cask_cudnn_infer::computeOffsetsKernel<false, false>(cask_cudnn_infer::ComputeOffsetsParams)",
+            "convolution",
+        ),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "communication"),
+        (
+            "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+            "communication",
+        ),
+        ("Memcpy HtoD (Pinned -> Device)", "memcpy"),
+        ("Memcpy DtoD (Device -> Device)", "memcpy"),
+        ("Memset (Device)", "memset"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, …>",
+            "elementwise/reduction",
+        ),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<…>",
+            "elementwise/reduction",
+        ),
+        ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(…)", "elementwise/reduction"),
+        (
+            "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, true, false>(…)",
+            "elementwise/reduction",
+        ),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<…>", "elementwise/reduction"),
+        (
+            "void fbgemm_gpu::permute_2D_lengths_kernel<int>(int, int, int const*, int const*, int*)",
+            "elementwise/reduction",
+        ),
+        (
+            "void split_embedding_codegen_forward_unweighted_kernel<c10::Half, c10::Half, float, …>",
+            "embedding",
+        ),
+        ("void permute_pooled_embs_kernel<float>(float const*, long const*, …)", "embedding"),
+        ("void compute_cuda_kernel<long>(long*, long*, long*, long, long)", "other"),
+        # names of newer stacks
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute", "gemm"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "gemm"),
+        (
+            "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<128, 64, 64, 4>>",
+            "attention",
+        ),
+        (
+            "fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<…>::Params)",
+            "attention",
+        ),
+    ],
+)
+def test_kernel_kind(name, kind):
+    assert tn.kernel_kind(name) == kind and kind in tn.KERNEL_KIND_NAMES
+
+
+@pytest.mark.parametrize(
+    ("name", "compute"),
+    [
+        ("ampere_sgemm_128x64_nn", True),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", False),
+        ("ncclDevKernel_AllGather_RING_LL", False),
+        ("Memcpy HtoD (Pinned -> Device)", False),
+        ("Memset (Device)", False),
+        ("void cudaStreamSync_helper()", False),  # HTA's rule: a name with "Sync" is not compute
+    ],
+)
+def test_compute_follows_hta(name, compute):
+    assert tn.is_compute(name) is compute
+
+
+def test_intervals_agree_with_a_plain_loop():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a = rng.integers(0, 60, (rng.integers(0, 9), 2)).astype(float)
+        b = rng.integers(0, 60, (rng.integers(0, 9), 2)).astype(float)
+        a, b = np.sort(a, axis=1), np.sort(b, axis=1)
+        ua, ub = tn.union(a[:, 0], a[:, 1]), tn.union(b[:, 0], b[:, 1])
+        # on a grid of half-unit cells, a point is in a union iff some interval holds it
+        grid = np.arange(0, 60, 0.5) + 0.25
+        in_a = ((grid[:, None] >= a[:, 0]) & (grid[:, None] < a[:, 1])).any(axis=1)
+        in_b = ((grid[:, None] >= b[:, 0]) & (grid[:, None] < b[:, 1])).any(axis=1)
+        assert tn.length(ua) == in_a.sum() / 2
+        assert tn.length(tn.subtract(ua, ub)) == (in_a & ~in_b).sum() / 2
+        assert tn.length(tn.intersect(ua, ub)) == (in_a & in_b).sum() / 2
+        spans = np.sort(rng.integers(0, 60, (4, 2)), axis=1)
+        inside = (grid[None, :] >= spans[:, :1]) & (grid[None, :] < spans[:, 1:])
+        assert tn.covered(spans, ua).tolist() == ((inside & in_a).sum(axis=1) / 2).tolist()
+    assert tn.intersect(np.empty((0, 2)), tn.union([0], [1])).shape == (0, 2)
+
+
 def test_union_length_clip_subtract():
     u = tn.union([5, 0, 2, 20], [7, 3, 4, 25])
     assert u.tolist() == [[0, 4], [5, 7], [20, 25]]
@@ -116,7 +228,6 @@ def test_collective_and_exposed_time_per_step():
     assert tn.collective_us([], collectives).shape == (0,)
 
 
-@pytest.mark.skipif(not NCCL_TRACE.exists(), reason="the shared GPU traces are not in this checkout")
 def test_kinds_of_a_real_nccl_trace():
     with gzip.open(NCCL_TRACE) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]

@@ -55,17 +55,33 @@ def _flags(names: pd.Series, rule) -> np.ndarray:
     return np.array([rule(n) for n in uniq] or [None], dtype=object)[codes]
 
 
+def _origin(trace: Trace) -> float:
+    """The trace's first timestamp (µs). Times are taken relative to it before durations are
+    added: a trace's clock reads ~1.7e15 µs, where float64 resolves only a quarter of a
+    microsecond, while a nanosecond-resolution kernel's duration is exact."""
+    ts = trace.events["ts_us"]
+    return float(ts.min()) if len(ts) else 0.0
+
+
+def _spans(events: pd.DataFrame, origin: float) -> tuple[np.ndarray, np.ndarray]:
+    start = events["ts_us"].to_numpy(dtype=float) - origin
+    return start, start + events["dur_us"].to_numpy(dtype=float)
+
+
 def device_work(trace: Trace) -> pd.DataFrame:
     """One row per piece of device work: ``name``, ``kind`` (``trace_names.kernel_kind``),
-    ``compute`` and ``comm`` (HTA's compute rule; an NCCL kernel), ``ts_us``, ``end_us``,
-    ``launch_us`` (the start of the runtime call that launched it; NaN when the trace does
-    not have it) and ``step`` (the profiler step that launched it; -1: none), in start order."""
+    ``compute`` and ``comm`` (HTA's compute rule; an NCCL kernel), ``ts_us`` and ``end_us``
+    (µs since the trace's first event), ``launch_us`` (when the runtime call that launched
+    it began, on the same clock; NaN when the trace does not have it) and ``step`` (the
+    profiler step that launched it; -1: none), in start order."""
     ev = trace.events
+    origin = _origin(trace)
     work = ev[ev["cat"].isin(tn.DEVICE_WORK)]
     calls = ev[ev["cat"].isin(tn.LAUNCH_CATEGORIES) & (ev["correlation"] >= 0)]
     launch_at = calls.drop_duplicates("correlation").set_index("correlation")["ts_us"]
     launch = work["correlation"].map(launch_at).to_numpy(dtype=float)
     names = work["name"]
+    start, end = _spans(work, origin)
     return (
         pd.DataFrame(
             {
@@ -73,9 +89,9 @@ def device_work(trace: Trace) -> pd.DataFrame:
                 "kind": _flags(names, tn.kernel_kind),
                 "compute": _flags(names, tn.is_compute).astype(bool),
                 "comm": _flags(names, lambda n: bool(tn.COMM_KERNEL.match(n))).astype(bool),
-                "ts_us": work["ts_us"].to_numpy(dtype=float),
-                "end_us": work["end_us"].to_numpy(dtype=float),
-                "launch_us": launch,
+                "ts_us": start,
+                "end_us": end,
+                "launch_us": launch - origin,
                 "step": steps_of(launch, trace.steps),
             }
         )
@@ -89,7 +105,7 @@ def _in_window(work: pd.DataFrame, trace: Trace, include_last_step: bool) -> pd.
     steps = trace.steps
     if len(steps) < 2:
         return work
-    launch = work["launch_us"].to_numpy()
+    launch = work["launch_us"].to_numpy() + _origin(trace)
     if include_last_step:
         return work[launch <= steps["end_us"].max()]
     return work[launch < steps["start_us"].max()]
@@ -212,7 +228,7 @@ def _host_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     comm &= host["cat"].isin(tn.COLLECTIVE_CATEGORIES).to_numpy()
     data = _flags(names, lambda n: bool(tn.DATA.match(n))).astype(bool)
     busy = host["cat"].isin(tn.HOST_WORK).to_numpy() | data
-    ts, te = host["ts_us"].to_numpy(), host["end_us"].to_numpy()
+    ts, te = _spans(host, _origin(trace))
     return tn.union(ts[comm], te[comm]), tn.union(ts[busy], te[busy])
 
 

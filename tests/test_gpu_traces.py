@@ -1,0 +1,267 @@
+"""swift_nb.analysis.device (and the collectives of analysis.comm) on real CUDA traces
+(tests/data/gpu, from HolisticTraceAnalysis's test data): HTA's own numbers on the same files
+are reproduced, the kinds of kernels and causes of idle time add up, and a CPU trace has
+no GPU figures at all."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from swift_nb.analysis import device
+from swift_nb.analysis.comm import collectives
+from swift_nb.analysis.trace import Trace, load_trace_file, parse_events
+from swift_nb.importer import import_trace
+from swift_nb.record import Run
+from swift_nb.render.report import report_html
+
+DATA = Path(__file__).parent / "data" / "gpu"
+NAMES = ["gpu_1rank_5steps", "gpu_nccl_2ranks_rank0", "gpu_128ranks_rank0", "gpu_128ranks_rank1"]
+
+# HTA 0.5.0's get_temporal_breakdown / get_comm_comp_overlap on these files (idle, compute,
+# non-compute, overlap %; benchmarks/hta_compare.py prints them): HTA rounds nanosecond
+# timestamps inward to whole µs, so on the two ns-resolution traces it finds more idle time.
+HTA = {
+    "gpu_1rank_5steps": (2.63, 96.75, 0.62, None),
+    "gpu_nccl_2ranks_rank0": (77.78, 17.26, 4.97, 14.31),
+    "gpu_128ranks_rank0": (53.56, 17.71, 28.74, 11.81),
+    "gpu_128ranks_rank1": (54.72, 22.57, 22.72, 20.05),
+}
+# The same with HTA_DISABLE_NS_ROUNDING=1: the timestamps as recorded, as swift_nb reads them.
+HTA_UNROUNDED = {
+    **HTA,
+    "gpu_1rank_5steps": (1.68, 97.43, 0.90, None),
+    "gpu_nccl_2ranks_rank0": (77.23, 17.66, 5.10, 14.76),
+}
+KEYS = ["device_idle_pct", "device_compute_pct", "device_non_compute_pct", "comm_compute_overlap_pct"]
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, Trace]:
+    """Each trace parsed from a copy (loading caches tables beside the file)."""
+    folder = tmp_path_factory.mktemp("gpu")
+    out = {}
+    for name in NAMES:
+        copy = folder / f"{name}.json.gz"
+        shutil.copy(DATA / copy.name, copy)
+        out[name] = load_trace_file(copy)
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_summary_agrees_with_hta(traces, name):
+    summary = device.device_summary(traces[name])
+    for key, theirs, unrounded in zip(KEYS, HTA[name], HTA_UNROUNDED[name], strict=True):
+        ours = summary[key]
+        if theirs is None:  # no NCCL kernel (a world of one rank): nothing to overlap
+            assert ours is None
+            continue
+        assert abs(ours - theirs) <= 1.0, (key, ours, theirs)
+        assert abs(ours - unrounded) <= 0.006, (key, ours, unrounded)  # HTA prints 2 decimals
+    shares = summary["device_idle_pct"] + summary["device_compute_pct"] + summary["device_non_compute_pct"]
+    assert shares == pytest.approx(100.0)
+    assert summary["last_step_left_out"] is True
+
+
+def test_window_is_htas_and_can_keep_the_last_step(traces):
+    t = traces["gpu_1rank_5steps"]
+    assert device.device_summary(t)["window_s"] == pytest.approx(0.384634523)  # HTA's kernel_time
+    whole = device.device_summary(t, include_last_step=True)
+    assert whole["window_s"] == pytest.approx(0.480029227) and whole["last_step_left_out"] is False
+    assert whole["device_idle_pct"] == pytest.approx(1.578, abs=1e-3)
+    rank0 = device.device_summary(traces["gpu_128ranks_rank0"], include_last_step=True)
+    assert rank0["device_idle_pct"] == pytest.approx(55.215, abs=1e-3)
+    assert rank0["comm_compute_overlap_pct"] == pytest.approx(14.946, abs=1e-3)
+
+
+KINDS = {
+    "gpu_1rank_5steps": {"convolution", "elementwise/reduction", "gemm", "memcpy", "memset"},
+    "gpu_nccl_2ranks_rank0": {
+        "communication",
+        "convolution",
+        "elementwise/reduction",
+        "gemm",
+        "memcpy",
+        "memset",
+    },
+    "gpu_128ranks_rank0": {
+        "communication",
+        "embedding",
+        "gemm",
+        "elementwise/reduction",
+        "memcpy",
+        "memset",
+        "other",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_kernels_by_kind(traces, name):
+    kinds = device.kernels_by_kind(traces[name])
+    assert set(kinds["kind"]) == KINDS[name]
+    assert kinds["time_pct"].sum() == pytest.approx(100.0)
+    assert kinds["time_s"].is_monotonic_decreasing
+    # per step, the kinds share out exactly the work each step launched; the whole trace's
+    # window leaves the last step's out
+    work = device.device_work(traces[name])
+    by_step = device.kernels_by_kind(traces[name], by_step=True)
+    assert by_step["count"].sum() == (work["step"] >= 0).sum()
+    last = traces[name].steps["step"].iloc[-1]
+    assert kinds["count"].sum() == (work["step"] != last).sum()
+    assert by_step.groupby("step")["time_pct"].sum().to_numpy() == pytest.approx(100.0)
+    assert list(by_step["step"].unique()) == list(traces[name].steps["step"])
+
+
+def test_kinds_of_real_traces_in_numbers(traces):
+    kinds = device.kernels_by_kind(traces["gpu_nccl_2ranks_rank0"]).set_index("kind")
+    assert kinds.loc["communication", "count"] == 14  # of 21 NCCL kernels: the last step's are left out
+    assert kinds.loc["communication", "time_s"] == pytest.approx(0.024289, abs=1e-6)
+    assert kinds.index[0] == "elementwise/reduction" and kinds["time_pct"].iloc[0] == pytest.approx(
+        48.18, abs=0.01
+    )
+    rank1 = device.kernels_by_kind(traces["gpu_128ranks_rank1"]).set_index("kind")
+    assert list(rank1.index[:2]) == ["communication", "embedding"]
+    assert rank1.loc["other", "count"] == 2  # fbgemm's offsets and a CUDA helper
+    one = device.kernels_by_kind(traces["gpu_1rank_5steps"]).set_index("kind")
+    assert one.loc["convolution", "count"] == 1176 and one.loc["memcpy", "count"] == 1280
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_idle_causes_add_up_to_the_idle_time(traces, name):
+    t = traces[name]
+    whole = device.idle_by_cause(t)
+    assert len(whole) == 1
+    row = whole.iloc[0]
+    summary = device.device_summary(t)
+    assert row["window_s"] == pytest.approx(summary["window_s"])
+    assert row["idle_s"] == pytest.approx(summary["device_idle_pct"] / 100 * summary["window_s"])
+    assert row[device.CAUSES].sum() == pytest.approx(row["idle_s"], rel=1e-9)
+    assert (row[device.CAUSES] >= 0).all()
+
+    steps = device.idle_by_cause(t, by_step=True)
+    assert list(steps["step"]) == list(t.steps["step"])
+    assert steps[device.CAUSES].sum(axis=1).to_numpy() == pytest.approx(steps["idle_s"].to_numpy(), rel=1e-9)
+    # the steps' windows tile the device's timeline: from the first step's first work to the
+    # last step's last
+    work = device.device_work(t)
+    launched = work[work["step"] >= 0]
+    assert steps["window_s"].sum() == pytest.approx(
+        (launched["end_us"].max() - launched["ts_us"].min()) / 1e6
+    )
+
+
+def test_idle_causes_in_numbers(traces):
+    # rank 0 of 2, DDP on a ResNet: the host launching thousands of small kernels sets the pace
+    row = device.idle_by_cause(traces["gpu_nccl_2ranks_rank0"]).iloc[0]
+    assert row["idle_s"] == pytest.approx(0.336420, abs=1e-6)
+    assert row["host_bound_s"] == pytest.approx(0.286011, abs=1e-6)
+    assert row["comm_wait_s"] == pytest.approx(0.002092, abs=1e-6)
+    assert row["other_s"] == pytest.approx(0.048317, abs=1e-6)
+    # rank 0 of 128: all-to-alls queued behind their peers hold the GPU a quarter of its idle time
+    row = device.idle_by_cause(traces["gpu_128ranks_rank0"]).iloc[0]
+    assert row["comm_wait_s"] / row["idle_s"] == pytest.approx(0.2475, abs=1e-3)
+    assert row["other_s"] / row["idle_s"] == pytest.approx(0.5052, abs=1e-3)
+
+
+def test_device_steps(traces):
+    steps = device.device_steps(traces["gpu_nccl_2ranks_rank0"])
+    assert list(steps["step"]) == [4, 5, 6]
+    shares = steps[["idle_pct", "compute_pct", "non_compute_pct"]].sum(axis=1)
+    assert shares.to_numpy() == pytest.approx(100.0)
+    assert steps["idle_pct"].round(1).tolist() == [77.7, 77.4, 73.3]
+    assert steps["comm_compute_overlap_pct"].round(1).tolist() == [15.2, 14.3, 16.5]
+    no_comm = device.device_steps(traces["gpu_1rank_5steps"])
+    assert no_comm["comm_compute_overlap_pct"].isna().all() and len(no_comm) == 5
+
+
+def test_device_work_is_tied_to_its_launch(traces):
+    work = device.device_work(traces["gpu_1rank_5steps"])
+    assert len(work) == 4350 + 1600 + 145  # kernels, memcpys, memsets
+    assert work["launch_us"].notna().all() and (work["launch_us"] <= work["ts_us"]).all()
+    assert set(work["step"]) == {101, 102, 103, 104, 105}
+    # nanosecond durations survive: times are relative to the trace's start
+    assert np.allclose(work["end_us"] - work["ts_us"], np.round(work["end_us"] - work["ts_us"], 3))
+
+
+def cpu_trace() -> Trace:
+    ev = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#0",
+            "ts": 0,
+            "dur": 100,
+            "pid": 1,
+            "tid": 1,
+        },
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 50, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 70, "dur": 20, "pid": 1, "tid": 1},
+    ]
+    return parse_events(ev)
+
+
+def test_a_cpu_trace_has_no_device_figures():
+    t = cpu_trace()
+    summary = device.device_summary(t)
+    assert set(device.SUMMARY_KEYS) <= set(summary) and all(v is None for v in summary.values())
+    assert device.kernels_by_kind(t).empty and device.idle_by_cause(t).empty
+    assert device.device_steps(t).empty and device.idle_by_cause(t, by_step=True).empty
+    html = report_html(
+        Run(id="cpu"),
+        device=summary,
+        device_steps=device.device_steps(t),
+        kernel_kinds=device.kernels_by_kind(t),
+        idle_causes=device.idle_by_cause(t),
+    )
+    assert "<h2>GPU</h2>" not in html
+
+
+def test_collective_bytes_from_what_the_profiler_recorded(traces):
+    # no shapes recorded: sizes from record_param_comms ("In/Out msg nelems", "dtype", "Group size")
+    comm = collectives(traces["gpu_nccl_2ranks_rank0"], world=2).set_index("kind")
+    assert comm.loc["all_reduce", "bytes_per_step"] == 102228128  # 25.6 M floats per step
+    assert comm.loc["all_reduce", "wire_bytes_per_step"] == 102228128  # 2·(P−1)/P = 1 for P = 2
+    assert comm.loc["all_reduce", "busbw_bytes_per_s"] == pytest.approx(6.558e9, rel=1e-3)
+    # all-reduce of a TensorList without shapes: sizes from the nccl:all_reduce annotation
+    comm = collectives(traces["gpu_128ranks_rank0"], world=128).set_index("kind")
+    floats = 19618307 + 26955536 + 26258430 + 5716654  # four all-reduces over two steps
+    assert comm.loc["all_reduce", "bytes_per_step"] == floats * 4 / 2
+    assert comm.loc["all_gather", "bytes_per_step"] == 2**30
+    # a size nobody recorded stays unknown, never 0
+    t = cpu_trace()
+    unknown = collectives(t).set_index("kind")
+    assert np.isnan(unknown.loc["all_reduce", "bytes_per_step"])
+
+
+def reader_text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).strip()
+
+
+def test_report_of_an_imported_gpu_trace(tmp_path):
+    run = import_trace(DATA / "gpu_nccl_2ranks_rank0.json.gz", tmp_path, report=True)
+    text = reader_text((run.path / "report.html").read_text("utf-8"))
+    assert (
+        "Over 435.6 ms from the first to the last kernel, copy or memset of the device work launched "
+        "before the last profiled step" in text
+    )
+    assert (
+        "the GPU was idle 77.2 % of the time, ran compute kernels 17.7 % of it and ran only non-compute "
+        "work (communication, memory copies and sets) 5.1 % of it." in text
+    )
+    assert "Communication kernels ran alongside compute kernels for 14.8 % of their running time." in text
+    assert "Of the 336.4 ms the GPU was idle, 2.1 ms (0.6 %) went to waiting on communication" in text
+    assert "286.0 ms (85.0 %) were host-bound launch gaps" in text
+    assert "Elementwise and reduction took the most device time: 49.6 ms in 1376 kernels, 48.2 %" in text
+    assert "communication 14 24.3 ms 23.6 %" in text
+    assert "4 222.1 ms 77.7 % 17.3 % 4.9 % 15.2 % 1.1 ms 146.0 ms 25.5 ms" in text
+    # what a trace cannot hold is said to be missing, not shown as zero or as empty axes
+    assert "peak tensor memory not recorded in this trace" in text
+    assert "Utilisation and memory over time were not recorded in this trace" in text
+    assert "Tensor memory by category was not recorded in this trace" in text
+    assert "Memory allocated by operators was not recorded in this trace" in text
+    assert " 0 B " not in text
