@@ -265,3 +265,69 @@ def test_report_of_an_imported_gpu_trace(tmp_path):
     assert "Tensor memory by category was not recorded in this trace" in text
     assert "Memory allocated by operators was not recorded in this trace" in text
     assert " 0 B " not in text
+
+
+def hand_built() -> Trace:
+    """Two steps on a hand-drawn timeline (µs). Device: a GEMM [5, 20), an NCCL all-reduce
+    [40, 60) launched at 30 with an elementwise kernel [50, 55) under it; in step 2 a copy
+    [120, 130) and a GEMM [150, 160). Host: aten::mm [20, 25), an awaitable's wait [62, 70),
+    aten::copy_ [100, 115)."""
+
+    def x(cat, name, ts, dur, tid, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0 if tid == 7 else 1,
+                "tid": tid, "args": args}  # fmt: skip
+
+    return parse_events(
+        [
+            x("user_annotation", "ProfilerStep#1", 0, 100, 1),
+            x("user_annotation", "ProfilerStep#2", 100, 100, 1),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 1, 1, correlation=1),
+            x("kernel", "ampere_sgemm_128x64_nn", 5, 15, 7, correlation=1),
+            x("cpu_op", "aten::mm", 20, 5, 1),
+            x("cuda_runtime", "cudaLaunchKernel", 30, 1, 1, correlation=2),
+            x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 20, 7, correlation=2),
+            x("cuda_runtime", "cudaLaunchKernel", 31, 1, 1, correlation=3),
+            x("kernel", "void at::native::vectorized_elementwise_kernel<4>", 50, 5, 7, correlation=3),
+            x("user_annotation", "## KJTAllToAllSplitsAwaitable wait() ##", 62, 8, 1),
+            x("cpu_op", "aten::copy_", 100, 15, 1),
+            x("cuda_runtime", "cudaMemcpyAsync", 110, 1, 1, correlation=4),
+            x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 120, 10, 7, correlation=4),
+            x("cuda_runtime", "cudaLaunchKernel", 140, 1, 1, correlation=5),
+            x("kernel", "volta_sgemm_64x64_nt", 150, 10, 7, correlation=5),
+        ]
+    )
+
+
+def test_the_rules_on_a_hand_built_timeline():
+    t = hand_built()
+    # HTA's window: the work launched before step 2 began, [5, 60): 20 µs idle of 55
+    summary = device.device_summary(t)
+    assert summary["window_s"] == pytest.approx(55e-6)
+    assert summary["device_idle_pct"] == pytest.approx(100 * 20 / 55)
+    assert summary["device_compute_pct"] == pytest.approx(100 * 20 / 55)  # GEMM 15 + elementwise 5
+    assert summary["device_non_compute_pct"] == pytest.approx(100 * 15 / 55)  # the all-reduce alone
+    assert summary["comm_compute_overlap_pct"] == pytest.approx(25.0)  # 5 of its 20 µs
+    # idle [20, 40): the host in aten::mm for 5 µs, then nothing traced, then the all-reduce
+    # launched at 30 waits to start until 40
+    whole = device.idle_by_cause(t).iloc[0]
+    assert whole[["idle_s", "comm_wait_s", "host_bound_s", "other_s"]].tolist() == pytest.approx(
+        [20e-6, 10e-6, 5e-6, 5e-6]
+    )
+    # step 1's window runs to step 2's first work (120): idle also [60, 120), of which the
+    # wait [62, 70) is communication and aten::copy_ [100, 115) host-bound; step 2's window
+    # [120, 160) idles [130, 150), the host launching for 1 µs of it
+    steps = device.idle_by_cause(t, by_step=True).set_index("step")
+    assert steps.loc[1, ["window_s", "idle_s", "comm_wait_s", "host_bound_s", "other_s"]].tolist() == (
+        pytest.approx([115e-6, 80e-6, 18e-6, 20e-6, 42e-6])
+    )
+    assert steps.loc[2, ["window_s", "idle_s", "comm_wait_s", "host_bound_s", "other_s"]].tolist() == (
+        pytest.approx([40e-6, 20e-6, 0.0, 1e-6, 19e-6])
+    )
+    kinds = device.kernels_by_kind(t, include_last_step=True).set_index("kind")
+    assert kinds["count"].to_dict() == {
+        "communication": 1,
+        "gemm": 2,
+        "memcpy": 1,
+        "elementwise/reduction": 1,
+    }
+    assert kinds.loc["gemm", "time_s"] == pytest.approx(25e-6)
