@@ -331,3 +331,13 @@ def test_the_rules_on_a_hand_built_timeline():
         "elementwise/reduction": 1,
     }
     assert kinds.loc["gemm", "time_s"] == pytest.approx(25e-6)
+
+
+def test_report_of_an_imported_job_names_rank_0s_gpu(tmp_path):
+    paths = [DATA / "gpu_128ranks_rank0.json.gz", DATA / "gpu_128ranks_rank1.json.gz"]
+    run = import_trace(paths, tmp_path, report=True)
+    text = reader_text((run.path / "report.html").read_text("utf-8").replace("&#x27;", "'"))
+    assert "rank 0's GPU was idle 53.6 % of the time, ran compute kernels 17.7 % of it" in text
+    assert "Communication kernels ran alongside compute kernels for 11.8 % of their running time." in text
+    assert "Of the 321.4 ms rank 0's GPU was idle, 79.5 ms (24.8 %) went to waiting on communication" in text
+    assert "Communication (NCCL) took the most device time: 195.3 ms in 5 kernels, 64.6 %" in text

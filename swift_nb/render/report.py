@@ -423,7 +423,7 @@ def _share(part: float, whole: float) -> str:
     return _pct1(100.0 * part / whole) if whole > 0 else "–"
 
 
-def _device_sentences(device: dict) -> str:
+def _device_sentences(device: dict, gpu: str) -> str:
     scope = (
         "the device work launched before the last profiled step (HolisticTraceAnalysis's window: "
         "the last step's work may be cut off where the profiler stopped)"
@@ -432,7 +432,7 @@ def _device_sentences(device: dict) -> str:
     )
     text = (
         f"Over {fmt_seconds(device['window_s'])} from the first to the last kernel, copy or memset of "
-        f"{scope}, the GPU was idle {_pct1(device['device_idle_pct'])} of the time, ran compute kernels "
+        f"{scope}, {gpu} was idle {_pct1(device['device_idle_pct'])} of the time, ran compute kernels "
         f"{_pct1(device['device_compute_pct'])} of it and ran only non-compute work (communication, "
         f"memory copies and sets) {_pct1(device['device_non_compute_pct'])} of it."
     )
@@ -446,14 +446,14 @@ def _device_sentences(device: dict) -> str:
     return f"<p>{escape(text)}</p>"
 
 
-def _idle_sentences(idle_causes: pd.DataFrame) -> str:
+def _idle_sentences(idle_causes: pd.DataFrame, gpu: str) -> str:
     row = idle_causes.iloc[0]
     idle = float(row["idle_s"])
     if not idle > 0:
-        return f"<p>{escape('The GPU was never idle in this window.')}</p>"
+        return f"<p>{escape(gpu[:1].upper() + gpu[1:])} was never idle in this window.</p>"
     comm, host, other = (float(row[c]) for c in ("comm_wait_s", "host_bound_s", "other_s"))
     text = (
-        f"Of the {fmt_seconds(idle)} the GPU was idle, {fmt_seconds(comm)} ({_share(comm, idle)}) went to "
+        f"Of the {fmt_seconds(idle)} {gpu} was idle, {fmt_seconds(comm)} ({_share(comm, idle)}) went to "
         "waiting on communication (a collective issued and not yet running, or the host inside a "
         f"collective or a wait), {fmt_seconds(host)} ({_share(host, idle)}) were host-bound launch gaps "
         "(the host busy in operators, CUDA calls or data loading), and "
@@ -510,18 +510,21 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[str | FigurePart]:
 
 
 def _gpu_section(
+    run: Run,
     device: dict | None,
     device_steps: pd.DataFrame | None,
     kernel_kinds: pd.DataFrame | None,
     idle_causes: pd.DataFrame | None,
 ) -> Section | None:
-    """The GPU's time (``analysis.device``): HTA's shares, idle time by cause, time by kind
-    of kernel, per step; None for a trace without device work (a CPU run)."""
+    """The GPU's time (``analysis.device``; a job's from rank 0's trace): HTA's shares, idle
+    time by cause, time by kind of kernel, per step; None for a trace without device work
+    (a CPU run)."""
     if not device or _is_missing(device.get("device_idle_pct")):
         return None
-    section = Section("GPU", [_device_sentences(device)])
+    gpu = "rank 0's GPU" if len(run.ranks) > 1 else "the GPU"
+    section = Section("GPU", [_device_sentences(device, gpu)])
     if _has_rows(idle_causes):
-        section.parts.append(_idle_sentences(idle_causes))
+        section.parts.append(_idle_sentences(idle_causes, gpu))
     if _has_rows(kernel_kinds):
         section.parts += _kinds_part(kernel_kinds)
     if _has_rows(device_steps):
@@ -652,7 +655,7 @@ def report_sections(
         _per_rank_section(run, per_rank, collectives),
         _timeline_section(run),
         _breakdown_section(breakdown, why),
-        _gpu_section(device, device_steps, kernel_kinds, idle_causes),
+        _gpu_section(run, device, device_steps, kernel_kinds, idle_causes),
         _memory_section(footprint, timeline, why, run),
         _operators_section(
             "Top operators by self time",
