@@ -19,7 +19,6 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
@@ -27,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, parse_events, save_tables
+from swift_nb.analysis.trace import GZIP_MAGIC, Trace, parse_document, read_trace_document, save_tables
 from swift_nb.capture.job import RANK_COLUMNS, collective_summary
 from swift_nb.errors import ConfigError, RecordError
 from swift_nb.record import (
@@ -49,6 +47,7 @@ from swift_nb.record import (
     tables_path,
     utc_now_iso,
 )
+from swift_nb.units import fmt_span
 
 #: the file names torch.profiler gives traces (``*.pt.trace.json`` too)
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -56,7 +55,6 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 TRIGGER = "trace"
 #: the ``[memory]`` events' device type code of CUDA (0 is the CPU)
 _CUDA = 1
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass
@@ -103,28 +101,9 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
 
 def read_trace_file(path: Path) -> RankTrace:
     """One trace file (gzipped or not) read and parsed; ``RecordError`` saying what is
-    wrong with a file that is not a torch.profiler trace."""
-    try:
-        data = Path(path).read_bytes()
-        if data[:2] == _GZIP_MAGIC:
-            data = gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as e:
-        raise RecordError(path, str(e) or type(e).__name__) from None
-    if not data.strip():
-        raise RecordError(path, "the file is empty")
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise RecordError(path, f"not JSON: {e}") from None
-    if isinstance(doc, list):  # the bare array form of the Chrome trace format
-        doc = {"traceEvents": doc}
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
-        raise RecordError(path, "not a Chrome trace: no list of traceEvents")
-    try:
-        trace = parse_events(events)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+    wrong with a file that is not a torch.profiler trace of profiler steps."""
+    doc = read_trace_document(path)
+    trace = parse_document(path, doc)
     if trace.empty:
         raise RecordError(
             path,
@@ -132,7 +111,7 @@ def read_trace_file(path: Path) -> RankTrace:
             "call prof.step() once per training step",
         )
     meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return RankTrace(Path(path), meta, events, trace)
+    return RankTrace(Path(path), meta, doc["traceEvents"], trace)
 
 
 def import_trace(
@@ -202,7 +181,7 @@ def _add_trace(run: Run, folder: Path, rt: RankTrace, name: str, key: str) -> No
 
 def _copy_gzipped(src: Path, dest: Path) -> None:
     with open(src, "rb") as f:
-        gzipped = f.read(2) == _GZIP_MAGIC
+        gzipped = f.read(2) == GZIP_MAGIC
     if gzipped:
         shutil.copyfile(src, dest)
         return
@@ -335,18 +314,6 @@ def _rank_record(rt: RankTrace) -> Run:
 # -- several ranks ----------------------------------------------------------------------
 
 
-def _span_text(ranks: list[int]) -> str:
-    """``2–127`` style text of a sorted list of ranks."""
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}–{r}")
-            start = None
-    return ", ".join(parts)
-
-
 def _job_record(by_rank: dict[int, RankTrace], folder: Path) -> Run:
     """One job record from several ranks' traces, laid out as a captured job's
     (``swift_nb.capture.job``): every rank's trace beside the record, each rank's own
@@ -399,8 +366,8 @@ def _job_record(by_rank: dict[int, RankTrace], folder: Path) -> Run:
     missing = [r for r in range(world) if r not in records]
     if missing:
         job.notes.append(
-            f"the job had {world} ranks; only the traces of ranks {_span_text(sorted(records))} were "
-            f"imported, so comparisons across ranks leave out ranks {_span_text(missing)}"
+            f"the job had {world} ranks; only the traces of ranks {fmt_span(sorted(records))} were "
+            f"imported, so comparisons across ranks leave out ranks {fmt_span(missing)}"
         )
     job.context.update(world_size=world, ranks_reported=sorted(records), missing_ranks=missing)
     job.summary["world_size"] = world

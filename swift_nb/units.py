@@ -39,3 +39,24 @@ def fmt_pct(p) -> str:
 
 def fmt_rate(r, unit: str) -> str:
     return "–" if _missing(r) else f"{float(r):.2f} {unit}"
+
+
+def fmt_span(numbers) -> str:
+    """Sorted whole numbers as runs: ``[0, 1, 2, 3, 7]`` → ``0–3, 7``."""
+    parts: list[str] = []
+    values = sorted(int(n) for n in numbers)
+    start = None
+    for i, n in enumerate(values):
+        start = n if start is None else start
+        if i + 1 == len(values) or values[i + 1] != n + 1:
+            parts.append(str(start) if start == n else f"{start}, {n}" if n == start + 1 else f"{start}–{n}")
+            start = None
+    return ", ".join(parts)
+
+
+def fmt_ranks(ranks, world: int | None = None) -> str:
+    """``rank 1``, ``ranks 0–3, 7``; ``every rank`` when ``ranks`` are all ``world`` (> 1) of them."""
+    ranks = list(ranks)
+    if world is not None and world > 1 and len(set(ranks)) == world:
+        return "every rank"
+    return ("rank " if len(ranks) == 1 else "ranks ") + fmt_span(ranks)

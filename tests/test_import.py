@@ -85,7 +85,7 @@ def test_ranks_of_one_job_make_a_job_record(tmp_path):
     assert sorted(run.rank_steps["rank"].unique()) == [0, 1]
     note = next(n for n in run.notes if "128 ranks" in n)
     assert note == (
-        "the job had 128 ranks; only the traces of ranks 0–1 were imported, so comparisons "
+        "the job had 128 ranks; only the traces of ranks 0, 1 were imported, so comparisons "
         "across ranks leave out ranks 2–127"
     )
     # collectives measured on each rank's own trace

@@ -17,6 +17,7 @@ import pandas as pd
 from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
 from swift_nb.analysis.findings import Finding
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder
+from swift_nb.units import fmt_ranks
 
 STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
 STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step
@@ -85,12 +86,6 @@ def rank_records(run: Run) -> dict[int, Run]:
     return out
 
 
-def ranks_text(ranks: list[int], world: int) -> str:
-    if len(ranks) == world and world > 1:
-        return "every rank"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 # rule id → the part of the step its threshold applies to
 SHARE_OF_STEP = {
     "data_loading": lambda ev: ev.shares["data"],
@@ -129,7 +124,7 @@ def findings_across_ranks(
     for f, holds in merged.values():
         extra = {"ranks": holds}
         others = [r for r in sorted(by_rank) if r not in holds]
-        where = ranks_text(holds, world)
+        where = fmt_ranks(holds, world)
         share = SHARE_OF_STEP.get(f.id)
         if share is not None and evidence:
             pct = {r: round(100.0 * share(ev), 1) for r, ev in sorted(evidence.items())}
@@ -138,9 +133,9 @@ def findings_across_ranks(
             if rest:
                 where += f"; others ≤ {max(rest):g} %"
         elif others:
-            where += f"; not on {ranks_text(others, world)}"
+            where += f"; not on {fmt_ranks(others, world)}"
         if unread:
-            where += f"; {ranks_text(unread, world)} not analysed (no record in this folder)"
+            where += f"; {fmt_ranks(unread, world)} not analysed (no record in this folder)"
         out.append(replace(f, title=f"{f.title} ({where})", evidence={**f.evidence, **extra}))
     return out
 
@@ -160,7 +155,7 @@ def straggler_finding(per_rank: pd.DataFrame, collectives: pd.DataFrame | None =
     return Finding(
         id="straggler",
         title=(
-            f"{ranks_text(slow, world).capitalize()} {'is' if len(slow) == 1 else 'are'} slower than the others: "
+            f"{fmt_ranks(slow, world).capitalize()} {'is' if len(slow) == 1 else 'are'} slower than the others: "
             f"{float(worst['busy_s']):.4f} s of work per step against a median of {median_busy:.4f} s"
         ),
         evidence={

@@ -194,26 +194,44 @@ def load_trace_file(path: Path | None) -> Trace:
     return trace
 
 
-def _parse_file(path: Path) -> Trace:
-    """The trace file's tables; ``RecordError`` saying what is wrong with a damaged one."""
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_trace_document(path: Path) -> dict:
+    """A Chrome trace file (gzipped or not; the object or the bare array form) decoded:
+    a dict whose ``traceEvents`` is the list of events, with the trace's other top-level
+    keys (``distributedInfo``, ``deviceProperties``, …). ``RecordError`` says what is
+    wrong with a file that is not one."""
     try:
-        with gzip.open(path, "rb") as f:
-            data = f.read()
+        data = Path(path).read_bytes()
+        if data[:2] == GZIP_MAGIC:
+            data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
         raise RecordError(path, str(e) or type(e).__name__) from None
-    if not data:
+    if not data.strip():
         raise RecordError(path, "the file is empty")
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise RecordError(path, f"not JSON: {e}") from None
-    raw = doc.get("traceEvents") if isinstance(doc, dict) else doc  # the object or the array form
-    if not isinstance(raw, list):
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise RecordError(path, "not a Chrome trace: no list of traceEvents")
+    return doc
+
+
+def parse_document(path: Path, doc: dict) -> Trace:
+    """``parse_events`` of a decoded trace file; ``RecordError`` for malformed events."""
     try:
-        return parse_events(raw)
+        return parse_events(doc["traceEvents"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+
+
+def _parse_file(path: Path) -> Trace:
+    """The trace file's tables; ``RecordError`` saying what is wrong with a damaged one."""
+    return parse_document(path, read_trace_document(path))
 
 
 #: the trace's size in bytes when its tables were cached: a cache of another trace is not used

@@ -27,6 +27,7 @@ import pandas as pd
 from swift_nb import trace_names as tn
 from swift_nb.capture.dist import RankInfo
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder, rank_trace_file
+from swift_nb.units import fmt_ranks
 
 MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 
@@ -209,11 +210,7 @@ def _group_notes(parts: dict[int, dict[str, Any]], known: list[str]) -> list[str
             if n in known:
                 continue
             by_note.setdefault(n, []).append(r)
-    return [f"{ranks_text(rs)}: {n}" for n, rs in by_note.items()]
-
-
-def ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    return [f"{fmt_ranks(rs)}: {n}" for n, rs in by_note.items()]
 
 
 def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int, notes: list[str]) -> Run:
@@ -263,13 +260,13 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
     never_done = [r for r, p in parts.items() if p["row"]["status"] == "running"]
     if missing:
         job_run.notes.append(
-            f"{ranks_text(missing)} never arrived: no data from "
+            f"{fmt_ranks(missing)} never arrived: no data from "
             f"{'it' if len(missing) == 1 else 'them'} reached rank 0 or the job folder "
             "(the process never entered profile(), died, or its folder is on another machine)"
         )
     if never_done:
         job_run.notes.append(
-            f"{ranks_text(never_done)} did not finish profiling (killed or hung); only what "
+            f"{fmt_ranks(never_done)} did not finish profiling (killed or hung); only what "
             f"{'its partial record' if len(never_done) == 1 else 'their partial records'} held at the start "
             f"is included here ({', '.join(f'rank{r}/' for r in never_done)} in this folder keeps whatever "
             "they saved later)"
@@ -278,7 +275,7 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
     if oom_ranks:  # the job's post-mortem is the first rank's that ran out of memory
         job_run.oom = parts[oom_ranks[0]]["oom"]
         job_run.notes.append(
-            f"{ranks_text(oom_ranks)} ran out of memory; the post-mortem shown is rank {oom_ranks[0]}'s"
+            f"{fmt_ranks(oom_ranks)} ran out of memory; the post-mortem shown is rank {oom_ranks[0]}'s"
         )
     statuses = [p["row"]["status"] for p in parts.values()]
     job_run.status = _worst(statuses + (["failed"] if never_done else []))

@@ -50,6 +50,7 @@ from swift_nb.record import (
     summarize,
     utc_now_iso,
 )
+from swift_nb.units import fmt_ranks
 
 
 def rank_info() -> tuple[int, int]:
@@ -385,7 +386,7 @@ class Session:
             parts.update(found)
             if found:
                 notes.append(
-                    f"merged the partial records of {job.ranks_text(sorted(found))} from the job folder"
+                    f"merged the partial records of {fmt_ranks(sorted(found))} from the job folder"
                 )
         merged = job.build_job(run, self._job_path, parts, info.world_size, notes)
         merged.summary["gather_s"] = time.monotonic() - t0  # rank 0's wait and merge, before saving

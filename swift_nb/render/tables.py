@@ -8,7 +8,7 @@ from html import escape
 import pandas as pd
 
 from swift_nb.record import Run
-from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
+from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
 
 
 def is_imported(run: Run) -> bool:
@@ -82,7 +82,7 @@ def _ranks_text(run: Run) -> str:
     if layout.get("parallel"):
         text += f" ({', '.join(layout['parallel'])})"
     if run.context.get("missing_ranks"):
-        text += "; missing: " + ", ".join(map(str, run.context["missing_ranks"]))
+        text += "; missing: " + fmt_span(run.context["missing_ranks"])
     return text
 
 
