@@ -19,6 +19,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from swift_nb.record import Run
+from swift_nb.render.oom import TITLE as OOM_TITLE
 from swift_nb.render.report import FigurePart, Section
 from swift_nb.render.tables import summary_html, summary_text
 from swift_nb.units import fmt_bytes
@@ -33,8 +34,10 @@ SECTION_TAB = {
     "Ranks": "Summary",
     "Verdict": "Advice",
     "Findings": "Advice",
+    OOM_TITLE: "Summary",
     "Timeline": "Timeline",
     "Step time breakdown": "Timeline",
+    "GPU": "Timeline",
     "Memory by category": "Memory",
     "Top operators by self time": "Operators",
     "Top operators by memory allocated": "Operators",
