@@ -119,6 +119,14 @@ class SwiftMagics(Magics):
         help="split the sequence over sp_size ranks (only inside a multi-process rerun: use it in --compare)",
     )
     @argument(
+        "--bf16",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="",
+        help="autocast the cell to bfloat16 (CPU and CUDA) for this run",
+    )
+    @argument(
         "--open",
         type=str,
         default=None,

@@ -14,13 +14,14 @@ from typing import Any
 
 from swift_nb.errors import ConfigError
 from swift_nb.toggles.base import Param, Toggle, ToggleReport, find_models, find_optimizers
+from swift_nb.toggles.bf16_autocast import BF16Autocast
 from swift_nb.toggles.flash_attention import FlashAttention
 from swift_nb.toggles.galore import GaLore
 from swift_nb.toggles.grad_checkpointing import GradCheckpointing
 from swift_nb.toggles.sequence_parallel import SequenceParallel
 
 TOGGLES: dict[str, type[Toggle]] = {
-    t.id: t for t in (FlashAttention, GradCheckpointing, GaLore, SequenceParallel)
+    t.id: t for t in (FlashAttention, GradCheckpointing, GaLore, SequenceParallel, BF16Autocast)
 }
 #: ``%%swift_profile`` option (argparse dest) → toggle id; each flag takes an optional
 #: ``key=value,...`` spec. Shared by the magic and by reruns, which write these flags.
@@ -29,6 +30,7 @@ MAGIC_FLAGS = {
     "grad_ckpt": "grad_checkpointing",
     "galore": "galore",
     "sequence_parallel": "sequence_parallel",
+    "bf16": "bf16_autocast",
 }
 
 __all__ = [
