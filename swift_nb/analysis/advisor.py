@@ -3,7 +3,10 @@
 Each rule reads numbers the other analyses computed (breakdown shares, memory by
 category, attention shapes in the trace, memory growth) and, when its threshold is
 crossed, returns a Finding with those numbers, the change to make, the swift_nb toggle
-that applies it, and the predicted effect with the formula behind it.
+that applies it, and the predicted effect with the formula behind it. When the run's
+context recorded a Hugging Face Trainer or an accelerate Accelerator driving the loop,
+the change is phrased as the setting to edit (``TrainingArguments(dataloader_num_workers=4)``,
+see ``swift_nb.integrations``); otherwise as plain PyTorch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from swift_nb import integrations
 from swift_nb import trace_names as tn
 from swift_nb.analysis.breakdown import step_breakdown
 from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
@@ -53,6 +57,9 @@ class Thresholds:
     # launch and dispatch overhead, not math, sets the step time
     attention_seq: int = 1024
     activation_share: float = 0.50
+    # fp32 activations of a Trainer or Accelerator run without mixed precision: this share
+    # of the peak, halved by bf16 autocast, is worth a setting
+    fp32_activation_share: float = 0.25
     optimizer_share: float = 0.40
     near_limit: float = 0.80
     long_seq: int = 4096
@@ -313,11 +320,16 @@ def _square_sizes(shapes: set[tuple[int, ...]]) -> set[int]:
     return sizes
 
 
+def _ints(values: list) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
 def _makes_scores(input_dims: np.ndarray, seqs: set[int]) -> bool:
     """Whether any of these ops (those enclosing an allocation) works on a [.., T, T]
     tensor: takes one, or multiplies [.., T, k] by [.., k, T]."""
     for text in input_dims:
-        shapes = [d for d in _dims(text) if isinstance(d, list) and len(d) >= 2]
+        # a tensor's shape: a list of ints (a TensorList input, as in cat, is a list of them)
+        shapes = [d for d in _dims(text) if isinstance(d, list) and len(d) >= 2 and _ints(d)]
         if any(d[-1] == d[-2] and d[-1] in seqs for d in shapes):
             return True
         if len(shapes) >= 2 and shapes[0][-2] in seqs and shapes[1][-1] == shapes[0][-2]:
@@ -509,24 +521,31 @@ def rule_data_loading(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
         return None
     share, ld = ev.shares["data"], ev.loader
     if ld.in_workers:
-        suggestion = (
+        diagnosis = (
             f"The batches already come from {ld.where()} and the step still waits {_ms(ld.data_s)} per step"
             f"{_per_sample(ld)} for the next one ({_ms(ld.ops_s)} of it in torch ops in the training process, "
-            "the rest waiting on the workers' queue): the workers do not keep up. Raise num_workers (up to the "
-            "free cores) and prefetch_factor, keep them alive with persistent_workers=True (starting them counts "
-            "in the first steps otherwise), and make the per-sample work cheaper (decode or tokenise once and "
-            "cache the result, move tensor transforms to the device). If the samples are tensors already in "
-            "memory, num_workers=0 can be faster: every batch crosses a process boundary."
+            "the rest waiting on the workers' queue): the workers do not keep up."
+        )
+        change = (
+            "Raise num_workers (up to the free cores) and prefetch_factor, keep them alive with "
+            "persistent_workers=True (starting them counts in the first steps otherwise), and make the "
+            "per-sample work cheaper (decode or tokenise once and cache the result, move tensor transforms to "
+            "the device). If the samples are tensors already in memory, num_workers=0 can be faster: every "
+            "batch crosses a process boundary."
         )
     else:
-        suggestion = (
+        diagnosis = (
             f"Loading is real work here, more than the DataLoader's own per-batch cost (under "
             f"{_ms(th.data_min_s)}): {_ms(ld.data_s)} per step{_per_sample(ld)} in the training process, "
             f"{_ms(ld.ops_s)} in torch ops (indexing, collate, tensor transforms) and {_ms(ld.python_s)} in "
-            "Python (__getitem__, decoding, transforms, I/O). Load batches in worker processes and keep them "
-            "alive: DataLoader(num_workers=4, persistent_workers=True, prefetch_factor=4, pin_memory=True on "
-            "CUDA); move per-sample work out of collate_fn."
+            "Python (__getitem__, decoding, transforms, I/O)."
         )
+        change = (
+            "Load batches in worker processes and keep them alive: DataLoader(num_workers=4, "
+            "persistent_workers=True, prefetch_factor=4, pin_memory=True on CUDA); move per-sample work out of "
+            "collate_fn."
+        )
+    suggestion = f"{diagnosis} {integrations.fix(run.context, 'data_loading') or change}"
     return Finding(
         id="data_loading",
         title=f"Data loading takes {_pct(share)} % of each step: {_ms(ld.data_s)} per step",
@@ -562,7 +581,8 @@ def rule_overhead(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
             id="overhead",
             title=f"Many tiny operators: {round(ev.ops_per_step)} per step, median {ev.median_op_us:.1f} µs",
             evidence=evidence,
-            suggestion=f"The step is dominated by launch and Python overhead, not math: raise the batch size, {FUSE}.",
+            suggestion="The step is dominated by launch and Python overhead, not math: "
+            + (integrations.fix(run.context, "overhead") or f"raise the batch size, {FUSE}."),
             predicted_effect=f"up to −{_pct(light)} % step time (the part not spent in substantial operators)",
             formula="t_step' ≈ t_step × heavy_op_share once fused; a k× larger batch costs ≈ the same overhead per step",
         )
@@ -585,9 +605,15 @@ def rule_overhead(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
             f"The data-loading share ({_pct(ev.shares['data'])} %) is high only because the step is tiny: "
             f"loading takes {_ms(ld.data_s)} per step{_per_sample(ld)} — the time of a few Python calls (the "
             "DataLoader's own per-batch work: sampler, indexing, collate), not slow collate, transforms or I/O. "
-            "More workers would add IPC cost, not save time." + workers + " Make the step larger instead: "
-            f"raise the batch size so each step's fixed costs are shared by more samples, {FUSE}; for tensors "
-            "already in memory, index a whole batch at once (x[idx]) instead of one __getitem__ per sample."
+            "More workers would add IPC cost, not save time."
+            + workers
+            + " Make the step larger instead: "
+            + (
+                integrations.fix(run.context, "tiny_step")
+                or f"raise the batch size so each step's fixed costs are shared by more samples, {FUSE}; for "
+                "tensors already in memory, index a whole batch at once (x[idx]) instead of one __getitem__ "
+                "per sample."
+            )
         ),
         predicted_effect=(
             f"up to −{_pct(fixed)} % time per sample: the part of the step that is loading and Python between "
@@ -653,10 +679,11 @@ def rule_attention(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
         id="eager_attention",
         title=f"Explicit attention at sequence length {t}: score matrices grow as T²",
         evidence=evidence,
-        suggestion=(
-            "Use fused attention: F.scaled_dot_product_attention (flash backend) instead of "
-            "softmax(q @ k.T) @ v; for Hugging Face models attn_implementation='sdpa' or "
-            "'flash_attention_2'."
+        suggestion="Use fused attention: "
+        + (
+            integrations.fix(run.context, "eager_attention")
+            or "F.scaled_dot_product_attention (flash backend) instead of softmax(q @ k.T) @ v; for Hugging "
+            "Face models attn_implementation='sdpa' or 'flash_attention_2'."
         ),
         toggle="flash_attention",
         predicted_effect=effect,
@@ -723,7 +750,8 @@ def rule_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
         id="activations",
         title=f"Activations are {_pct(act / ev.peak_bytes)} % of peak tensor memory",
         evidence=evidence,
-        suggestion=(
+        suggestion=integrations.fix(run.context, "activations")
+        or (
             "Recompute activations in backward instead of keeping them: activation checkpointing on "
             "the repeated blocks (model.gradient_checkpointing_enable() for Hugging Face); free "
             "tensors you keep across steps (e.g. vision features)."
@@ -731,6 +759,44 @@ def rule_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
         toggle="grad_checkpointing",
         predicted_effect=effect,
         formula=formula,
+    )
+
+
+def rule_fp32_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
+    """A Trainer or Accelerator that trains in fp32 (its mixed-precision setting off, fp32
+    weights) keeping a large share of the peak in activations. Only there: in a loop of
+    its own the run does not say whether the forward runs under autocast."""
+    rec = integrations.recorded(run.context)
+    if rec is None or rec.mixed_precision() is not False or run.context.get("dtype", "float32") != "float32":
+        return None
+    act = _category(ev, "activations")
+    if not ev.peak_bytes or act / ev.peak_bytes < th.fp32_activation_share:
+        return None
+    predicted = ev.peak_bytes - act / 2
+    setting = (
+        "bf16=False, fp16=False" if rec.is_trainer else f"mixed_precision={rec.get('mixed_precision')!r}"
+    )
+    return Finding(
+        id="fp32_activations",
+        title=f"Activations are kept in fp32: {_pct(act / ev.peak_bytes)} % of peak tensor memory",
+        evidence={
+            "activations_bytes": act,
+            "peak_bytes": ev.peak_bytes,
+            "activations_pct": _pct(act / ev.peak_bytes),
+            "weights_dtype": "float32",
+            "mixed_precision": f"off ({rec.cls}: {setting})",
+            "predicted_peak_bytes": predicted,
+        },
+        suggestion=integrations.fix(run.context, "fp32_activations") or "",
+        predicted_effect=(
+            f"peak tensor memory ≈ {fmt_bytes(predicted)} instead of {fmt_bytes(ev.peak_bytes)}: activations "
+            f"≈ {fmt_bytes(act / 2)} in bfloat16"
+        ),
+        formula=(
+            "peak' ≈ peak − A/2: autocast keeps the activations saved for backward in 16 bits; weights, "
+            "gradients and optimizer state stay fp32"
+        ),
+        severity="info",
     )
 
 
@@ -759,7 +825,8 @@ def rule_optimizer_state(ev: Evidence, th: Thresholds, run: Run) -> Finding | No
             "peak_bytes": ev.peak_bytes,
             "optimizer_pct": _pct(opt / ev.peak_bytes),
         },
-        suggestion=(
+        suggestion=integrations.fix(run.context, "optimizer_state")
+        or (
             "Keep Adam's moments in a low-rank space: GaLore on the 2-D weight matrices "
             f"(rank {GALORE_RANK}, update_proj_gap=200), or an 8-bit optimizer."
         ),
@@ -860,6 +927,8 @@ def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None
         "gradient_bytes_from": grad_source,
         "allreduce_wire_bytes_per_step": now,
     }
+    framework = integrations.fix(run.context, "communication")
+    lead = f". {framework} In a loop of your own: " if framework else ": "
     if ev.comm is not None and len(ev.comm):
         evidence["measured_wire_bytes_per_step"] = float(ev.comm["wire_bytes_per_step"].sum())
     fixes = [
@@ -881,7 +950,7 @@ def rule_communication(ev: Evidence, th: Thresholds, run: Run) -> Finding | None
         id="communication",
         title=f"Exposed communication takes {_pct(share)} % of each step",
         evidence=evidence,
-        suggestion="Reduce and overlap gradient synchronisation: " + "; ".join(fixes) + ".",
+        suggestion=f"Reduce and overlap gradient synchronisation{lead}" + "; ".join(fixes) + ".",
         predicted_effect=(
             f"communicated bytes per step {fmt_bytes(now)} → {fmt_bytes(fsdp_bf16)} (FSDP + bf16) or "
             f"{fmt_bytes(bf16)} (bf16 hook); step time ≈ {ev.step_s * (1 - share / 2):.4f} s with half the bytes"
@@ -899,6 +968,7 @@ RULES = [
     rule_overhead,
     rule_attention,
     rule_activations,
+    rule_fp32_activations,
     rule_optimizer_state,
     rule_sequence_parallel,
     rule_leak,

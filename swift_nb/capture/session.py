@@ -488,6 +488,10 @@ class Session:
         ctx = self.run.context
         ctx.setdefault("toggles", [])
         ctx.setdefault("world_size", self.run.environment.get("world_size", 1))
+        for key, value in self._watcher.context.items():  # the Trainer or Accelerator driving the loop
+            ctx.setdefault(key, value)
+        if self._watcher.skipped_updates:
+            ctx["skipped_updates"] = self._watcher.skipped_updates
         for opt in self._watcher.optimizers.values():
             ctx.setdefault("optimizer", type(opt).__name__)
             params = [p for g in opt.param_groups for p in g["params"]]

@@ -10,6 +10,7 @@ usually builds its model and optimizer itself). ``undo()`` puts every changed ob
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from swift_nb import integrations
 from swift_nb.errors import ConfigError
 
 _KIND = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -131,6 +133,7 @@ class Toggle:
         self.report: ToggleReport | None = None
         self._undo: list[Callable[[], None]] = []
         self._seen_modules: set[int] = set()
+        self._roots: set[int] = set()  # the models changed, by id
         self._seen_optimizers: set[int] = set()
         self._hooks: list[Any] = []
         self._namespace: Mapping[str, Any] = {}
@@ -194,6 +197,7 @@ class Toggle:
         while self._undo:
             self._undo.pop()()
         self._seen_modules.clear()
+        self._roots.clear()
         self._seen_optimizers.clear()
         self._namespace = {}
         self.report = None
@@ -210,9 +214,13 @@ class Toggle:
     def _model(self, model: nn.Module, name: str) -> None:
         if id(model) in self._seen_modules:
             return
+        # A wrapper around a model changed already (torch.compile's OptimizedModule, DDP, as
+        # the Trainer and accelerate.prepare add them) runs that model: nothing to change twice.
+        wrapper = any(id(m) in self._roots for m in model.modules())
         self._seen_modules |= {id(m) for m in model.modules()}
-        if next(model.parameters(), None) is None:  # a loss function or activation, not a model
+        if wrapper or next(model.parameters(), None) is None:  # or a loss function, not a model
             return
+        self._roots.add(id(model))
         self._apply_model(model, name)
         self._seen_modules |= {id(m) for m in model.modules()}  # wrappers it added
 
@@ -240,10 +248,16 @@ class Toggle:
     def _name_of(self, obj: Any) -> str:
         """The variable holding ``obj`` in the namespace (a model built by a cell's
         top-level code is assigned by its first forward; an optimizer is caught in its
-        constructor, before the assignment), else ``new <class>``."""
+        constructor, before the assignment); an optimizer a Trainer is creating is its
+        ``.optimizer``; else ``new <class>``."""
         for name, value in _candidates(self._namespace):
             if value is obj:
                 return name
+        if isinstance(obj, torch.optim.Optimizer):
+            running = integrations.running_trainer(sys._getframe(1))
+            if running is not None:
+                variable, trainer = running
+                return f"{variable or type(trainer).__name__}.optimizer"
         return f"new {type(obj).__name__}"
 
 
@@ -306,10 +320,14 @@ def find_models(namespace: Mapping[str, Any]) -> list[tuple[str, nn.Module]]:
 
 
 def find_optimizers(namespace: Mapping[str, Any]) -> list[tuple[str, torch.optim.Optimizer]]:
+    """The optimizers in ``namespace``, with the name they were found under. A wrapper
+    (accelerate's ``AcceleratedOptimizer``, which ``accelerator.prepare`` returns and a
+    Trainer holds) is listed as the optimizer it steps, under the wrapper's name."""
     found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
     for name, value in _candidates(namespace):
-        if isinstance(value, torch.optim.Optimizer) and id(value) not in found:
-            found[id(value)] = (name, value)
+        if isinstance(value, torch.optim.Optimizer):
+            value = integrations.unwrap_optimizer(value)
+            found.setdefault(id(value), (name, value))
     return list(found.values())
 
 

@@ -6,11 +6,14 @@ Uses ``galore-torch``, the reference implementation (Hugging Face's Trainer uses
 ``pip install 'swift_nb[galore]'``.
 
 The optimizer object is converted in place rather than replaced, so everything that holds
-it (a learning-rate scheduler, a training function) steps the GaLore version: its class
-becomes GaLore's AdamW and its parameter groups become a GaLore group (weights of
-``nn.Linear`` layers, optionally only those whose module path matches ``target``, and
-only matrices whose smaller side exceeds the rank — smaller ones would not shrink) plus
-the remaining parameters with the same hyperparameters. Its state starts empty; ``undo``
+it (a learning-rate scheduler, a training function, accelerate's ``AcceleratedOptimizer``
+and so a Hugging Face Trainer) steps the GaLore version: its class becomes GaLore's AdamW
+and its parameter groups become a GaLore group (weights of ``nn.Linear`` layers and of
+transformers' ``Conv1D`` (GPT-2's linear layers), optionally only those whose module path
+matches ``target``, and only matrices whose smaller side exceeds the rank — smaller ones
+would not shrink) plus the remaining parameters with the same hyperparameters. A Trainer
+creates its optimizer inside ``train()``: the one it creates while the toggle is applied
+is converted as it is constructed, before the Trainer wraps it. Its state starts empty; ``undo``
 restores the class, groups, defaults and state objects (keeping the last learning rate).
 A learning-rate scheduler created before the toggle schedules only as many groups as the
 optimizer had then.
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
 
+from swift_nb import integrations
 from swift_nb.errors import MissingDependencyError
 from swift_nb.toggles.base import Param, Toggle, at_least, find_models, one_of, valid_regex
 
@@ -80,7 +85,7 @@ class GaLore(Toggle):
         return report
 
     def _registered(self, module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and name == "weight" and isinstance(module, nn.Linear):
+        if param is not None and name == "weight" and _linear(module):
             self._linear_weights.setdefault(id(param), type(module).__name__)
 
     def _targets(self) -> dict[int, str]:
@@ -90,7 +95,7 @@ class GaLore(Toggle):
         for name, model in find_models(self._namespace):
             for path, mod in model.named_modules():
                 full = f"{name}.{path}" if path else name
-                if isinstance(mod, nn.Linear) and (pattern is None or re.search(pattern, full)):
+                if _linear(mod) and (pattern is None or re.search(pattern, full)):
                     out.setdefault(id(mod.weight), full)
         if pattern is None:
             for k, v in self._linear_weights.items():
@@ -164,10 +169,25 @@ class GaLore(Toggle):
         )
         if small:
             self.report.note(f"{small} weight matrices with a side ≤ rank {rank} keep full Adam state")
+        self._note_trainer(name)
         self.report.details.setdefault("optimizer_state_bytes_before", 0)
         self.report.details.setdefault("optimizer_state_bytes_after", 0)
         self.report.details["optimizer_state_bytes_before"] += before
         self.report.details["optimizer_state_bytes_after"] += after
+
+    def _note_trainer(self, name: str) -> None:
+        """Say so when the optimizer is the one a Trainer's ``train()`` is creating."""
+        assert self.report is not None
+        running = integrations.running_trainer(sys._getframe(1))
+        if running is None or getattr(running[1], "optimizer", None) is not None:
+            return
+        variable, trainer = running
+        who = variable or type(trainer).__name__
+        optim = integrations.plain(getattr(getattr(trainer, "args", None), "optim", None))
+        self.report.note(
+            f"`{name}` is the optimizer {who}.train() created (optim={optim!r}): converted as it was "
+            f"constructed, before the Trainer wrapped it; {who}.args.optim still reads {optim!r}"
+        )
 
     def _convert(self, opt: torch.optim.Optimizer, new_groups: list[dict[str, Any]]) -> None:
         cls = type(opt)
@@ -197,6 +217,15 @@ class GaLore(Toggle):
 
     def _nothing_found(self) -> str:
         return "no Adam or AdamW optimizer was found or constructed"
+
+
+def _linear(module: nn.Module) -> bool:
+    """A linear layer: ``nn.Linear``, or transformers' ``Conv1D`` (the same map with its
+    weight stored transposed, in GPT-2 and its relatives)."""
+    cls = type(module)
+    return isinstance(module, nn.Linear) or (
+        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+    )
 
 
 def _tensors(value: Any):
