@@ -1,0 +1,167 @@
+"""The "Will it fit" part of a report and a notebook: for each forecast configuration, its
+sentences, a table (bytes by category, total, the device's capacity, its CUDA context, the
+room for tensors, fit or not with the headroom, the largest batch and sequence that fit)
+and one stacked bar per configuration against the device's room.
+
+``forecast_section(forecasts)`` is the section's HTML body (the caller adds the ``TITLE``
+heading, as for every section); ``forecast_text(forecasts)`` the same for a terminal;
+``forecast_figure(forecasts)`` the bars alone. ``parse_forecast_spec`` reads the magic's
+``--forecast "H100-80GB batch=32 seq=4096 dtype=bf16"`` into ``forecast()``'s keywords.
+Every string that comes from the user or the record is escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from html import escape
+from typing import TYPE_CHECKING
+
+from swift_nb.analysis.forecast import Forecast, parse_forecast_spec
+from swift_nb.record import MEMORY_CATEGORIES
+from swift_nb.render.figures import GIB, MEMORY_COLORS, figure_png, new_figure
+from swift_nb.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["TITLE", "forecast_figure", "forecast_section", "forecast_text", "parse_forecast_spec"]
+
+TITLE = "Will it fit"
+BAR_HEIGHT_IN = 0.55  # per configuration
+FIGURE_WIDTH_IN = 8.0
+
+
+def label(f: Forecast) -> str:
+    """A configuration in a few words: ``H100-80GB · batch 32 × 4,096 · bfloat16 · flash_attention``."""
+    shape = f"batch {f.batch_size}" + (f" × {f.seq_len:,}" if f.seq_len else "")
+    parts = [f.device, shape, f.dtype, *f.toggles]
+    if f.world_size > 1:
+        parts.append(f"{f.world_size} ranks")
+    return " · ".join(parts)
+
+
+def _rows(f: Forecast) -> list[tuple[str, str, str, str]]:
+    """(what, forecast, measured in the run, class) rows of one configuration's table."""
+    rows = [
+        (c.replace("_", " "), fmt_bytes(f.categories[c]), fmt_bytes(f.measured.get(c)), "")
+        for c in MEMORY_CATEGORIES
+    ]
+    rows.append(("total", fmt_bytes(f.total_bytes), fmt_bytes(sum(f.measured.values())), "agg"))
+    rows += [
+        ("device capacity", fmt_bytes(f.capacity_bytes), "", ""),
+        ("CUDA context", fmt_bytes(f.context_bytes), "", ""),
+        ("room for tensors", fmt_bytes(f.usable_bytes), "", ""),
+        (
+            "fits" if f.fits else "does not fit",
+            f"{fmt_bytes(f.headroom_bytes)} headroom" if f.fits else f"{fmt_bytes(-f.headroom_bytes)} short",
+            "",
+            "agg",
+        ),
+    ]
+    if f.seq_len:
+        rows.append((f"largest batch at {f.seq_len:,} tokens", _count(f.max_batch_size), "", ""))
+        rows.append((f"longest sequence at batch {f.batch_size}", _count(f.max_seq_len, " tokens"), "", ""))
+    else:
+        rows.append(("largest batch", _count(f.max_batch_size), "", ""))
+    return rows
+
+
+def _count(value: int | None, unit: str = "") -> str:
+    if value is None:
+        return "not limited by memory"
+    return f"{value:,}{unit}" if value else "none fits"
+
+
+def _table(f: Forecast) -> str:
+    body = "".join(
+        f"<tr{' class=agg' if cls else ''}><th>{escape(what)}</th><td class='num'>{escape(value)}</td>"
+        f"<td class='num'>{escape(measured)}</td></tr>"
+        for what, value, measured, cls in _rows(f)
+    )
+    shape = f"batch {f.measured_config.get('batch_size') or '?'}"
+    if f.measured_config.get("seq_len"):
+        shape += f" × {f.measured_config['seq_len']:,}"
+    head = f"<tr><th></th><th>forecast</th><th>measured ({escape(shape)})</th></tr>"
+    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def forecast_figure(forecasts: Sequence[Forecast]) -> Figure:
+    """One stacked horizontal bar per configuration, each on its device's own scale: its
+    bytes by category (GiB), the device's room for tensors (solid line) and its whole
+    capacity (dashed)."""
+    n = max(1, len(forecasts))
+    fig = new_figure(FIGURE_WIDTH_IN, 0.6 + BAR_HEIGHT_IN * n)
+    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+    for ax, f in zip(axes, forecasts, strict=False):
+        left = 0.0
+        for c in MEMORY_CATEGORIES:
+            width = f.categories[c] / GIB
+            ax.barh(0, width, left=left, height=0.7, color=MEMORY_COLORS[c], label=c.replace("_", " "))
+            left += width
+        ax.axvline(f.usable_bytes / GIB, color="#222", lw=1.5)
+        ax.axvline(f.capacity_bytes / GIB, color="#222", lw=1, ls="--")
+        right = max(left, f.capacity_bytes / GIB) * 1.02
+        ax.set_xlim(0, right)
+        ax.set_ylim(-0.6, 0.6)
+        ax.set_yticks([0], [_two_lines(f)], fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        verdict = "fits" if f.fits else "does not fit"
+        inside = left > 0.6 * right  # no room after the bar: write on it
+        ax.text(
+            left,
+            0,
+            f" {fmt_bytes(f.total_bytes)} of {fmt_bytes(f.usable_bytes)}: {verdict} ",
+            ha="right" if inside else "left",
+            va="center",
+            fontsize=8,
+            color="white" if inside else ("#222" if f.fits else "#c0392b"),
+            bbox={"facecolor": "#333", "alpha": 0.7, "edgecolor": "none", "pad": 1} if inside else None,
+        )
+    axes[-1].set_xlabel("GiB", fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(
+        handles, labels, loc="outside lower center", ncols=len(MEMORY_CATEGORIES), fontsize=8, frameon=False
+    )
+    return fig
+
+
+def _two_lines(f: Forecast) -> str:
+    """A bar's label: the device, then the rest of the configuration."""
+    device, _, rest = label(f).partition(" · ")
+    return f"{device}\n{rest}"
+
+
+def forecast_section(forecasts: Sequence[Forecast], figure: bool = True) -> str:
+    """The section's HTML body: for each configuration its sentences, its table and how each
+    number was found; then the bars (``figure``: as an embedded PNG)."""
+    if not forecasts:
+        return "<p class='empty'>No forecast was asked for.</p>"
+    parts = []
+    for f in forecasts:
+        sentences = "".join(f"<p>{escape(s)}</p>" for s in f.sentences())
+        how = "".join(f"<li>{escape(d)}</li>" for d in f.derivation)
+        parts.append(
+            f"<div class='forecast'><h3>{escape(label(f))}</h3>{sentences}{_table(f)}"
+            f"<details><summary>How each number is found</summary><ul>{how}</ul></details></div>"
+        )
+    if figure:
+        fig = forecast_figure(forecasts)
+        data = base64.b64encode(figure_png(fig)).decode("ascii")
+        alt = "Stacked bars of the forecast peak tensor memory by category for each configuration"
+        parts.append(
+            f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{data}'><figcaption>"
+            "Each bar: the forecast peak by category; solid line: the device's room for tensors (capacity less "
+            "the CUDA context); dashed: its capacity.</figcaption></figure>"
+        )
+    return "".join(parts)
+
+
+def forecast_text(forecasts: Sequence[Forecast]) -> str:
+    """The section for a terminal: each configuration's sentences, categories and derivation."""
+    if not forecasts:
+        return f"{TITLE}: no forecast was asked for."
+    blocks = [f"{TITLE}?"]
+    for f in forecasts:
+        blocks.append(f"== {label(f)} ==\n{f}")
+    return "\n\n".join(blocks)
