@@ -343,3 +343,159 @@ def test_communication(tmp_path, kind, expected):
         assert "gradient_as_bucket_view" in f.suggestion and "MixedPrecisionPolicy" in f.suggestion
         grad_bytes = 2 * (2048 * 2048 + 2048) * 4
         assert f.evidence["gradient_bytes"] == grad_bytes  # measured: the all-reduce payload
+
+
+# -- a Trainer or an Accelerator around the loop: the setting to change, by name ------------
+
+
+def _trainer(**arguments):
+    """The run context's entry for a Trainer, as ``swift_nb.integrations.detect`` records it."""
+    return {
+        "framework": "transformers",
+        "class": "Trainer",
+        "variable": "trainer",
+        "version": "5.0.0",
+        "checkpointing_field": "activation_checkpointing",
+        "arguments": {
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 4,
+            "dataloader_num_workers": 0,
+            "dataloader_persistent_workers": False,
+            "dataloader_prefetch_factor": None,
+            "bf16": False,
+            "fp16": False,
+            "torch_compile": False,
+            "optim": "adamw_torch_fused",
+            "activation_checkpointing": False,
+            **arguments,
+        },
+        "model": {"class": "GPT2LMHeadModel", "attn_implementation": "eager", "checkpointing": False},
+    }
+
+
+def _accelerator(**arguments):
+    return {
+        "framework": "accelerate",
+        "class": "Accelerator",
+        "variable": "accelerator",
+        "version": "1.16.0",
+        "arguments": {
+            "gradient_accumulation_steps": 4,
+            "mixed_precision": "no",
+            "dynamo_backend": "NO",
+            "num_processes": 1,
+            **arguments,
+        },
+    }
+
+
+def _advised(run, trainer=None):
+    """The run's findings by id, with ``trainer`` as its context's record of the framework."""
+    run.context = {k: v for k, v in run.context.items() if k != "trainer"}
+    if trainer is not None:
+        run.context["trainer"] = trainer
+    return {f.id: f for f in advise(run)[1]}
+
+
+def test_data_loading_names_the_trainers_dataloader_fields(runs_dir):
+    run = _profile_short(runs_dir, _linear_loop(_DecodedSamples(), batch_size=8))
+    plain = _advised(run)["data_loading"].suggestion
+    assert "DataLoader(num_workers=4, persistent_workers=True" in plain
+    f = _advised(run, _trainer())["data_loading"]
+    diagnosis = plain[: plain.index("Load batches in worker processes")]
+    assert f.suggestion.startswith(diagnosis), "the evidence is said the same way"
+    assert f.suggestion[len(diagnosis) :].startswith(
+        "The Trainer builds this DataLoader from its arguments: set TrainingArguments("
+        "dataloader_num_workers=4, dataloader_persistent_workers=True, dataloader_prefetch_factor=4) "
+        "(`trainer` has dataloader_num_workers=0, dataloader_persistent_workers=False, "
+        "dataloader_prefetch_factor=None); move per-sample work"
+    ), f.suggestion
+    assert "DataLoader(num_workers" not in f.suggestion
+    # an accelerate loop builds its own DataLoader: the plain advice stands
+    assert _advised(run, _accelerator())["data_loading"].suggestion == plain
+    # a context entry of the user's own under the same key is not a framework
+    assert _advised(run, "my trainer")["data_loading"].suggestion == plain
+
+
+def test_overhead_names_torch_compile_and_the_micro_batch(runs_dir):
+    run = _profile(runs_dir, _tiny_layers_loop)
+    assert "raise the batch size, use fewer Python-level ops" in _advised(run)["overhead"].suggestion
+    assert _advised(run, _trainer())["overhead"].suggestion == (
+        "The step is dominated by launch and Python overhead, not math: set TrainingArguments("
+        "torch_compile=True, per_device_train_batch_size=8, gradient_accumulation_steps=2) (`trainer` has "
+        "torch_compile=False, per_device_train_batch_size=4, gradient_accumulation_steps=4): torch.compile "
+        "fuses the model's small ops; larger micro-batches share each one's fixed cost (the same 16 samples "
+        "per optimizer step)."
+    )
+    compiled = _advised(run, _trainer(torch_compile=True, gradient_accumulation_steps=1))["overhead"]
+    assert "set TrainingArguments(per_device_train_batch_size=8) (`trainer` has" in compiled.suggestion
+    assert "torch_compile" not in compiled.suggestion
+    assert _advised(run, _accelerator())["overhead"].suggestion.endswith(
+        "not math: compile the prepared model with Accelerator(dynamo_backend='inductor') (`accelerator` has "
+        "dynamo_backend='NO'); raise the DataLoader's batch_size and lower "
+        "Accelerator(gradient_accumulation_steps=2) (now 4) to keep the samples per optimizer step."
+    )
+
+
+def test_activation_memory_names_checkpointing_and_bf16(runs_dir):
+    act_heavy = _gpt_loop(batch=16, seq_len=256, n_layer=2, d_model=64, n_head=2, vocab_size=128)
+    run = _profile(runs_dir, act_heavy)
+    plain = _advised(run)
+    assert "model.gradient_checkpointing_enable() for Hugging Face" in plain["activations"].suggestion
+    # a loop of its own does not say whether it runs under autocast: no precision finding
+    assert "fp32_activations" not in plain
+
+    found = _advised(run, _trainer())
+    assert found["activations"].suggestion == (
+        "Recompute activations in backward instead of keeping them (the Trainer calls the model's own "
+        "activation_checkpointing_enable()): set TrainingArguments(activation_checkpointing=True) "
+        "(`trainer` has activation_checkpointing=False); or halve the micro-batch and accumulate twice as "
+        "many: set TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=8) (`trainer` "
+        "has per_device_train_batch_size=4, gradient_accumulation_steps=4) — activations scale with the "
+        "micro-batch, the samples per optimizer step stay the same."
+    )
+    f = found["fp32_activations"]
+    act, peak = f.evidence["activations_bytes"], f.evidence["peak_bytes"]
+    assert f.evidence["predicted_peak_bytes"] == peak - act / 2 and act / peak >= 0.5
+    assert f.suggestion.startswith(
+        "Train in mixed precision: set TrainingArguments(bf16=True) (`trainer` has bf16=False)."
+    )
+    assert f.evidence["mixed_precision"] == "off (Trainer: bf16=False, fp16=False)"
+    # transformers before 5 calls the switch gradient_checkpointing
+    old = _advised(run, {**_trainer(), "checkpointing_field": "gradient_checkpointing"})
+    assert "set TrainingArguments(gradient_checkpointing=True)" in old["activations"].suggestion
+    # already on: only the micro-batch is left to change; bf16 on: no precision finding
+    on = _advised(run, {**_trainer(bf16=True), "model": {"checkpointing": True}})
+    assert on["activations"].suggestion.startswith("Checkpointing is on already: halve the micro-batch")
+    assert "fp32_activations" not in on
+
+    accelerated = _advised(run, _accelerator())
+    assert accelerated["fp32_activations"].suggestion.startswith(
+        "Train in mixed precision: Accelerator(mixed_precision='bf16') (`accelerator` has mixed_precision='no')."
+    )
+    assert accelerated["activations"].suggestion == plain["activations"].suggestion
+    assert "fp32_activations" not in _advised(run, _accelerator(mixed_precision="bf16"))
+
+
+def test_optimizer_state_names_the_trainers_optim(runs_dir):
+    run = _profile(runs_dir, _big_matrices_loop)
+    assert _advised(run, _trainer())["optimizer_state"].suggestion.startswith(
+        "Keep Adam's moments in a low-rank space: set TrainingArguments(optim='galore_adamw', "
+        "optim_target_modules=['attn', 'mlp']) (`trainer` has optim='adamw_torch_fused')"
+    )
+
+
+def test_communication_and_attention_name_the_frameworks_settings():
+    from swift_nb.integrations import fix
+
+    assert fix({"trainer": _trainer()}, "communication").startswith(
+        "The Trainer owns the DDP wrapper: set TrainingArguments(gradient_accumulation_steps=8) (`trainer` has "
+        "gradient_accumulation_steps=4) synchronises the gradients once per 8 micro-batches"
+    )
+    assert fix({"trainer": _accelerator()}, "communication").startswith(
+        "With accelerate: Accelerator(gradient_accumulation_steps=8) (now 4) inside `with accelerator.accumulate"
+    )
+    assert fix({"trainer": _trainer()}, "eager_attention").startswith(
+        "`trainer.model` (it runs 'eager'): call trainer.model.set_attn_implementation('sdpa') before training"
+    )
+    assert fix({}, "data_loading") is None and fix({"trainer": _trainer()}, "leak") is None

@@ -474,3 +474,54 @@ def test_sequence_parallel_outside_a_rerun_is_a_usage_error(kernel, tmp_path):
     assert "UsageError: sequence_parallel runs in a rerun with sp_size worker processes" in usage, usage
     assert kernel.eval("ran") is False
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_toggles_reach_the_optimizer_inside_accelerates_wrapper():
+    """``accelerator.prepare`` (and so a Trainer) hands out an AcceleratedOptimizer: GaLore
+    converts the optimizer it wraps, under the wrapper's name, and steps go through."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    try:
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = make("plain")
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt = accelerator.prepare(inner)
+        assert toggles.find_optimizers({"opt": opt}) == [("opt", inner)]
+        galore = toggles.get("galore", rank=16)
+        galore.apply({"model": model, "opt": opt})
+        assert type(inner) is galore_adamw() and type(opt) is not galore_adamw()
+        grads(model)
+        opt.step()
+        report = galore.undo()
+        assert report.changes[0].startswith(
+            "`opt` (AdamW → GaLore AdamW): 13 weight matrices projected to rank 16"
+        )
+        assert type(inner) is torch.optim.AdamW
+        grads(model)
+        opt.step()
+    finally:
+        AcceleratorState._reset_state(True)
+
+
+def test_a_wrapper_around_a_changed_model_is_left_alone():
+    """torch.compile, DDP and loss wrappers run a model that was changed already: its blocks
+    are checkpointed once, and the wrapper is no model of its own."""
+    model = make("demo")
+    ckpt = toggles.get("grad_checkpointing")
+    ckpt.apply({"model": model})
+    grads(Holder(model))
+    report = ckpt.undo()
+    assert report.changes == ["2 of 2 Block blocks in `model.blocks` checkpointed (non-reentrant)"]
+    assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
+
+
+class Holder(nn.Module):
+    """A module that holds a model and runs it (as torch.compile's OptimizedModule does)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.inner(idx, targets)
