@@ -519,7 +519,7 @@ def _timeline(
     peak_scores += [at_peak.other_per_sample, at_peak.other_batch_free]
     rows = [_split(list(categories.values()), peak_scores)]
     points = run.memory[run.memory["step"] == step] if len(run.memory) else run.memory
-    starts = run.steps.loc[run.steps["step"] == step, "start_s"]
+    starts = run.steps.loc[run.steps["step"] == step, "start_s"] if "start_s" in run.steps else []
     spans = trace.steps.loc[trace.steps["step"] == step, "start_us"]
     if not len(points):
         return np.array(rows, dtype=float)
@@ -639,7 +639,7 @@ class _Scores:
             if nbytes[i] > 0:
                 enclosing = np.flatnonzero((op_start <= ts) & (op_end >= ts))
                 innermost_first = enclosing[np.argsort(-op_start[enclosing], kind="stable")]
-                if not _makes_square(op_dims[innermost_first], self.seqs):
+                if not _makes_square(op_dims[innermost_first], self.shapes):
                     continue
                 kept = ts < backward_us and freed_at.get(i, np.inf) >= backward_us
                 open_scores[addr] = (0 if kept else 2) + (1 if nbytes[i] in self.batch_free else 0)
@@ -652,14 +652,29 @@ class _Scores:
         return kinds
 
 
-def _makes_square(input_dims: np.ndarray, seqs: set[int]) -> bool:
+def _score_like(d: list[int], scores: set[tuple[int, ...]]) -> bool:
+    """Whether a shape is one of the score shapes ``[B, H, T, T]``, its ``[B·H, T, T]`` view,
+    or a mask that broadcasts to it (``[T, T]``, ``[B, 1, T, T]``, ``[B, 1, 1, T]``): not any
+    tensor whose last two sides happen to be T (an MLP's ``[B, T, 4·d]`` when 4·d = T)."""
+    lead = math.prod(d[:-2])
+    for s in scores:
+        if d[-1] != s[-1] or d[-2] not in (1, s[-2]):
+            continue
+        if lead in (1, math.prod(s[:-2])):
+            return True
+        if len(d) == len(s) and all(a in (1, b) for a, b in zip(d[:-2], s[:-2], strict=True)):
+            return True
+    return False
+
+
+def _makes_square(input_dims: np.ndarray, scores: set[tuple[int, ...]]) -> bool:
     """Whether the innermost of the ops enclosing an allocation that has tensor inputs
-    (``input_dims``: innermost first) makes a [.., T, T] tensor: it works on [.., T, T]
-    tensors alone (and masks that broadcast to them: softmax, its backward, scaling,
-    masking, dropout), or multiplies [.., T, k] by [.., k, T]. Stricter than the advisor's
+    (``input_dims``: innermost first) makes a [.., T, T] tensor: it works on score-shaped
+    tensors alone (softmax, its backward, scaling, masking, dropout), or multiplies
+    [.., T, k] by [.., k, T] into a score shape. Stricter than the advisor's
     ``_makes_scores``, which asks whether any enclosing op touches a [.., T, T] tensor:
-    there, the copies of q and k a matmul makes, or a [.., T, T] × [.., T, d] product, count
-    when their size happens to be that of a score tensor (B·d = T·k)."""
+    there, the copies of q and k a matmul makes, a [.., T, T] × [.., T, d] product or an
+    MLP's [B, T, 4·d] count when their size happens to be that of a score tensor."""
     for text in input_dims:
         shapes = [
             d
@@ -668,13 +683,13 @@ def _makes_square(input_dims: np.ndarray, seqs: set[int]) -> bool:
         ]
         if not shapes:
             continue
-        square = any(d[-1] == d[-2] and d[-1] in seqs for d in shapes)
-        if square and all(d[-1] in seqs and d[-2] in (1, d[-1]) for d in shapes):
+        if any(d[-1] == d[-2] for d in shapes) and all(_score_like(d, scores) for d in shapes):
             return True
         if len(shapes) != 2:
             return False
         a, b = shapes
-        return a[-2] in seqs and b[-1] == a[-2] and a[-1] == b[-2]
+        product = [*a[:-1], b[-1]]
+        return a[-1] == b[-2] and product[-1] == product[-2] and _score_like(product, scores) and len(a) > 2
     return False
 
 
