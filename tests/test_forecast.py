@@ -320,7 +320,9 @@ def test_text_html_and_table_say_the_numbers(adam):
     text = str(short)
     assert "It does not fit" in text and fmt_bytes(short.total_bytes) in text and "T4-16GB" in text
     assert "the largest batch that fits at 512 tokens is" in text.lower()
-    assert "Expected error: ± 10 %" in text
+    assert "(± 25 %)" in text and "Expected error: ± 25 % on the total. ± 5 % for the sizes" in text
+    assert "flash_attention (± 5 %), no allocations in the trace (± 10 %), 512× the run's tokens" in text
+    assert "± 5 %" in str(fits) and "the trace holds no allocations" in str(fits)
     table = fits.table()
     assert list(table["category"]) == [*MEMORY_CATEGORIES, "total"]
     assert table["forecast_bytes"].iloc[-1] == pytest.approx(fits.total_bytes)
