@@ -207,6 +207,16 @@ def test_toggles_checkpointing_autocast_and_sequence_parallel(adam):
         forecast(adam, toggles=["grad_checkpointing"])
 
 
+def test_what_the_peak_held_beyond_its_categories_is_kept():
+    run = synthetic()
+    run.steps["peak_tensor_bytes"] = (
+        run.steps[[f"{c}_bytes" for c in MEMORY_CATEGORIES]].sum(axis=1) + 3 * MIB
+    )
+    f = forecast(run, batch_size=16)
+    assert f.categories["other"] == pytest.approx(20 * MIB + 3 * MIB)
+    assert any(line.startswith("untracked: the measured peak held 3.0 MiB more") for line in f.derivation)
+
+
 def test_the_peak_moves_to_where_the_scaled_step_holds_most():
     # the peak in backward; at the optimizer step all gradients and no activations
     peak = [4 * P, 0.0, 8 * P, 64 * MIB, 1 * MIB]

@@ -412,7 +412,9 @@ class Measured:
     matrices: the m×n weights of its linear layers (from the trace) with how many of each;
     blocks: its repeated blocks (attention layers in the trace, or the context), hidden:
     the model width; traced: whether the trace holds its allocations (without them,
-    [.., T, T] tensors cannot be told apart); notes: what could not be read and what was
+    [.., T, T] tensors cannot be told apart); untracked_bytes: how much more the step's
+    peak held than its categories (CUDA's allocator counts tensors the profiler never saw
+    allocated: buffers, caches, the batch made before recording began); notes: what could not be read and what was
     assumed."""
 
     run_id: str
@@ -432,6 +434,7 @@ class Measured:
     hidden: int | None
     toggles: set[str]
     traced: bool = True
+    untracked_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -509,6 +512,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         hidden=_hidden(ops),
         toggles={str(t.get("toggle")) for t in ctx.get("toggles") or [] if isinstance(t, dict)},
         traced=not trace.memory.empty,
+        untracked_bytes=_untracked(recorded),
         notes=notes,
     )
 
@@ -545,6 +549,18 @@ def _timeline(
     values = points[_CATEGORY_COLUMNS].to_numpy(dtype=float)
     rows += [_split(v, a) for v, a in zip(values, alive, strict=True)]
     return np.array(rows, dtype=float)
+
+
+def _untracked(recorded: pd.DataFrame) -> float:
+    """Median bytes by which the steps' measured peak (CUDA: max_memory_allocated) exceeds the
+    sum of their categories; 0 on CPU, where the peak is that sum."""
+    if "peak_tensor_bytes" not in recorded:
+        return 0.0
+    gap = pd.to_numeric(recorded["peak_tensor_bytes"], errors="coerce") - recorded[_CATEGORY_COLUMNS].sum(
+        axis=1
+    )
+    gap = gap.dropna()
+    return max(0.0, float(gap.median())) if len(gap) else 0.0
 
 
 def _parameters(ctx: Mapping[str, Any], parameter_bytes: float, notes: list[str]) -> tuple[str, int, int]:
@@ -1121,6 +1137,12 @@ class _Model:
         """Tensors the configuration adds that the run did not have (counted as other)."""
         m = self.m
         lines, extra = [], 0.0
+        if m.untracked_bytes:
+            extra += m.untracked_bytes
+            lines.append(
+                f"untracked: the measured peak held {fmt_bytes(m.untracked_bytes)} more than its categories (tensors "
+                "made before the recording began: buffers, caches, the batch), kept as measured"
+            )
         if "bf16_autocast" in cfg.toggles and "bf16_autocast" not in m.toggles and cfg.dtype == "float32":
             copies = params * cfg.shards[0] / 2
             extra += copies
