@@ -144,7 +144,7 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; cells: forecast / measured (error)\n"
     )
     print(f"| model | target | forecast from | {names} | total forecast | total measured | error |")
-    print("|---" * (8 + len(MEMORY_CATEGORIES)) + "|")
+    print("|---" * (6 + len(MEMORY_CATEGORIES)) + "|")
     errors: dict[str, list[float]] = {"one run": [], "calibrated": [], "toggle": []}
     with tempfile.TemporaryDirectory() as root:
         for case in CASES:
