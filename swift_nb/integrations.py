@@ -152,6 +152,8 @@ def _version(package: str) -> str | None:
 
 
 def describe_trainer(trainer: Any, variable: str | None) -> dict[str, Any]:
+    """A Trainer's record: its ``TRAINING_ARGUMENTS`` and checkpointing switch, and what
+    its model runs (attention implementation, checkpointing on or off) at this moment."""
     args = trainer.args
     arguments = {f: plain(getattr(args, f)) for f in TRAINING_ARGUMENTS if hasattr(args, f)}
     field = next((f for f in CHECKPOINTING_FIELDS if hasattr(args, f)), CHECKPOINTING_FIELDS[-1])
@@ -170,6 +172,8 @@ def describe_trainer(trainer: Any, variable: str | None) -> dict[str, Any]:
 
 
 def describe_accelerator(accelerator: Any, variable: str | None) -> dict[str, Any]:
+    """An Accelerator's record: accumulation, mixed precision, compilation, processes, and
+    the batch size and workers of the first DataLoader it prepared."""
     dynamo = getattr(getattr(accelerator.state, "dynamo_plugin", None), "backend", None)
     arguments = {
         "gradient_accumulation_steps": plain(accelerator.gradient_accumulation_steps),
@@ -189,8 +193,12 @@ def describe_accelerator(accelerator: Any, variable: str | None) -> dict[str, An
     if loaders:
         loader = loaders[0]
         # accelerate's loaders batch through a sampler of their own (batch_size None)
-        batch = getattr(loader, "batch_size", None) or getattr(loader.batch_sampler, "batch_size", None)
-        out["dataloader"] = {"batch_size": plain(batch), "num_workers": plain(loader.num_workers)}
+        sampler = getattr(loader, "batch_sampler", None)
+        batch = getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", None)
+        out["dataloader"] = {
+            "batch_size": plain(batch),
+            "num_workers": plain(getattr(loader, "num_workers", None)),
+        }
     return out
 
 
@@ -312,6 +320,14 @@ def _same_samples_larger_batch(rec: Recorded) -> dict[str, int]:
     return fields
 
 
+def _samples(rec: Recorded) -> str:
+    """What ``_same_samples_larger_batch`` does to the samples per optimizer step, in words."""
+    samples = rec.micro_batch * rec.accumulation
+    if rec.accumulation >= 2:
+        return f"(the same {samples} samples per optimizer step)"
+    return f"({2 * samples} samples per optimizer step instead of {samples}: retune the learning rate)"
+
+
 def _fix_data_loading(rec: Recorded) -> str | None:
     if not rec.is_trainer:
         return None
@@ -335,23 +351,15 @@ def _fix_overhead(rec: Recorded) -> str | None:
         if not rec.get("torch_compile", False):
             fields["torch_compile"] = True
         fields.update(_same_samples_larger_batch(rec))
-        samples = rec.micro_batch * rec.accumulation
         compiled = "torch.compile fuses the model's small ops; " if "torch_compile" in fields else ""
-        return (
-            f"{_set(rec, **fields)}: {compiled}larger micro-batches share each one's fixed cost "
-            f"(the same {samples} samples per optimizer step)."
-        )
-    fields = {}
-    dynamo = str(rec.get("dynamo_backend", "NO")).upper()
-    if dynamo in ("NO", "NONE"):
-        fields["dynamo_backend"] = "inductor"
-    accumulation = rec.accumulation
+        return f"{_set(rec, **fields)}: {compiled}larger micro-batches share each one's fixed cost {_samples(rec)}."
     parts = []
-    if fields:
+    if str(rec.get("dynamo_backend", "NO")).upper() in ("NO", "NONE"):
         parts.append(
-            f"compile the prepared model with {call('Accelerator', **fields)} ({rec.name} has "
+            f"compile the prepared model with {call('Accelerator', dynamo_backend='inductor')} ({rec.name} has "
             f"dynamo_backend={rec.get('dynamo_backend', 'NO')!r})"
         )
+    accumulation = rec.accumulation
     batch = "raise the DataLoader's batch_size"
     if accumulation >= 2:
         batch += (
@@ -371,7 +379,7 @@ def _fix_tiny_step(rec: Recorded) -> str | None:
         fields["dataloader_num_workers"] = 0
     if not rec.get("torch_compile", False):
         fields["torch_compile"] = True
-    return f"{_set(rec, **fields)}, so each step's fixed costs are shared by more samples."
+    return f"{_set(rec, **fields)}, so each step's fixed costs are shared by more samples {_samples(rec)}."
 
 
 def _fix_activations(rec: Recorded) -> str | None:
@@ -387,9 +395,10 @@ def _fix_activations(rec: Recorded) -> str | None:
     )
     if rec.checkpointing():
         return "Checkpointing is on already: " + (smaller or "free tensors you keep across steps") + "."
+    field = rec.checkpointing_field
     checkpoint = (
-        "Recompute activations in backward instead of keeping them (the Trainer calls the model's own "
-        f"activation_checkpointing_enable()): {_set(rec, **{rec.checkpointing_field: True})}"
+        f"Recompute activations in backward instead of keeping them (the Trainer calls the model's own "
+        f"{field}_enable()): {_set(rec, **{field: True})}"
     )
     return checkpoint + (f"; or {smaller}" if smaller else "") + "."
 

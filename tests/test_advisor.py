@@ -430,6 +430,9 @@ def test_overhead_names_torch_compile_and_the_micro_batch(runs_dir):
     compiled = _advised(run, _trainer(torch_compile=True, gradient_accumulation_steps=1))["overhead"]
     assert "set TrainingArguments(per_device_train_batch_size=8) (`trainer` has" in compiled.suggestion
     assert "torch_compile" not in compiled.suggestion
+    assert compiled.suggestion.endswith(
+        "(8 samples per optimizer step instead of 4: retune the learning rate)."
+    )
     assert _advised(run, _accelerator())["overhead"].suggestion.endswith(
         "not math: compile the prepared model with Accelerator(dynamo_backend='inductor') (`accelerator` has "
         "dynamo_backend='NO'); raise the DataLoader's batch_size and lower "

@@ -262,6 +262,7 @@ def test_trainer_notebook_runs_headless(tmp_path):
     profiled = cells["%%swift_profile --label trainer --steps 8"]
     compared = cells["%%swift_profile --compare grad_checkpointing"]
     html = "".join(o.get("data", {}).get("text/html", "") for o in profiled.outputs)
+    # what the notebook's text tells the reader to look for
     assert "data-bound" in html
     assert "set TrainingArguments(dataloader_num_workers=4, dataloader_persistent_workers=True" in html
     assert "DataLoader(num_workers=4" not in html
@@ -270,9 +271,12 @@ def test_trainer_notebook_runs_headless(tmp_path):
         for r in map(swift_nb.load_run, swift_nb.runs(tmp_path / "swift_nb_runs").path)
     }
     assert sorted(runs) == ["baseline", "grad_checkpointing", "trainer"]
-    trainer = runs["trainer"].context["trainer"]["arguments"]
-    assert trainer["gradient_accumulation_steps"] == 2
-    assert all(r.summary["steps"] == trainer["max_steps"] == 8 for r in runs.values())
+    field = runs["trainer"].context["trainer"]["checkpointing_field"]
+    assert f"set TrainingArguments({field}=True)" in html and "set TrainingArguments(bf16=True)" in html
+    assert all(
+        r.summary["steps"] == runs["trainer"].context["trainer"]["arguments"]["max_steps"]
+        for r in runs.values()
+    )
     assert "Comparison" in "".join(o.get("data", {}).get("text/html", "") for o in compared.outputs)
     table = swift_nb.compare(runs["baseline"], runs["grad_checkpointing"]).set_index("variant")
-    assert table.loc["grad_checkpointing", "peak_mem_ratio"] < 0.9, table.T
+    assert table.loc["grad_checkpointing", "peak_mem_ratio"] < 0.8, table.T

@@ -24,7 +24,9 @@ class Finding:
     """One piece of advice.
 
     id: stable rule id (``data_loading``, ``leak`` …); title: one line; evidence: the
-    numbers from this run that triggered it; suggestion: the change to make; toggle: the
+    numbers from this run that triggered it; suggestion: the change to make (as the
+    setting to edit when the run recorded a Trainer or an Accelerator: see
+    ``swift_nb.integrations``); toggle: the
     swift_nb toggle that applies it, if any (one of ``TOGGLES``); predicted_effect: what
     it should change, with ``formula`` saying how that was estimated.
     """
