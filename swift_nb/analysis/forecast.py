@@ -537,7 +537,7 @@ def _timeline(
     peak_scores += [at_peak.other_per_sample, at_peak.other_batch_free]
     rows = [_split(list(categories.values()), peak_scores)]
     points = run.memory[run.memory["step"] == step] if len(run.memory) else run.memory
-    starts = run.steps.loc[run.steps["step"] == step, "start_s"] if "start_s" in run.steps else []
+    starts = run.steps.loc[run.steps["step"] == step, "start_s"] if "start_s" in run.steps else pd.Series()
     spans = trace.steps.loc[trace.steps["step"] == step, "start_us"]
     if not len(points):
         return np.array(rows, dtype=float)
@@ -664,7 +664,7 @@ class _Scores:
                 freed_at[open_allocs.pop(addrs[i])] = ts_us[i]
         kinds = np.zeros((len(m), 4))
         open_scores: dict[Any, int] = {}  # addr -> column of kinds
-        for i in np.flatnonzero(np.isin(np.abs(nbytes), list(self.sizes))):
+        for i in np.flatnonzero(np.isin(np.abs(nbytes), list(self.sizes))).tolist():
             ts, addr = ts_us[i], addrs[i]
             if nbytes[i] > 0:
                 enclosing = np.flatnonzero((op_start <= ts) & (op_end >= ts))

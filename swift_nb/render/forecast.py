@@ -73,9 +73,12 @@ def _count(value: int | None, unit: str = "") -> str:
     return f"{value:,}{unit}" if value else "none fits"
 
 
+_AGG = " class='agg'"  # the total and the verdict, as the report styles aggregate rows
+
+
 def _table(f: Forecast) -> str:
     body = "".join(
-        f"<tr{' class=agg' if cls else ''}><th>{escape(what)}</th><td class='num'>{escape(value)}</td>"
+        f"<tr{_AGG if cls else ''}><th>{escape(what)}</th><td class='num'>{escape(value)}</td>"
         f"<td class='num'>{escape(measured)}</td></tr>"
         for what, value, measured, cls in _rows(f)
     )
