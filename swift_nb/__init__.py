@@ -4,8 +4,10 @@ with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook c
     train()                          # every optimizer.step() ends a step
 run.summary, run.steps, run.samples  # plain data, also saved in run.path
 swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere, as a run
+swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the measured memory
 """
 
+from swift_nb.analysis.forecast import forecast
 from swift_nb.api import compare, profile, report
 from swift_nb.capture.steps import step
 from swift_nb.errors import ConfigError, RunDirError
@@ -21,6 +23,7 @@ __all__ = [
     "Run",
     "RunDirError",
     "compare",
+    "forecast",
     "gather_sequence",
     "import_trace",
     "load_ipython_extension",

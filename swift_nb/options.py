@@ -41,7 +41,9 @@ class ProfileOptions:
     ``out_dir`` (default: made from the time and the label). report: analyse the run and
     write ``report.html`` when it ends (off: save the record only; ``swift-nb report`` later).
     gather_timeout_s: in a torchrun job, the longest rank 0 waits for the other ranks at
-    start and end (default ``$SWIFT_NB_GATHER_TIMEOUT_S`` or 25 s).
+    start and end (default ``$SWIFT_NB_GATHER_TIMEOUT_S`` or 25 s). forecast: "will it
+    fit?" configurations for the report (``swift_nb.analysis.forecast.parse_forecast_spec``:
+    a device, then ``batch=``, ``seq=``, ``dtype=``, ``optimizer=``, ``world=``, ``toggles=``).
     """
 
     wait: int = _opt(1, "--wait", "steps skipped before profiling (default 1)")
@@ -69,6 +71,13 @@ class ProfileOptions:
     gather_timeout_s: float | None = _opt(
         None, "--gather-timeout", "torchrun jobs: seconds rank 0 waits for the other ranks (default 25)"
     )
+    forecast: tuple[str, ...] = _opt(
+        (),
+        "--forecast",
+        "add a 'Will it fit' section for this configuration (repeatable), e.g. "
+        "'H100-80GB batch=32 seq=4096 dtype=bf16 toggles=grad_checkpointing'",
+        metavar="SPEC",
+    )
 
     def __post_init__(self) -> None:
         check_schedule(self.wait, self.warmup, self.active, self.repeat)
@@ -94,10 +103,22 @@ class ProfileOptions:
             raise ConfigError("label", "must be a string", self.label)
         if self.out_dir is not None:  # a Path is fine; kept as text, the magic's form
             object.__setattr__(self, "out_dir", str(self.out_dir))
+        self._check_forecast()
         if self.run_id is not None and not (isinstance(self.run_id, str) and _RUN_ID.match(self.run_id)):
             raise ConfigError(
                 "run_id", "must be a folder name of letters, digits, '.', '_' and '-'", self.run_id
             )
+
+    def _check_forecast(self) -> None:
+        specs = (self.forecast,) if isinstance(self.forecast, str) else self.forecast
+        if not isinstance(specs, (tuple, list)) or not all(isinstance(x, str) for x in specs):
+            raise ConfigError("forecast", "must be configurations as text, one string each", self.forecast)
+        object.__setattr__(self, "forecast", tuple(specs))
+        # Only the grammar of each line is read here (a pure function, no analysis runs).
+        from swift_nb.analysis.forecast import parse_forecast_spec
+
+        for spec in self.forecast:
+            parse_forecast_spec(spec)
 
     @property
     def interval_s(self) -> float:
@@ -118,6 +139,9 @@ class ProfileOptions:
             flag = f.metadata["flag"]
             if isinstance(f.default, bool):
                 out.append(flag)  # a boolean differs from its default: its flag says so
+            elif isinstance(f.default, tuple):
+                for item in value:
+                    out += [flag, item]
             else:
                 out += [flag, _text(value)]
         return out
@@ -139,6 +163,8 @@ class ProfileOptions:
         values: dict[str, Any] = {}
         for f in fields(cls):
             value = getattr(args, dest(f.metadata["flag"]))
+            if isinstance(f.default, tuple):
+                value = tuple(value or ())
             values[f.name] = (
                 (not value if f.default is True else value) if isinstance(f.default, bool) else value
             )
@@ -172,6 +198,8 @@ def argparse_specs() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
         meta = f.metadata
         if isinstance(f.default, bool):
             kw: dict[str, Any] = {"action": "store_true", "help": meta["help"]}
+        elif isinstance(f.default, tuple):
+            kw = {"action": "append", "default": None, "help": meta["help"], "metavar": meta["metavar"]}
         else:
             kind = _kind(f)
             kw = {"type": kind, "default": f.default, "help": meta["help"]}

@@ -380,3 +380,71 @@ def test_a_profiled_eager_attention_run_forecasts_a_longer_sequence(tmp_path):
     assert f.categories["parameters"] == measured.categories["parameters"]
     assert f.categories["optimizer_state"] == measured.categories["optimizer_state"]
     assert f.total_bytes == pytest.approx(measured.total, rel=0.10)
+
+
+# -- asked for with the run: --forecast / profile(forecast=...) ------------------------------
+
+
+def _page_text(path) -> str:
+    import html
+    import re
+
+    page = re.sub(r"<(script|style)\b.*?</\1>", " ", path.read_text(), flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+
+
+def _tiny_loop(**options):
+    torch.manual_seed(0)
+    model = make_model(vocab_size=128, seq_len=64, n_layer=2, n_head=2, d_model=32, attn_impl="eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 128, (2, 64))
+    with swift_nb.profile(wait=0, warmup=1, active=2, **options) as run:
+        for _ in range(4):
+            model(x, x).backward()
+            opt.step()
+            opt.zero_grad()
+    return run
+
+
+def test_a_run_asked_for_forecasts_reports_them(tmp_path):
+    run = _tiny_loop(
+        out_dir=tmp_path, forecast=["T4-16GB batch=64 seq=512", "80GB batch=2 toggles=flash_attention"]
+    )
+    assert run.context["forecast"] == ["T4-16GB batch=64 seq=512", "80GB batch=2 toggles=flash_attention"]
+    text = _page_text(run.path / "report.html")
+    assert f"{TITLE} T4-16GB · batch 64 × 512 · float32" in text
+    assert (
+        "On T4-16GB (batch 64 × 512 tokens, float32, AdamW, no toggles, 1 rank), a training step would peak at about"
+        in text
+    )
+    expected = forecast(run, "T4-16GB", batch_size=64, seq_len=512)
+    assert f"peak at about {fmt_bytes(expected.total_bytes)} of tensors" in text
+    assert "flash_attention" in text
+    # the CLI rewrites the same section from the record alone
+    from swift_nb import cli
+
+    assert cli.main(["report", str(run.path)]) == cli.OK
+    assert f"{TITLE} T4-16GB · batch 64 × 512 · float32" in _page_text(run.path / "report.html")
+
+
+def test_a_bad_forecast_is_refused_before_the_run(tmp_path):
+    with pytest.raises(ConfigError, match="forecast takes a device, then key=value words"):
+        swift_nb.profile(out_dir=tmp_path, forecast=["T4-16GB batches=8"])
+    with pytest.raises(ConfigError, match="device must be one of A100-40GB"):
+        swift_nb.profile(out_dir=tmp_path, forecast=["H100 batch=8"])
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_run_without_memory_says_why_it_has_no_forecast(tmp_path):
+    run = _tiny_loop(out_dir=tmp_path, forecast=["T4-16GB batch=8"], profile_memory=False)
+    text = _page_text(run.path / "report.html")
+    assert f"{TITLE} No forecast — " in text and "profile_memory" in text
+
+
+def test_the_magic_shows_will_it_fit(kernel, tmp_path):
+    res = kernel.execute(
+        f'%%swift_profile --out {tmp_path} --no-widgets --forecast "T4-16GB batch=64"\nm = train(5)'
+    )
+    assert res.status == "ok", res.outputs
+    shown = "".join(d["data"].get("text/html", "") for d in res.of_type("display_data"))
+    assert f"<h4>{TITLE}</h4>" in shown and "On T4-16GB (batch 64" in shown

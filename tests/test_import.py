@@ -136,7 +136,7 @@ def test_bad_input_is_refused_before_any_folder_is_made(tmp_path):
         swift_nb.import_trace(no_steps, out)
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(ONE_RANK.read_bytes()[:5000])
-    with pytest.raises(RecordError, match="cut.json.gz"):
+    with pytest.raises(RecordError, match=r"cut\.json\.gz"):
         swift_nb.import_trace(cut, out)
     twice = tmp_path / "again.json.gz"
     shutil.copyfile(NCCL_RANK0, twice)

@@ -16,10 +16,12 @@ from swift_nb.analysis.breakdown import device_busy, step_breakdown
 from swift_nb.analysis.comm import collectives, job_collectives
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
 from swift_nb.analysis.operators import by_memory, top_operators
 from swift_nb.analysis.throughput import Throughput, throughput
 from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.errors import ConfigError
 from swift_nb.record import Run
 
 
@@ -43,6 +45,22 @@ class Analysis:
     device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # device_steps
     kernel_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernels_by_kind
     idle_causes: pd.DataFrame = field(default_factory=pd.DataFrame)  # idle_by_cause, whole trace
+    # analysis.forecast: the "will it fit?" configurations the run asked for (context["forecast"])
+    forecasts: list[Forecast] = field(default_factory=list)
+    forecast_problem: str | None = None  # why they could not be made
+
+
+def forecasts_of(run: Run, trace: Trace | None = None) -> tuple[list[Forecast], str | None]:
+    """The forecasts ``run.context["forecast"]`` asks for, from one measurement of the run;
+    ([], why) when they cannot be made (e.g. no memory was recorded)."""
+    specs = run.context.get("forecast") or []
+    if not specs:
+        return [], None
+    try:
+        measured = measure(run, trace)
+        return [forecast(measured, **parse_forecast_spec(spec)) for spec in specs], None
+    except ConfigError as e:
+        return [], str(e)
 
 
 def analyze(
@@ -63,7 +81,10 @@ def analyze(
             findings.append(straggler)
     else:
         comm = collectives(trace, 1, int(run.environment.get("rank", 0)))
+    forecasts, forecast_problem = forecasts_of(run, trace)
     return Analysis(
+        forecasts=forecasts,
+        forecast_problem=forecast_problem,
         breakdown=breakdown,
         device_busy=device_busy(run, trace),
         footprint=memory_footprint(run),

@@ -385,9 +385,7 @@ class Session:
             found = job.collect_from_disk(self._job_path, missing, deadline)
             parts.update(found)
             if found:
-                notes.append(
-                    f"merged the partial records of {fmt_ranks(sorted(found))} from the job folder"
-                )
+                notes.append(f"merged the partial records of {fmt_ranks(sorted(found))} from the job folder")
         merged = job.build_job(run, self._job_path, parts, info.world_size, notes)
         merged.summary["gather_s"] = time.monotonic() - t0  # rank 0's wait and merge, before saving
         for f in dataclasses.fields(Run):  # the caller's Run object becomes the job record
@@ -488,6 +486,8 @@ class Session:
         ctx = self.run.context
         ctx.setdefault("toggles", [])
         ctx.setdefault("world_size", self.run.environment.get("world_size", 1))
+        if self.options.forecast:  # the report forecasts these (swift_nb.analysis.forecast)
+            ctx["forecast"] = list(self.options.forecast)
         for key, value in self._watcher.context.items():  # the Trainer or Accelerator driving the loop
             ctx.setdefault(key, value)
         if self._watcher.skipped_updates:

@@ -19,6 +19,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from swift_nb.record import Run
+from swift_nb.render.forecast import TITLE as FORECAST_TITLE
 from swift_nb.render.oom import TITLE as OOM_TITLE
 from swift_nb.render.report import FigurePart, Section
 from swift_nb.render.tables import summary_html, summary_text
@@ -39,6 +40,7 @@ SECTION_TAB = {
     "Step time breakdown": "Timeline",
     "GPU": "Timeline",
     "Memory by category": "Memory",
+    FORECAST_TITLE: "Memory",
     "Top operators by self time": "Operators",
     "Top operators by memory allocated": "Operators",
     "Environment": "Files",

@@ -35,6 +35,8 @@ from swift_nb.render.figures import (
     rank_timeline_figure,
     timeline_figure,
 )
+from swift_nb.render.forecast import TITLE as FORECAST_TITLE
+from swift_nb.render.forecast import forecast_section
 from swift_nb.render.oom import TITLE as OOM_TITLE
 from swift_nb.render.oom import oom_html
 from swift_nb.render.tables import absent_text, is_imported, summary_rows
@@ -615,6 +617,15 @@ def _oom_section(run: Run) -> list[Section]:
     return [Section(OOM_TITLE, [body])] if body is not None else []
 
 
+def _forecast_section(run: Run, forecasts: Sequence[Any] | None, problem: str | None) -> list[Section]:
+    """ "Will it fit" for the configurations the run asked for (``--forecast``)."""
+    if not run.context.get("forecast"):
+        return []
+    if problem is not None or not forecasts:
+        return [Section(FORECAST_TITLE, [_empty(f"No forecast — {problem or 'the run was not analysed'}.")])]
+    return [Section(FORECAST_TITLE, [forecast_section(forecasts)])]
+
+
 def report_sections(
     run: Run,
     *,
@@ -632,6 +643,8 @@ def report_sections(
     device_steps: pd.DataFrame | None = None,
     kernel_kinds: pd.DataFrame | None = None,
     idle_causes: pd.DataFrame | None = None,
+    forecasts: Sequence[Any] | None = None,
+    forecast_problem: str | None = None,
     not_analysed: str | None = None,
 ) -> list[Section]:
     """The report's sections in order (the notebook shows the same ones), from the
@@ -657,6 +670,7 @@ def report_sections(
         _breakdown_section(breakdown, why),
         _gpu_section(run, device, device_steps, kernel_kinds, idle_causes),
         _memory_section(footprint, timeline, why, run),
+        *_forecast_section(run, forecasts, forecast_problem),
         _operators_section(
             "Top operators by self time",
             operators_time,
@@ -722,6 +736,8 @@ def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:
         device_steps=analysis.device_steps,
         kernel_kinds=analysis.kernel_kinds,
         idle_causes=analysis.idle_causes,
+        forecasts=analysis.forecasts,
+        forecast_problem=analysis.forecast_problem,
     )
 
 
