@@ -53,7 +53,11 @@ def main() -> None:
             setup_s, cell_s = bare(args.steps)
             t = time.perf_counter()
             (outcome,) = run_variants(
-                [SETUP], CELL.format(steps=args.steps), "--wait 0 --warmup 1 --active 2", [], Path(root) / str(i)
+                [SETUP],
+                CELL.format(steps=args.steps),
+                "--wait 0 --warmup 1 --active 2",
+                [],
+                Path(root) / str(i),
             )
             rerun_s = time.perf_counter() - t
             assert outcome.status == "ok", outcome

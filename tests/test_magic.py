@@ -126,7 +126,9 @@ def test_open_shows_a_run_recorded_elsewhere(kernel, tmp_path):
 
 
 def test_flops_flag_counts_a_step(kernel, tmp_path):
-    res = kernel.execute(f"%%swift_profile --out {tmp_path} --flops --wait 0 --warmup 1 --active 1\nm = train(4)")
+    res = kernel.execute(
+        f"%%swift_profile --out {tmp_path} --flops --wait 0 --warmup 1 --active 1\nm = train(4)"
+    )
     assert res.status == "ok", res.outputs
     run = _newest(tmp_path)
     # Linear(16, 16) on a batch of 4: forward 2·4·16·16, backward the same again for the

@@ -88,7 +88,9 @@ def test_profile_with_run_id_writes_that_folder(tmp_path):
 
     m = torch.nn.Linear(4, 4)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
-    with swift_nb.profile(out_dir=tmp_path, run_id="fixed-id", wait=0, warmup=0, active=1, report=False) as run:
+    with swift_nb.profile(
+        out_dir=tmp_path, run_id="fixed-id", wait=0, warmup=0, active=1, report=False
+    ) as run:
         for _ in range(2):
             m(torch.randn(2, 4)).sum().backward()
             o.step()

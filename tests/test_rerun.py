@@ -49,7 +49,12 @@ def test_parse_variants_and_worker_flags():
     magic = shlex.split(worker.spec["magic_line"])
     options = ProfileOptions.from_line(worker.spec["magic_line"])
     assert options == ProfileOptions(
-        wait=0, active=2, count_flops=True, label=vs[1].name, out_dir="/tmp/runs", report=False,
+        wait=0,
+        active=2,
+        count_flops=True,
+        label=vs[1].name,
+        out_dir="/tmp/runs",
+        report=False,
         run_id=worker.options.run_id,
     )
     assert worker.spec["run_dir"] == str(Path("/tmp/runs") / options.run_id)

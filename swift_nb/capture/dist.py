@@ -175,5 +175,3 @@ def fallback_job_id(label: str | None) -> str:
 
 
 # -- launcher signals -----------------------------------------------------------------------
-
-

@@ -20,7 +20,9 @@ from types import FrameType
 from typing import Any
 
 #: signals that end a run as ``terminated``
-TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))  # no SIGHUP on Windows
+TERMINATING = tuple(
+    getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)
+)  # no SIGHUP on Windows
 
 
 def _main_thread() -> bool:
