@@ -8,8 +8,9 @@ each category at every allocation:
 - an allocation never freed within the step whose address holds a gradient or optimizer
   state at the step's end is that category (gradients created by backward, state created
   by the first step);
-- an allocation made before the step's first backward op and still alive when backward
-  starts is an activation (saved for backward);
+- an allocation made outside backward and still alive when a later backward starts is an
+  activation (saved for backward; under gradient accumulation each micro-batch's forward
+  keeps its own);
 - anything else (temporaries, the batch, outputs) is ``other``;
 - a free is charged to the category of the allocation it ends, or to the snapshot's
   category for storages that existed when the step began (last step's gradients).
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
-from swift_nb.trace_names import AUTOGRAD_PREFIX, step_of
+from swift_nb.trace_names import AUTOGRAD_PREFIX, step_of, union
 
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 MAX_TIMELINE_POINTS = 400  # per step
@@ -91,9 +92,16 @@ def replay(
     events: list[tuple[float, int, int]],
     start: Snapshot,
     end: Snapshot,
-    first_backward_us: float,
+    backward: np.ndarray | float,
 ) -> StepMemory:
-    """Replay one step's allocation events ``(ts_us, bytes, addr)`` (bytes < 0: free)."""
+    """Replay one step's allocation events ``(ts_us, bytes, addr)`` (bytes < 0: free).
+
+    ``backward``: the spans (µs, an ``(n, 2)`` array) in which the autograd engine ran
+    backward nodes; a number is the first backward's start (one backward per step). An
+    allocation made outside them and still alive when a later one begins is an activation:
+    under gradient accumulation each micro-batch's forward keeps its own for its backward.
+    """
+    spans = _spans(backward)
     # A storage from the step's start whose free the profiler did not see (it was
     # allocated before memory profiling began, e.g. during warmup) is gone if the step
     # allocates at its address or if the optimizer no longer holds it at the end. It is
@@ -126,7 +134,7 @@ def replay(
         if nbytes > 0:
             if addr in end and i not in freed_at:  # the storage still there at the end
                 cat = _INDEX[end[addr][0]]
-            elif ts < first_backward_us and freed_at.get(i, np.inf) >= first_backward_us:
+            elif _kept_for_backward(spans, ts, freed_at.get(i, np.inf)):
                 cat = _INDEX["activations"]
             else:
                 cat = _INDEX["other"]
@@ -166,6 +174,23 @@ def replay(
     )
 
 
+def _spans(backward: np.ndarray | float) -> np.ndarray:
+    """Disjoint backward spans, sorted."""
+    if np.ndim(backward) == 0:
+        return np.array([[float(backward), np.inf]]) if np.isfinite(backward) else np.empty((0, 2))
+    spans = np.asarray(backward, dtype=float).reshape(-1, 2)
+    return union(spans[:, 0], spans[:, 1])
+
+
+def _kept_for_backward(spans: np.ndarray, ts: float, freed: float) -> bool:
+    """Whether an allocation at ``ts``, freed at ``freed``, is made outside every backward
+    span and lives into the start of a later one."""
+    i = int(np.searchsorted(spans[:, 0], ts, side="right"))  # spans starting after ts begin at i
+    if i > 0 and ts <= spans[i - 1, 1]:
+        return False  # made inside backward
+    return i < len(spans) and freed >= spans[i, 0]
+
+
 def step_memory(
     trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int
 ) -> dict[int, StepMemory]:
@@ -179,7 +204,7 @@ def step_memory(
         return {}
     starts = np.array([s for s, _, _ in spans])
     mem: dict[int, list[tuple[float, int, int]]] = {k: [] for _, _, k in spans}
-    first_bwd = {k: np.inf for _, _, k in spans}
+    backward: dict[int, list[tuple[float, float]]] = {k: [] for _, _, k in spans}
     for e in trace_events:
         name = e.get("name", "")
         is_mem = name == "[memory]"
@@ -195,10 +220,12 @@ def step_memory(
             if int(a.get("Device Type", -1)) == device_type:
                 mem[k].append((ts, int(a.get("Bytes", 0)), int(a.get("Addr") or 0)))
         else:
-            first_bwd[k] = min(first_bwd[k], ts)
+            backward[k].append((ts, ts + float(e.get("dur", 0))))
     out = {}
     for start_us, _, k in spans:
         if k in snapshots and k + 1 in snapshots:
-            out[k] = replay(sorted(mem[k], key=lambda m: m[0]), snapshots[k], snapshots[k + 1], first_bwd[k])
+            out[k] = replay(
+                sorted(mem[k], key=lambda m: m[0]), snapshots[k], snapshots[k + 1], np.array(backward[k])
+            )
             out[k].start_us = start_us
     return out
