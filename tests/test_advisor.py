@@ -445,8 +445,11 @@ def test_activation_memory_names_checkpointing_and_bf16(runs_dir):
     run = _profile(runs_dir, act_heavy)
     plain = _advised(run)
     assert "model.gradient_checkpointing_enable() for Hugging Face" in plain["activations"].suggestion
-    # a loop of its own does not say whether it runs under autocast: no precision finding
-    assert "fp32_activations" not in plain
+    # a loop of its own: the trace's matmul input types say it ran in fp32, so the toggle is named
+    fp32 = plain["fp32_activations"]
+    assert fp32.toggle == "bf16_autocast"
+    assert fp32.evidence["mixed_precision"] == "off (the matmuls' inputs in the trace are fp32)"
+    assert fp32.suggestion.endswith("try it without editing the cell: %%swift_profile --compare bf16_autocast")
 
     found = _advised(run, _trainer())
     assert found["activations"].suggestion == (

@@ -151,6 +151,22 @@ class Evidence:
     # runs on the cores the backward needs).
     collective_share: float = 0.0
     exposed_comm_share: float = 0.0
+    # element types of the matmuls' inputs in the trace ("float", "c10::BFloat16", …): all
+    # "float" means the forward ran in fp32, without autocast
+    matmul_types: frozenset[str] = frozenset()
+
+
+#: the ops autocast lowers to 16 bits; their recorded input types tell whether it was on
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")
+FLOATING = frozenset({"float", "double", "c10::BFloat16", "c10::Half", "c10::Float8_e4m3fn", "c10::Float8_e5m2"})
+
+
+def _matmul_types(ops: pd.DataFrame) -> frozenset[str]:
+    types = ops.loc[ops["name"].isin(MATMULS), "input_types"]
+    found: set[str] = set()
+    for text in types.unique():
+        found |= {t.strip(" '\"") for t in str(text).strip("[]").split(",") if t.strip(" '\"")}
+    return frozenset(found)
 
 
 def gather(
@@ -211,6 +227,7 @@ def gather(
         growth_bytes_per_step=growth,
         growth_source=source,
         loader=_loader(trace, bd, ops, run),
+        matmul_types=_matmul_types(ops),
     )
 
 
@@ -762,20 +779,34 @@ def rule_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
     )
 
 
+def _toggled(run: Run, toggle_id: str) -> bool:
+    """Whether the run had ``toggle_id`` applied (its context's toggle reports)."""
+    return any(isinstance(t, dict) and t.get("toggle") == toggle_id for t in run.context.get("toggles") or [])
+
+
 def rule_fp32_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | None:
-    """A Trainer or Accelerator that trains in fp32 (its mixed-precision setting off, fp32
-    weights) keeping a large share of the peak in activations. Only there: in a loop of
-    its own the run does not say whether the forward runs under autocast."""
+    """fp32 weights and a forward without mixed precision keeping a large share of the
+    peak in activations: a Trainer or Accelerator whose mixed-precision setting is off, or
+    a loop of its own whose matmuls ran on fp32 inputs (the trace's recorded input types);
+    not a run with the bf16_autocast toggle applied."""
     rec = integrations.recorded(run.context)
-    if rec is None or rec.mixed_precision() is not False or run.context.get("dtype", "float32") != "float32":
+    if run.context.get("dtype", "float32") != "float32" or _toggled(run, "bf16_autocast"):
+        return None
+    if rec is not None:
+        if rec.mixed_precision() is not False:
+            return None
+        setting = (
+            "bf16=False, fp16=False" if rec.is_trainer else f"mixed_precision={rec.get('mixed_precision')!r}"
+        )
+        mixed = f"off ({rec.cls}: {setting})"
+    elif ev.matmul_types & FLOATING == {"float"}:  # a loop of its own: its matmuls ran on fp32 inputs
+        mixed = "off (the matmuls' inputs in the trace are fp32)"
+    else:
         return None
     act = _category(ev, "activations")
     if not ev.peak_bytes or act / ev.peak_bytes < th.fp32_activation_share:
         return None
     predicted = ev.peak_bytes - act / 2
-    setting = (
-        "bf16=False, fp16=False" if rec.is_trainer else f"mixed_precision={rec.get('mixed_precision')!r}"
-    )
     return Finding(
         id="fp32_activations",
         title=f"Activations are kept in fp32: {_pct(act / ev.peak_bytes)} % of peak tensor memory",
@@ -784,10 +815,15 @@ def rule_fp32_activations(ev: Evidence, th: Thresholds, run: Run) -> Finding | N
             "peak_bytes": ev.peak_bytes,
             "activations_pct": _pct(act / ev.peak_bytes),
             "weights_dtype": "float32",
-            "mixed_precision": f"off ({rec.cls}: {setting})",
+            "mixed_precision": mixed,
             "predicted_peak_bytes": predicted,
         },
-        suggestion=integrations.fix(run.context, "fp32_activations") or "",
+        suggestion=integrations.fix(run.context, "fp32_activations")
+        or (
+            "Run the forward pass under bf16 autocast (with torch.autocast('cuda', dtype=torch.bfloat16): …); "
+            "try it without editing the cell: %%swift_profile --compare bf16_autocast"
+        ),
+        toggle="bf16_autocast",
         predicted_effect=(
             f"peak tensor memory ≈ {fmt_bytes(predicted)} instead of {fmt_bytes(ev.peak_bytes)}: activations "
             f"≈ {fmt_bytes(act / 2)} in bfloat16"
