@@ -448,3 +448,26 @@ def test_the_magic_shows_will_it_fit(kernel, tmp_path):
     assert res.status == "ok", res.outputs
     shown = "".join(d["data"].get("text/html", "") for d in res.of_type("display_data"))
     assert f"<h4>{TITLE}</h4>" in shown and "On T4-16GB (batch 64" in shown
+
+
+def test_the_panel_form_forecasts_without_rerunning(tmp_path):
+    from swift_nb.notebook.forecast_form import ForecastForm
+    from swift_nb.notebook.panel import TABS, results_panel
+
+    run = _tiny_loop(out_dir=tmp_path, report=False)
+    form = ForecastForm(run)
+    assert form.batch.value == 0 and form.optimizer.value == "AdamW"  # the run's own, to start from
+    form.device.value, form.batch.value = "T4-16GB", 64
+    first = form.press()
+    assert first is not None and first == forecast(
+        run, "T4-16GB", batch_size=64, dtype="float32", optimizer="AdamW"
+    )
+    form.toggles.value = ("flash_attention",)
+    form.press()
+    shown = form.output.value
+    assert "On T4-16GB (batch 64" in shown and "flash_attention" in shown and len(form.forecasts) == 2
+    form.reset()
+    assert form.forecasts == [] and "press Forecast" in form.output.value
+    panel = results_panel(run, [])
+    memory_tab = panel.children[1].children[TABS.index("Memory")]
+    assert any("swift-nb-forecast" in w._dom_classes for w in memory_tab.children)

@@ -18,6 +18,7 @@ from html import escape
 import ipywidgets as widgets
 from IPython.display import display
 
+from swift_nb.notebook.forecast_form import ForecastForm, has_memory
 from swift_nb.record import Run
 from swift_nb.render.forecast import TITLE as FORECAST_TITLE
 from swift_nb.render.oom import TITLE as OOM_TITLE
@@ -99,6 +100,8 @@ def results_panel(
         tab = SECTION_TAB.get(section.title, "Summary")
         if tab is not None:
             content[tab] += _section_widgets(section)
+    if has_memory(run):
+        content["Memory"].append(ForecastForm(run).widget())
     content["Files"][:0] = [_html(files_html(run))]
     if actions is not None:
         content["Advice"].append(actions)

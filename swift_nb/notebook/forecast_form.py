@@ -1,0 +1,106 @@
+"""The results panel's "Will it fit?" form: the levers of ``swift_nb.forecast`` (device,
+batch, sequence, dtype, optimizer, toggles, ranks) over a run already measured; each press
+adds a configuration to the table and the bars, without rerunning anything.
+
+The run is measured (its trace read) on the first press only, so a panel that never uses
+the form costs nothing."""
+
+from __future__ import annotations
+
+from html import escape
+
+import ipywidgets as widgets
+
+from swift_nb.analysis.forecast import DEVICES, OPTIMIZERS, Forecast, Measured, forecast, measure
+from swift_nb.errors import ConfigError
+from swift_nb.record import Run
+from swift_nb.render.forecast import forecast_section
+
+TOGGLE_CHOICES = ("flash_attention", "grad_checkpointing", "galore", "bf16_autocast", "sequence_parallel")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def has_memory(run: Run) -> bool:
+    """Whether the run recorded memory by category (what a forecast scales from)."""
+    return "activations_bytes" in run.steps and run.steps["activations_bytes"].notna().any()
+
+
+class ForecastForm:
+    """The form and its output; ``press()`` does what the button does (for code and tests)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self._measured: Measured | None = None
+        self.forecasts: list[Forecast] = []
+        ctx = run.context
+        self.device = widgets.Dropdown(options=list(DEVICES), value="H100-80GB", description="device")
+        # 0: the run's own batch or sequence length (measured from the trace on the first press)
+        self.batch = widgets.BoundedIntText(
+            value=int(ctx.get("batch_size") or 0), min=0, max=1 << 20, description="batch"
+        )
+        self.seq = widgets.BoundedIntText(
+            value=int(ctx.get("seq_len") or 0), min=0, max=1 << 24, description="seq"
+        )
+        dtype = str(ctx.get("dtype") or "float32")
+        self.dtype = widgets.Dropdown(
+            options=DTYPES, value=dtype if dtype in DTYPES else "float32", description="dtype"
+        )
+        optimizer = ctx.get("optimizer")
+        self.optimizer = widgets.Dropdown(
+            options=list(OPTIMIZERS),
+            value=optimizer if optimizer in OPTIMIZERS else None,
+            description="optimizer",
+        )
+        self.toggles = widgets.SelectMultiple(
+            options=TOGGLE_CHOICES, rows=len(TOGGLE_CHOICES), description="toggles"
+        )
+        self.world = widgets.BoundedIntText(value=1, min=1, max=1 << 16, description="ranks")
+        self.button = widgets.Button(description="Forecast", button_style="primary")
+        self.clear = widgets.Button(description="Clear")
+        self.output = widgets.HTML("<p class='empty'>Pick a configuration and press Forecast.</p>")
+        self.button.on_click(lambda _: self.press())
+        self.clear.on_click(lambda _: self.reset())
+
+    def kwargs(self) -> dict:
+        """``forecast()``'s keyword arguments from the form (batch or seq 0: the run's own)."""
+        return {
+            "device": self.device.value,
+            "batch_size": self.batch.value or None,
+            "seq_len": self.seq.value or None,
+            "dtype": self.dtype.value,
+            "optimizer": self.optimizer.value,
+            "toggles": list(self.toggles.value),
+            "world_size": self.world.value,
+        }
+
+    def press(self) -> Forecast | None:
+        """Forecast the form's configuration and add it to those shown; a bad combination
+        is said in the output, not raised."""
+        try:
+            if self._measured is None:
+                self._measured = measure(self.run)
+            result = forecast(self._measured, **self.kwargs())
+        except ConfigError as e:
+            self.output.value = self._html() + f"<p class='empty'>{escape(str(e))}</p>"
+            return None
+        self.forecasts.append(result)
+        self.output.value = self._html()
+        return result
+
+    def reset(self) -> None:
+        self.forecasts.clear()
+        self.output.value = "<p class='empty'>Pick a configuration and press Forecast.</p>"
+
+    def _html(self) -> str:
+        return forecast_section(self.forecasts) if self.forecasts else ""
+
+    def widget(self) -> widgets.Widget:
+        levers = widgets.VBox(
+            [
+                widgets.HBox([self.device, self.dtype, self.optimizer]),
+                widgets.HBox([self.batch, self.seq, self.world]),
+                widgets.HBox([self.toggles, widgets.VBox([self.button, self.clear])]),
+            ]
+        )
+        title = widgets.HTML("<h4>Will it fit? Try another device, batch, sequence or toggles</h4>")
+        return widgets.VBox([title, levers, self.output], _dom_classes=["swift-nb-forecast"])
