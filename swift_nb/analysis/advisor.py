@@ -25,6 +25,7 @@ from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_growth
 from swift_nb.analysis.operators import op_self_times_us
+from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
@@ -158,7 +159,9 @@ class Evidence:
 
 #: the ops autocast lowers to 16 bits; their recorded input types tell whether it was on
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")
-FLOATING = frozenset({"float", "double", "c10::BFloat16", "c10::Half", "c10::Float8_e4m3fn", "c10::Float8_e5m2"})
+FLOATING = frozenset(
+    {"float", "double", "c10::BFloat16", "c10::Half", "c10::Float8_e4m3fn", "c10::Float8_e5m2"}
+)
 
 
 def _matmul_types(ops: pd.DataFrame) -> frozenset[str]:
@@ -305,20 +308,11 @@ def _eager_attention(ops: pd.DataFrame, n_steps: int) -> tuple[int, list[int], i
     return best, shape, round(per_step)
 
 
-def _dims(text: str) -> list:
-    """An op's input shapes from their text (empty when absent or unreadable)."""
-    try:
-        dims = json.loads(text) if text else []
-    except ValueError:
-        return []
-    return dims if isinstance(dims, list) else []
-
-
 def _square_inputs(ops: pd.DataFrame) -> set[tuple[int, ...]]:
     """The shapes of every [.., T, T] input of a softmax: the attention score matrices."""
     out = set()
     for dims_text in ops.loc[ops["name"].isin(SOFTMAX), "input_dims"]:
-        dims = _dims(dims_text)
+        dims = input_dims(dims_text)
         d = dims[0] if dims and isinstance(dims[0], list) else []
         if len(d) >= 2 and d[-1] == d[-2] and d[-1] > 1:
             out.add(tuple(int(x) for x in d))
@@ -341,12 +335,12 @@ def _ints(values: list) -> bool:
     return all(isinstance(v, int) for v in values)
 
 
-def _makes_scores(input_dims: np.ndarray, seqs: set[int]) -> bool:
+def _makes_scores(op_dims: np.ndarray, seqs: set[int]) -> bool:
     """Whether any of these ops (those enclosing an allocation) works on a [.., T, T]
     tensor: takes one, or multiplies [.., T, k] by [.., k, T]."""
-    for text in input_dims:
+    for text in op_dims:
         # a tensor's shape: a list of ints (a TensorList input, as in cat, is a list of them)
-        shapes = [d for d in _dims(text) if isinstance(d, list) and len(d) >= 2 and _ints(d)]
+        shapes = [d for d in input_dims(text) if isinstance(d, list) and len(d) >= 2 and _ints(d)]
         if any(d[-1] == d[-2] and d[-1] in seqs for d in shapes):
             return True
         if len(shapes) >= 2 and shapes[0][-2] in seqs and shapes[1][-1] == shapes[0][-2]:

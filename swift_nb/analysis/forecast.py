@@ -24,7 +24,6 @@ number in words.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
@@ -46,6 +45,7 @@ from swift_nb.analysis.advisor import (
     checkpointed_peak,
 )
 from swift_nb.analysis.memory import memory_footprint
+from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace import Trace, load_trace, parse_events
 from swift_nb.errors import ConfigError, RecordError
@@ -587,14 +587,6 @@ def _device_type(run: Run, trace: Trace) -> int:
     return 0
 
 
-def _dims(text: str) -> list:
-    try:
-        dims = json.loads(text) if text else []
-    except ValueError:
-        return []
-    return dims if isinstance(dims, list) else []
-
-
 def _first_backward(trace: Trace) -> pd.Series:
     backward = trace.events[trace.events["name"].str.startswith(tn.AUTOGRAD_PREFIX)]
     return backward.groupby("step")["ts_us"].min()
@@ -697,18 +689,18 @@ def _score_like(d: list[int], scores: set[tuple[int, ...]]) -> bool:
     return False
 
 
-def _makes_square(input_dims: np.ndarray, scores: set[tuple[int, ...]]) -> bool:
+def _makes_square(op_dims: np.ndarray, scores: set[tuple[int, ...]]) -> bool:
     """Whether the innermost of the ops enclosing an allocation that has tensor inputs
-    (``input_dims``: innermost first) makes a [.., T, T] tensor: it works on score-shaped
+    (``op_dims``: innermost first) makes a [.., T, T] tensor: it works on score-shaped
     tensors alone (softmax, its backward, scaling, masking, dropout), or multiplies
     [.., T, k] by [.., k, T] into a score shape. Stricter than the advisor's
     ``_makes_scores``, which asks whether any enclosing op touches a [.., T, T] tensor:
     there, the copies of q and k a matmul makes, a [.., T, T] × [.., T, d] product or an
     MLP's [B, T, 4·d] count when their size happens to be that of a score tensor."""
-    for text in input_dims:
+    for text in op_dims:
         shapes = [
             d
-            for d in _dims(text)
+            for d in input_dims(text)
             if isinstance(d, list) and len(d) >= 2 and all(isinstance(x, int) for x in d)
         ]
         if not shapes:
@@ -730,7 +722,7 @@ def _matrices(trace: Trace, ops: pd.DataFrame, step: int) -> dict[tuple[int, int
     linear = ops[(ops["name"] == "aten::linear") & (ops["step"] == step) & (ops["ts_us"] < start)]
     shapes: Counter = Counter()
     for text in linear["input_dims"]:
-        dims = _dims(text)
+        dims = input_dims(text)
         if len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
             shapes[(int(dims[1][0]), int(dims[1][1]))] += 1
     return dict(shapes)
@@ -755,7 +747,7 @@ def _hidden(ops: pd.DataFrame) -> int | None:
     for name, pick in (("aten::embedding", lambda d: d[0][1]), ("aten::linear", lambda d: d[0][-1])):
         for text in ops.loc[ops["name"] == name, "input_dims"].head(1):
             try:
-                return int(pick(_dims(text)))
+                return int(pick(input_dims(text)))
             except (IndexError, TypeError, ValueError):
                 continue
     return None

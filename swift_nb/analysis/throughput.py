@@ -6,13 +6,13 @@ so a slow first step or a profiled step does not drag it down.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
 
 import pandas as pd
 
+from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.trace import Trace, load_trace
 from swift_nb.record import Run
 
@@ -117,22 +117,18 @@ def batch_and_seq(events: pd.DataFrame) -> tuple[int | None, int | None]:
     """
     emb = events.loc[events["name"] == "aten::embedding", "input_dims"]
     indices = Counter(
-        tuple(dims[1]) for dims in map(_dims, emb) if len(dims) > 1 and dims[1] and len(dims[1]) == 2
+        tuple(dims[1]) for dims in map(input_dims, emb) if len(dims) > 1 and dims[1] and len(dims[1]) == 2
     )
     if indices:
         batch, seq = indices.most_common(1)[0][0]
         return int(batch), int(seq)
     first = events[events["name"].isin(_BATCH_INPUT)].sort_values("ts_us", kind="stable")
     for name, text in first[["name", "input_dims"]].itertuples(index=False):
-        dims = _dims(text)
+        dims = input_dims(text)
         arg = _BATCH_INPUT[name]
         if len(dims) > arg and dims[arg]:
             return int(dims[arg][0]), None
     return None, None
-
-
-def _dims(text: str) -> list:
-    return json.loads(text) if text else []
 
 
 def _steps_per_s(steps: pd.DataFrame) -> float | None:
