@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,13 @@ def train(steps: int, model: torch.nn.Module | None = None, opt=None, batch: int
 
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a process group's store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def quickstart_steps() -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port
 from torch import nn
 
 import swift_nb
@@ -314,7 +315,7 @@ def test_leak(runs_dir):
 
 @pytest.mark.parametrize(("kind", "expected"), [("heavy_comm", True), ("heavy_compute", False)])
 def test_communication(tmp_path, kind, expected):
-    port = 29400 + (1 if expected else 2)
+    port = free_port()
     proc = subprocess.run(
         [sys.executable, str(WORKLOADS / "ddp_train.py"), str(tmp_path), "2", str(port), kind],
         capture_output=True,
@@ -449,7 +450,9 @@ def test_activation_memory_names_checkpointing_and_bf16(runs_dir):
     fp32 = plain["fp32_activations"]
     assert fp32.toggle == "bf16_autocast"
     assert fp32.evidence["mixed_precision"] == "off (the matmuls' inputs in the trace are fp32)"
-    assert fp32.suggestion.endswith("try it without editing the cell: %%swift_profile --compare bf16_autocast")
+    assert fp32.suggestion.endswith(
+        "try it without editing the cell: %%swift_profile --compare bf16_autocast"
+    )
 
     found = _advised(run, _trainer())
     assert found["activations"].suggestion == (

@@ -5,7 +5,6 @@ gloo on 127.0.0.1; each job is launched once and checked by several tests."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import free_port
 
 import swift_nb
 from swift_nb.analysis import analyze
@@ -24,12 +24,6 @@ from swift_nb.capture.job import RANK_COLUMNS
 
 WORKLOAD = Path(__file__).parent / "workloads" / "ranks_job.py"
 STEPS = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch_cmd(nproc: int, port: int, nnodes: int = 1, args: tuple[str, ...] = ()) -> list[str]:
@@ -68,7 +62,7 @@ class Job:
 def _job(tmp_path_factory, name: str, nproc: int, *args: str, gather_timeout_s: float | None = None) -> Job:
     runs = tmp_path_factory.mktemp(name) / "runs"
     proc = subprocess.run(
-        _launch_cmd(nproc, _free_port(), args=args),
+        _launch_cmd(nproc, free_port(), args=args),
         env=_env(runs, gather_timeout_s),
         capture_output=True,
         text=True,
@@ -273,7 +267,7 @@ def test_rank_that_never_profiles_is_named_missing(tmp_path_factory):
 def test_folders_not_shared_lose_nothing(tmp_path_factory):
     runs = tmp_path_factory.mktemp("own") / "runs"
     proc = subprocess.run(
-        _launch_cmd(2, _free_port(), args=("--own-folders", "--steps", "6")),
+        _launch_cmd(2, free_port(), args=("--own-folders", "--steps", "6")),
         env=_env(runs),
         capture_output=True,
         text=True,
@@ -291,7 +285,7 @@ def test_folders_not_shared_lose_nothing(tmp_path_factory):
 
 def test_two_nodes_one_record(tmp_path):
     runs = tmp_path / "runs"
-    port = _free_port()
+    port = free_port()
     cmd = _launch_cmd(1, port, nnodes=2, args=("--steps", "6"))
     procs = [
         subprocess.Popen(cmd, env=_env(runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

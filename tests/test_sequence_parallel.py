@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 
 import swift_nb
 from swift_nb.analysis.ranks import per_rank as rank_table
@@ -85,7 +86,7 @@ def _rank(rank: int, mode: str, port: int, out: mp.Queue) -> None:
 def _job(mode: str) -> dict[int, tuple]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = 29500 + os.getpid() % 1000 + (7 if mode == "ring" else 0)
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, mode, port, out)) for r in range(2)]
     for p in procs:
         p.start()
