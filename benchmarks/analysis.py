@@ -49,7 +49,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
     run = session.finish()
     t = time.perf_counter()
-    report(run, session.take_trace_events())
+    report(run, session.take_trace_events(), session.take_trace_tables())
     in_session = time.perf_counter() - t
     with gzip.open(run.trace_path, "rb") as f:
         size_mb = len(f.read()) / 2**20

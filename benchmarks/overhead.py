@@ -81,7 +81,7 @@ def main() -> None:
         finally:
             session.finish()
             t = time.perf_counter()  # after the cell: analysis, figures, report.html
-            report(session.run, session.take_trace_events())
+            report(session.run, session.take_trace_events(), session.take_trace_tables())
             report_s.append(time.perf_counter() - t)
 
     modes = {"bare": bare, "sampler": sampler, "profile": profile}

@@ -14,7 +14,8 @@ from typing import Any
 
 from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.compare import compare_runs
-from swift_nb.analysis.trace import parse_events, save_tables
+from swift_nb.analysis.trace import Trace, parse_events, save_tables
+from swift_nb.capture import torch_profiler
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordError
 from swift_nb.options import ProfileOptions
@@ -34,13 +35,29 @@ class Reported:
     sections: list[Section]
 
 
-def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Reported:
+def _prepare_report(events: list[dict]) -> Trace:
+    """The trace's tables, built while the cell still runs (see ``torch_profiler.tables_builder``);
+    matplotlib is imported meanwhile too, so that the first report does not wait for it."""
+    trace = parse_events(events)
+    from matplotlib.backends import backend_agg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+    return trace
+
+
+torch_profiler.tables_builder = _prepare_report
+
+
+def report(
+    run: Run | Path | str, trace_events: list[dict] | None = None, trace_tables: Trace | None = None
+) -> Reported:
     """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
     reason is in ``run.problems`` and the report, never raised: what was measured is never
     lost to it. Only run.json is rewritten (the report's name in ``files``), never the
     tables read. ``trace_events``: the trace's events when the caller holds them already
-    (saves reading the file)."""
+    (saves reading the file); ``trace_tables``: their tables, when built already (saves
+    building them)."""
     run = run if isinstance(run, Run) else load_run(run)
     analysis, failure = None, None
     if steps_missing(run):
@@ -48,8 +65,8 @@ def report(run: Run | Path | str, trace_events: list[dict] | None = None) -> Rep
     else:
         try:
             trace = None
-            if trace_events is not None and run.trace_path is not None:
-                trace = parse_events(trace_events)
+            if (trace_events is not None or trace_tables is not None) and run.trace_path is not None:
+                trace = trace_tables if trace_tables is not None else parse_events(trace_events)
                 save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
             analysis = analyze(run, trace=trace)
         except RecordError as e:
@@ -71,10 +88,10 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
     write the report; without, the record is complete and ``swift-nb report`` analyses it
     later."""
     run = session.finish(status, error)
-    events = session.take_trace_events()
+    events, tables = session.take_trace_events(), session.take_trace_tables()
     if not session.options.report:
         return Reported(run, None, [])
-    return report(run, events)
+    return report(run, events, tables)
 
 
 def apply_toggles(session: Session, toggles: Sequence[Toggle], namespace: Mapping[str, Any]) -> None:

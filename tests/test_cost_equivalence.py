@@ -136,6 +136,42 @@ def test_analysis_right_after_capture_is_unchanged(run_copy):
     assert numbers(run_copy, reported.analysis) == {k: expected[k] for k in ("tables", "analysis")}
 
 
+def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
+    """The trace's tables and the memory replay made in the background during the cell
+    (after the profiler's last cycle) equal those made from the same events after it."""
+    import torch
+
+    from swift_nb.analysis.trace import parse_events
+    from swift_nb.capture.session import Session
+    from swift_nb.demo import make_model
+    from swift_nb.options import ProfileOptions
+
+    torch.manual_seed(0)
+    model = make_model(seq_len=32, n_layer=2, d_model=64, n_head=2, vocab_size=128)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 128, (2, 32))
+    session = Session(ProfileOptions(out_dir=tmp_path))
+    session.start()
+    for _ in range(9):  # the schedule's 6 steps, then steps the profiler does not record
+        model(x, x).backward()
+        opt.step()
+        opt.zero_grad()
+    run = session.finish()
+    events, tables = session.take_trace_events(), session.take_trace_tables()
+    assert tables is not None, "the tables were not built while the cell ran"
+    fresh = parse_events(events)
+    for name in ("events", "memory", "steps"):
+        pd.testing.assert_frame_equal(getattr(tables, name), getattr(fresh, name))
+    per_step = memcat.step_memory(events, session._snapshots, 0)
+    assert sorted(per_step) == [3, 4, 5]
+    for k, m in per_step.items():
+        row = run.steps.loc[run.steps["step"] == k].iloc[0]
+        assert {c: row[f"{c}_bytes"] for c in m.at_peak} == m.at_peak
+        assert row["peak_tensor_bytes"] == m.peak
+        timeline = run.memory.loc[run.memory["step"] == k, [f"{c}_bytes" for c in memcat.CATEGORIES]]
+        np.testing.assert_array_equal(timeline.to_numpy(), m.timeline[:, 1:])
+
+
 def _make_fixture() -> None:
     """Record the fixture's run and write what the code computes from it."""
     import torch

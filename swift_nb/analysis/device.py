@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, steps_of
+from swift_nb.analysis.trace import Trace, derived, steps_of
 
 SHARES = ["idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct"]
 SUMMARY_KEYS = [
@@ -74,6 +74,10 @@ def device_work(trace: Trace) -> pd.DataFrame:
     (µs since the trace's first event), ``launch_us`` (when the runtime call that launched
     it began, on the same clock; NaN when the trace does not have it) and ``step`` (the
     profiler step that launched it; -1: none), in start order."""
+    return derived(trace.events, f"device_work/{id(trace.steps)}", lambda: _device_work(trace))
+
+
+def _device_work(trace: Trace) -> pd.DataFrame:
     ev = trace.events
     origin = _origin(trace)
     work = ev[ev["cat"].isin(tn.DEVICE_WORK)]
@@ -221,6 +225,10 @@ def _host_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """(communication, host work): disjoint sorted spans (µs) of the host inside a
     collective or a wait, and of the host running an operator, a runtime call or data
     loading (see ``idle_by_cause``)."""
+    return derived(trace.events, "host_spans", lambda: _host_spans_of(trace))
+
+
+def _host_spans_of(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     ev = trace.events
     host = ev[~ev["cat"].isin(tn.DEVICE_CATEGORIES)]
     names = host["name"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.analysis.trace import Trace, derived, load_trace
 from swift_nb.record import Run
 
 SORT_COLUMNS = {"self_time": "self_time_s", "memory": "alloc_bytes"}
@@ -36,11 +36,11 @@ def top_operators(
     if by not in SORT_COLUMNS:
         raise ValueError(f"by must be one of {', '.join(map(repr, SORT_COLUMNS))}; got {by!r}")
     trace = trace if trace is not None else load_trace(run)
-    ops = _profiled_ops(trace.events)
+    ops, nesting = _ops_and_self_times(trace.events)
     if ops.empty:
         return pd.DataFrame(columns=COLUMNS)
+    thread, idx, parent, self_us = nesting
 
-    thread, idx, parent, self_us = _self_times(ops)
     start, dur = ops["ts_us"].to_numpy(float), ops["dur_us"].to_numpy(float)
 
     alloc = np.zeros(len(ops))
@@ -85,7 +85,18 @@ def op_self_times_us(events: pd.DataFrame) -> pd.Series:
     ops = _profiled_ops(events, keep_index=True)
     if ops.empty:
         return pd.Series(dtype=float)
-    return pd.Series(_self_times(ops.reset_index(drop=True))[3], index=ops.index)
+    return pd.Series(_ops_and_self_times(events)[1][3].copy(), index=ops.index)
+
+
+def _ops_and_self_times(events: pd.DataFrame):
+    """``_profiled_ops(events)`` and its ``_self_times``, computed once per events table
+    (the operators table and the advisor both need them)."""
+
+    def compute():
+        ops = _profiled_ops(events)
+        return ops, (_self_times(ops) if not ops.empty else None)
+
+    return derived(events, "self_times", compute)
 
 
 def _self_times(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -8,7 +8,9 @@ event carries the profiler step it falls in (``step``, from the profiler's step 
 from __future__ import annotations
 
 import gzip
+import weakref
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +146,22 @@ def parse_events(raw: list[dict]) -> Trace:
     events["step"] = steps_of(events["ts_us"].to_numpy(), steps)
     memory["step"] = steps_of(memory["ts_us"].to_numpy(), steps)
     return Trace(events, memory, steps)
+
+
+_DERIVED: dict[int, dict[str, object]] = {}
+
+
+def derived(table: pd.DataFrame, key: str, compute: Callable[[], object]):
+    """``compute()``, once per ``table`` and ``key``: several analyses derive the same
+    intermediate table from a trace's events (the device's work, operators' nesting).
+    Kept while ``table`` lives; callers must not change what they get."""
+    slot = _DERIVED.get(id(table))
+    if slot is None:
+        slot = _DERIVED[id(table)] = {}
+        weakref.finalize(table, _DERIVED.pop, id(table), None)
+    if key not in slot:
+        slot[key] = compute()
+    return slot[key]
 
 
 def steps_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:

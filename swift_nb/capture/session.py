@@ -140,6 +140,7 @@ class Session:
         # The trace's events once finished, so the analysis need not read the file again;
         # whoever analyses the run takes them (take_trace_events) and the memory goes.
         self.trace_events: list[dict] | None = None
+        self.trace_tables: Any = None  # ... and its tables, when built while the cell ran
         self._sampler: Sampler | None = None
         self._trace: TraceRecorder | None = None
         self._stderr = StderrFilter()
@@ -197,6 +198,8 @@ class Session:
                 else:
                     name = rank_trace_file(self._ranks.rank)
                     self._trace = TraceRecorder(self.profiler_cfg, self._job_path, self.note, name)
+                # the analysis reads a rank's trace from its file (trace.rank<R>.tables.npz)
+                self._trace.build_tables = self.options.report and self._ranks is None
                 self._trace.start()
                 self._snapshot_if_recorded()
             self._count_flops_if_due()
@@ -225,6 +228,12 @@ class Session:
     def take_trace_events(self) -> list[dict] | None:
         events, self.trace_events = self.trace_events, None
         return events
+
+    def take_trace_tables(self) -> Any:
+        """The trace's tables (``swift_nb.analysis.trace.Trace``) when they were built
+        while the cell ran, else None; like the events, they go to whoever takes them."""
+        tables, self.trace_tables = self.trace_tables, None
+        return tables
 
     @property
     def steps_done(self) -> int:
@@ -291,6 +300,7 @@ class Session:
             run.files["trace"] = TRACE_FILE if self._ranks is None else f"../{trace.path.name}"
             run.summary["trace_events"] = len(trace.events)
             self.trace_events = trace.events
+            self.trace_tables = trace.tables
             run.summary["recorded_steps"] = trace.recorded_steps
             self._add_memory_categories(run, steps, trace)
         elif self.profiler_cfg is not None:
@@ -352,7 +362,7 @@ class Session:
     def _rank_summary(self, run: Run, trace) -> None:
         events = trace.events if trace is not None else []
         # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
-        self.trace_events = None
+        self.trace_events = self.trace_tables = None
         collective_s, share = job.collective_summary(events)
         run.summary["collective_s_per_step"] = collective_s
         run.summary["collective_share"] = share
@@ -406,6 +416,8 @@ class Session:
             self._trace.step()
             with torch.profiler.record_function(trace_names.OWN_PREFIX + "step_hook"):
                 self._bookkeeping(k, t_in, trigger)
+                if self._trace.undigested:  # a cycle just ended, its last snapshot taken
+                    self._trace.digest(self._memory_job())
         else:
             self._bookkeeping(k, t_in, trigger)
         self._step_start = time.perf_counter() - self._t0
@@ -455,14 +467,26 @@ class Session:
                 self.note(f"memory by category is not available for these parameters ({e})")
                 self._snapshot_failed = True
 
+    def _memory_job(self):
+        """The memory replay of a finished cycle's events with the snapshots taken so far
+        (a function for the trace's background work), or None when there is none to do."""
+        cfg = self.profiler_cfg
+        if cfg is None or not cfg.profile_memory or self._snapshot_failed:
+            return None
+        snapshots = dict(self._snapshots)
+        device = memcat.device_type_code(self._watcher.optimizers.values())
+        return lambda events: memcat.step_memory(events, snapshots, device)
+
     def _add_memory_categories(self, run: Run, steps: pd.DataFrame, trace) -> None:
         """Per recorded step: category bytes at the step's peak (steps.csv) and the
         category timeline (memory.csv). On CPU the replay's peak is the step's peak
         tensor memory; on CUDA the allocator's own peak stays authoritative."""
         if self._snapshot_failed:
             return
-        optimizers = self._watcher.optimizers.values()
-        per_step = memcat.step_memory(trace.events, self._snapshots, memcat.device_type_code(optimizers))
+        per_step = trace.memory
+        if per_step is None:
+            optimizers = self._watcher.optimizers.values()
+            per_step = memcat.step_memory(trace.events, self._snapshots, memcat.device_type_code(optimizers))
         if not per_step:
             return
         for c in memcat.CATEGORIES:

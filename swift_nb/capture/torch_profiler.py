@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,13 +66,67 @@ class ProfilerConfig:
         return "warmup" if pos < self.wait + self.warmup else "active"
 
 
+#: Builds the analyses' tables from a finished trace's events (``swift_nb.api`` sets it:
+#: the analysis layer is above this one). Called off the training thread as soon as the
+#: profiler's last cycle is exported, so that the tables are ready when the cell ends.
+tables_builder: Callable[[list[dict[str, Any]]], Any] | None = None
+
+
 @dataclass
 class TraceResult:
-    """The merged trace file, its events (for the memory replay) and the recorded steps."""
+    """The merged trace file, its events (for the memory replay), the recorded steps, and
+    what was derived from the events while the cell ran (None: not derived): the
+    analyses' tables (``tables_builder``) and the memory replay (``TraceRecorder.digest``)."""
 
     path: Path | None
     events: list[dict[str, Any]]
     recorded_steps: list[int]
+    tables: Any = None
+    memory: Any = None
+
+
+class _Digest:
+    """One exported cycle, worked on in a background thread while the training goes on:
+    gzipped into ``gz`` (when it is the trace's only cycle), decoded, turned into tables
+    (``build``) and replayed for memory (``memory``). ``result()`` waits for it; an error
+    in reading or writing the trace is raised there, on the caller's thread."""
+
+    def __init__(self, part: Path, gz: Path | None, build: Callable | None, memory: Callable | None) -> None:
+        self.part, self.gz = part, gz
+        self._jobs = {"tables": build, "memory": memory}
+        self.doc: dict[str, Any] | None = None
+        self.derived: dict[str, Any] = {}
+        self._error: BaseException | None = None
+        # Not a daemon: an interpreter exiting right after the cell still completes the file.
+        self._thread = threading.Thread(target=self._run, name="swift_nb-trace", daemon=False)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            data = self.part.read_bytes()
+            if self.gz is not None:
+                with gzip.open(self.gz, "wb", compresslevel=3) as dst:
+                    dst.write(data)  # zlib lets the training thread run meanwhile
+            self.doc = orjson.loads(data)
+            del data
+        except BaseException as e:
+            self._error = e
+            return
+        for name, job in self._jobs.items():
+            if job is not None:
+                try:
+                    self.derived[name] = job(self.doc["traceEvents"])
+                except Exception:  # done again after the cell, where a failure is reported
+                    pass
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.doc
 
 
 class TraceRecorder:
@@ -86,6 +140,8 @@ class TraceRecorder:
         self._name = name
         self._note = note
         self._parts: list[Path] = []
+        self._digests: list[_Digest] = []
+        self.build_tables = True  # build the analyses' tables in the background (tables_builder)
         with warnings.catch_warnings():
             # warmup=0 is the user's explicit choice; torch warns about it regardless
             warnings.simplefilter("ignore")
@@ -123,14 +179,37 @@ class TraceRecorder:
         self._parts.append(part)
         _release_results(prof)
 
+    @property
+    def undigested(self) -> bool:
+        """Whether a cycle was exported that ``digest`` has not been started on."""
+        return len(self._digests) < len(self._parts)
+
+    def digest(self, memory: Callable[[list[dict[str, Any]]], Any] | None = None) -> None:
+        """Start working on the exported cycles in the background, while the cell goes on.
+        With one cycle (the default) its part is the whole trace: it is gzipped, decoded,
+        turned into the analyses' tables and replayed for memory (``memory``) there,
+        instead of after the cell's last step."""
+        only = self.cfg.repeat == 1
+        for part in self._parts[len(self._digests) :]:
+            build = tables_builder if only and self.build_tables else None
+            self._digests.append(
+                _Digest(part, self._gz_tmp if only else None, build, memory if only else None)
+            )
+
+    @property
+    def _gz_tmp(self) -> Path:
+        return self._folder / f".{self._name}.tmp"
+
     def finish(self) -> TraceResult:
-        """Merge the exported cycles into the gzipped trace and read the step memory."""
-        parts = [p for p in self._parts if p.exists()]
-        if not parts:
+        """Merge the exported cycles into the gzipped trace (complete once it has its
+        name) and read the step memory."""
+        self.digest()
+        digests = [d for d in self._digests if d.part.exists()]
+        if not digests:
             return TraceResult(None, [], [])
-        out = self._folder / self._name
+        out, tmp = self._folder / self._name, self._gz_tmp
         try:
-            docs = [orjson.loads(p.read_bytes()) for p in parts]
+            docs = [d.result() for d in digests]
             doc = docs[0]
             for extra in docs[1:]:
                 doc["traceEvents"].extend(extra["traceEvents"])
@@ -138,18 +217,17 @@ class TraceRecorder:
             recorded = sorted(
                 k for e in events if e.get("ph") == "X" and (k := step_of(e.get("name", ""))) is not None
             )
-            tmp = out.with_name(f".{out.name}.tmp")
-            if len(parts) == 1:
-                with parts[0].open("rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            else:
+            if digests[0].gz is None or len(digests) > 1:
                 with gzip.open(tmp, "wb", compresslevel=3) as dst:
                     dst.write(orjson.dumps(doc))
             os.replace(tmp, out)
         finally:
-            for p in parts:
-                p.unlink(missing_ok=True)
-        return TraceResult(out, events, recorded)
+            for d in self._digests:
+                d.wait()
+                d.part.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+        derived = digests[0].derived if len(digests) == 1 else {}
+        return TraceResult(out, events, recorded, derived.get("tables"), derived.get("memory"))
 
 
 def _release_results(prof: torch.profiler.profile) -> None:
