@@ -21,7 +21,14 @@ from swift_nb.errors import RecordError
 from swift_nb.options import ProfileOptions
 from swift_nb.record import COMPARE_FILE, STEPS_MISSING, Run, load_run, save_meta, steps_missing, tables_path
 from swift_nb.render.compare import write_compare
-from swift_nb.render.report import Section, analysis_fields, document_html, report_sections, write_report
+from swift_nb.render.report import (
+    Section,
+    analysis_fields,
+    document_html,
+    draw_ahead,
+    report_sections,
+    write_report,
+)
 from swift_nb.toggles import Toggle, ToggleReport, build
 
 
@@ -36,12 +43,13 @@ class Reported:
 
 
 def _prepare_report(events: list[dict]) -> Trace:
-    """The trace's tables, built while the cell still runs (see ``torch_profiler.tables_builder``);
-    matplotlib is imported meanwhile too, so that the first report does not wait for it."""
+    """The trace's tables, built while the cell still runs (see ``torch_profiler.tables_builder``),
+    with the figures that the trace alone determines drawn ahead (``draw_ahead``)."""
     trace = parse_events(events)
-    from matplotlib.backends import backend_agg  # noqa: F401
-    from matplotlib.figure import Figure  # noqa: F401
-
+    try:
+        draw_ahead(trace)
+    except Exception:  # drawn again, and any failure reported, after the cell
+        pass
     return trace
 
 

@@ -145,6 +145,8 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     from swift_nb.capture.session import Session
     from swift_nb.demo import make_model
     from swift_nb.options import ProfileOptions
+    from swift_nb.render import report as render_report
+    from swift_nb.render.figures import figure_png
 
     torch.manual_seed(0)
     model = make_model(seq_len=32, n_layer=2, d_model=64, n_head=2, vocab_size=128)
@@ -159,6 +161,7 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     run = session.finish()
     events, tables = session.take_trace_events(), session.take_trace_tables()
     assert tables is not None, "the tables were not built while the cell ran"
+    drawn = set(render_report._PNGS)
     fresh = parse_events(events)
     for name in ("events", "memory", "steps"):
         pd.testing.assert_frame_equal(getattr(tables, name), getattr(fresh, name))
@@ -170,6 +173,15 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
         assert row["peak_tensor_bytes"] == m.peak
         timeline = run.memory.loc[run.memory["step"] == k, [f"{c}_bytes" for c in memcat.CATEGORIES]]
         np.testing.assert_array_equal(timeline.to_numpy(), m.timeline[:, 1:])
+
+    # The figures drawn ahead are the report's: the same PNG as drawing them now.
+    reported = report(run, events, tables)
+    ahead = [p for s in reported.sections for p in s.parts if getattr(p, "key", None)]
+    assert len(ahead) == 3  # the step breakdown and the two operator figures
+    assert {p.key for p in ahead} <= drawn
+    for part in ahead:
+        assert part.key not in render_report._PNGS  # taken from the figures drawn ahead
+        assert part.png == figure_png(part.figure)
 
 
 def _make_fixture() -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.analysis.trace import Trace, derived, load_trace
 from swift_nb.record import Run
 
 PARTS = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "h2d_s", "other_s", "untraced_s"]
@@ -37,6 +37,11 @@ def trace_breakdown(trace: Trace) -> pd.DataFrame:
     """One row per profiled step: ``step``, ``step_s`` (the profiler's step span less
     swift_nb's own work in it) and the seconds of each part (``data_s`` … ``untraced_s``;
     they sum to ``step_s``)."""
+    key = f"breakdown/{id(trace.steps)}"
+    return derived(trace.events, key, lambda: _trace_breakdown(trace)).copy()
+
+
+def _trace_breakdown(trace: Trace) -> pd.DataFrame:
     ev = trace.events
     # Classify every event once; names repeat, so match each distinct name once.
     names = pd.Series(ev["name"].unique())

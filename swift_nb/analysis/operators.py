@@ -36,6 +36,12 @@ def top_operators(
     if by not in SORT_COLUMNS:
         raise ValueError(f"by must be one of {', '.join(map(repr, SORT_COLUMNS))}; got {by!r}")
     trace = trace if trace is not None else load_trace(run)
+    key = f"operators/{by}/{id(trace.memory)}/{id(trace.steps)}"
+    out = derived(trace.events, key, lambda: _operators(trace, by)).copy()
+    return out if n is None else out.head(n).reset_index(drop=True)
+
+
+def _operators(trace: Trace, by: str) -> pd.DataFrame:
     ops, nesting = _ops_and_self_times(trace.events)
     if ops.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -65,8 +71,7 @@ def top_operators(
             "input_shapes": _common_shapes(codes, ops["input_dims"], len(names)),
         }
     )
-    out = _sorted(out, SORT_COLUMNS[by])
-    return out if n is None else out.head(n).reset_index(drop=True)
+    return _sorted(out, SORT_COLUMNS[by])
 
 
 def by_memory(table: pd.DataFrame) -> pd.DataFrame:

@@ -9,10 +9,12 @@ anything else. Every string that comes from the user or the trace is escaped.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import numbers
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from html import escape
@@ -23,7 +25,10 @@ import pandas as pd
 
 from swift_nb.analysis import Analysis
 from swift_nb.analysis import ranks as rank_analysis
+from swift_nb.analysis.breakdown import trace_breakdown
 from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.operators import by_memory, top_operators
+from swift_nb.analysis.trace import Trace
 from swift_nb.record import REPORT_FILE, Run, atomic_write_text
 from swift_nb.render.figures import (
     breakdown_figure,
@@ -156,18 +161,45 @@ def _kv_table(pairs: Sequence[tuple[str, Any]]) -> str:
     return f"<table><tbody>{body}</tbody></table>"
 
 
+#: PNGs of figures drawn before they were asked for (``FigurePart.key`` → PNG): the
+#: figures that depend on the trace alone are drawn while the cell still runs
+_PNGS: OrderedDict[str, bytes] = OrderedDict()
+_PNGS_KEPT = 8
+
+
+def figure_key(kind: str, data: pd.DataFrame, **options: Any) -> str:
+    """What a figure of ``kind`` drawn from ``data`` shows, as a ``FigurePart.key``."""
+    digest = hashlib.sha1(data.to_csv(index=False).encode()).hexdigest()
+    return f"{kind}:{sorted(options.items())}:{digest}"
+
+
 @dataclass
 class FigurePart:
     """A figure inside a section: embedded as a PNG in the report, shown as an image/png
-    output in a notebook."""
+    output in a notebook. ``draw`` makes the figure when it is first needed; ``key``
+    (``figure_key``) names what it shows, so that a PNG drawn earlier is used instead."""
 
-    figure: Figure
+    draw: Callable[[], Figure]
     alt: str
     caption: str
+    key: str | None = None
+
+    @cached_property
+    def figure(self) -> Figure:
+        return self.draw()
 
     @cached_property
     def png(self) -> bytes:
+        if self.key is not None and self.key in _PNGS:
+            return _PNGS.pop(self.key)
         return figure_png(self.figure)
+
+    def keep(self) -> None:
+        """Draw the PNG now and keep it for a later FigurePart with the same key."""
+        if self.key is not None:
+            _PNGS[self.key] = self.png
+            while len(_PNGS) > _PNGS_KEPT:
+                _PNGS.popitem(last=False)
 
     def html(self) -> str:
         data = base64.b64encode(self.png).decode("ascii")
@@ -295,7 +327,7 @@ def _timeline_section(run: Run) -> Section:
         "Timeline",
         [
             FigurePart(
-                timeline_figure(run),
+                lambda: timeline_figure(run),
                 "Utilisation and memory over time",
                 "Utilisation and memory against time; shading marks the profiler's warmup and active steps.",
             )
@@ -322,9 +354,10 @@ def _breakdown_section(breakdown: pd.DataFrame | None, not_analysed: str | None 
         title,
         [
             FigurePart(
-                breakdown_figure(breakdown),
+                lambda: breakdown_figure(breakdown),
                 "Stacked bars of step time by part",
                 "Each bar is one profiled step; its parts add up to the step's time.",
+                figure_key("breakdown", breakdown),
             ),
             _frame_table(table, agg_rows=1),
         ],
@@ -341,7 +374,7 @@ def _memory_section(
     if _has_rows(timeline):
         section.parts.append(
             FigurePart(
-                memory_figure(timeline),
+                lambda: memory_figure(timeline),
                 "Stacked area of tensor memory by category over time",
                 "Live tensor bytes by category during the recorded steps (dashed: step starts).",
             )
@@ -400,7 +433,15 @@ def _operators_section(
         operators = operators.drop(columns="alloc_bytes")
     return Section(
         title,
-        [FigurePart(operators_figure(operators, metric=metric), title, caption), _frame_table(operators)],
+        [
+            FigurePart(
+                lambda: operators_figure(operators, metric=metric),
+                title,
+                caption,
+                figure_key("operators", operators, metric=metric),
+            ),
+            _frame_table(operators),
+        ],
     )
 
 
@@ -502,7 +543,7 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[str | FigurePart]:
     return [
         "<h3>Per step</h3>",
         FigurePart(
-            device_figure(device_steps),
+            lambda: device_figure(device_steps),
             "Stacked bars of the GPU's time in each profiled step",
             "Each bar is one profiled step's window on the GPU, from its first kernel to the next step's "
             "first: compute, non-compute work alone, and idle time by cause.",
@@ -564,7 +605,7 @@ def _per_rank_section(
         "Ranks",
         [
             FigurePart(
-                per_rank_figure(per_rank),
+                lambda: per_rank_figure(per_rank),
                 "Bars of each rank's step time and peak memory",
                 "Median step time per rank, split into work and time inside collectives, and peak tensor "
                 "memory. A rank whose work is ≥ 15 % above the median is a straggler: the others wait for it.",
@@ -575,7 +616,7 @@ def _per_rank_section(
     if len(run.rank_steps) and len(run.ranks):
         section.parts.append(
             FigurePart(
-                rank_timeline_figure(run.rank_steps, run.ranks),
+                lambda: rank_timeline_figure(run.rank_steps, run.ranks),
                 "Each rank's steps against time",
                 "One row per rank; each bar is a step, darker where the profiler recorded it.",
             )
@@ -626,6 +667,38 @@ def _forecast_section(run: Run, forecasts: Sequence[Any] | None, problem: str | 
     return [Section(FORECAST_TITLE, [forecast_section(forecasts)])]
 
 
+OPERATOR_SECTIONS = (
+    (
+        "Top operators by self time",
+        "self_time_s",
+        "Time spent in each operator itself, children excluded, over the profiled steps.",
+    ),
+    (
+        "Top operators by memory allocated",
+        "alloc_bytes",
+        "Bytes each operator allocated over the profiled steps.",
+    ),
+)
+
+
+def draw_ahead(trace: Trace, top_n: int = 15) -> None:
+    """Draw the figures that the trace alone determines (the step breakdown and the top
+    operators, as ``analyze`` and ``report_sections`` make them) and keep their PNGs, so
+    that the report after the cell finds them drawn. For the work done while a profiled
+    cell still runs (``swift_nb.api``)."""
+    breakdown = trace_breakdown(trace)
+    ops = top_operators(None, n=None, trace=trace)
+    tables = {"self_time_s": ops, "alloc_bytes": by_memory(ops)}
+    parts = [_breakdown_section(breakdown)] + [
+        _operators_section(title, tables[metric].head(top_n).reset_index(drop=True), metric, caption)
+        for title, metric, caption in OPERATOR_SECTIONS
+    ]
+    for section in parts:
+        for part in section.parts:
+            if isinstance(part, FigurePart):
+                part.keep()
+
+
 def report_sections(
     run: Run,
     *,
@@ -671,21 +744,11 @@ def report_sections(
         _gpu_section(run, device, device_steps, kernel_kinds, idle_causes),
         _memory_section(footprint, timeline, why, run),
         *_forecast_section(run, forecasts, forecast_problem),
-        _operators_section(
-            "Top operators by self time",
-            operators_time,
-            "self_time_s",
-            "Time spent in each operator itself, children excluded, over the profiled steps.",
-            why,
-            run,
-        ),
-        _operators_section(
-            "Top operators by memory allocated",
-            operators_memory,
-            "alloc_bytes",
-            "Bytes each operator allocated over the profiled steps.",
-            why,
-            run,
+        *(
+            _operators_section(title, table, metric, caption, why, run)
+            for (title, metric, caption), table in zip(
+                OPERATOR_SECTIONS, (operators_time, operators_memory), strict=True
+            )
         ),
         _environment_section(run),
         _notes_section(run.notes, run.summary.get("traceback")),
