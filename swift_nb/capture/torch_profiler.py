@@ -109,6 +109,7 @@ class _Digest:
                     dst.write(data)  # zlib lets the training thread run meanwhile
             self.doc = orjson.loads(data)
             del data
+            self.derived["recorded"] = recorded_steps(self.doc["traceEvents"])
         except BaseException as e:
             self._error = e
             return
@@ -214,9 +215,7 @@ class TraceRecorder:
             for extra in docs[1:]:
                 doc["traceEvents"].extend(extra["traceEvents"])
             events = doc["traceEvents"]
-            recorded = sorted(
-                k for e in events if e.get("ph") == "X" and (k := step_of(e.get("name", ""))) is not None
-            )
+            recorded = digests[0].derived["recorded"] if len(digests) == 1 else recorded_steps(events)
             if digests[0].gz is None or len(digests) > 1:
                 with gzip.open(tmp, "wb", compresslevel=3) as dst:
                     dst.write(orjson.dumps(doc))
@@ -228,6 +227,11 @@ class TraceRecorder:
             tmp.unlink(missing_ok=True)
         derived = digests[0].derived if len(digests) == 1 else {}
         return TraceResult(out, events, recorded, derived.get("tables"), derived.get("memory"))
+
+
+def recorded_steps(events: list[dict[str, Any]]) -> list[int]:
+    """The steps whose spans the trace holds, in order."""
+    return sorted(k for e in events if e.get("ph") == "X" and (k := step_of(e.get("name", ""))) is not None)
 
 
 def _release_results(prof: torch.profiler.profile) -> None:
