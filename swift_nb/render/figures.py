@@ -4,7 +4,7 @@ they never touch the user's pyplot state or backend."""
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -189,6 +189,35 @@ def _empty_note(text: str, width_in: float) -> Figure:
     return fig
 
 
+def _stacked_steps(
+    x: pd.Series,
+    bars: list[tuple[str, str | None, pd.Series]],
+    unit: str,
+    scale: float,
+    what: str,
+    width_in: float,
+) -> tuple[Figure, Any]:
+    """One stacked bar per profiled step at ``x``, a layer per ``(label, colour, seconds)``,
+    the legend beside the axes reading top to bottom like the stack."""
+    fig = new_figure(width_in, 3.8)
+    ax = fig.subplots()
+    bottom = pd.Series(0.0, index=x.index)
+    for label, color, seconds in bars:
+        ax.bar(x, seconds * scale, bottom=bottom, width=0.7, label=label, color=color)
+        bottom = bottom + seconds * scale
+    ax.set_xlabel("profiled step")
+    ax.set_ylabel(f"{what} ({unit})")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="y", alpha=0.25)
+    ax.set_axisbelow(True)
+    handles, labels = ax.get_legend_handles_labels()
+    _margins(fig, right=_legend_margin(labels))
+    _side_legend(fig, handles[::-1], labels[::-1])
+    return fig, ax
+
+
 def breakdown_figure(breakdown: pd.DataFrame, width_in: float = 10.0) -> Figure:
     """Stacked bars, one per profiled step, of where the step's time went (the columns of
     ``step_breakdown``: ``step``, ``step_s`` and the ``*_s`` parts). Parts that are zero
@@ -202,24 +231,8 @@ def breakdown_figure(breakdown: pd.DataFrame, width_in: float = 10.0) -> Figure:
     total = sum((values[c] for c in parts), start=pd.Series(0.0, index=breakdown.index))
     unit, scale = _time_scale(float(total.max()))
     x = _numeric(breakdown, "step")
-    fig = new_figure(width_in, 3.8)
-    ax = fig.subplots()
-    bottom = pd.Series(0.0, index=breakdown.index)
-    for c in parts:
-        label, color = BREAKDOWN_PARTS.get(c, (c.removesuffix("_s"), None))
-        ax.bar(x, values[c] * scale, bottom=bottom, width=0.7, label=label, color=color)
-        bottom = bottom + values[c] * scale
-    ax.set_xlabel("profiled step")
-    ax.set_ylabel(f"time per step ({unit})")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(axis="y", alpha=0.25)
-    ax.set_axisbelow(True)
-    # Reversed so the legend reads top to bottom like the stack.
-    handles, labels = ax.get_legend_handles_labels()
-    _margins(fig, right=_legend_margin(labels))
-    _side_legend(fig, handles[::-1], labels[::-1])
+    bars = [(*BREAKDOWN_PARTS.get(c, (c.removesuffix("_s"), None)), values[c]) for c in parts]
+    fig, ax = _stacked_steps(x, bars, unit, scale, "time per step", width_in)
     median = float(total.median())
     ax.set_title(f"Where each profiled step's time goes (median step {fmt_seconds(median)})", fontsize=10)
     return fig
@@ -238,23 +251,8 @@ def device_figure(device_steps: pd.DataFrame, width_in: float = 10.0) -> Figure:
     }
     unit, scale = _time_scale(float(window.max()))
     x = _numeric(device_steps, "step")
-    fig = new_figure(width_in, 3.8)
-    ax = fig.subplots()
-    bottom = pd.Series(0.0, index=device_steps.index)
-    for c, (label, color) in DEVICE_PARTS.items():
-        if (values[c] > 0).any():
-            ax.bar(x, values[c] * scale, bottom=bottom, width=0.7, label=label, color=color)
-            bottom = bottom + values[c] * scale
-    ax.set_xlabel("profiled step")
-    ax.set_ylabel(f"device time per step ({unit})")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(axis="y", alpha=0.25)
-    ax.set_axisbelow(True)
-    handles, labels = ax.get_legend_handles_labels()
-    _margins(fig, right=_legend_margin(labels))
-    _side_legend(fig, handles[::-1], labels[::-1])
+    bars = [(label, color, values[c]) for c, (label, color) in DEVICE_PARTS.items() if (values[c] > 0).any()]
+    fig, ax = _stacked_steps(x, bars, unit, scale, "device time per step", width_in)
     idle = float(_numeric(device_steps, "idle_pct").median())
     ax.set_title(f"The GPU's time in each profiled step (median idle {fmt_pct(idle)})", fontsize=10)
     return fig
