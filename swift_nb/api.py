@@ -73,9 +73,12 @@ def report(
     else:
         try:
             trace = None
-            if (trace_events is not None or trace_tables is not None) and run.trace_path is not None:
-                trace = trace_tables if trace_tables is not None else parse_events(trace_events)
-                save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
+            if run.trace_path is not None:  # tables of a trace the run did not keep are not its own
+                trace = trace_tables
+                if trace is None and trace_events is not None:
+                    trace = parse_events(trace_events)
+                if trace is not None:
+                    save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
             analysis = analyze(run, trace=trace)
         except RecordError as e:
             failure = f"{e.path.name} is damaged ({e.problem}): the analysis could not run"
