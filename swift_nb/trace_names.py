@@ -119,21 +119,24 @@ def collective_kind(name: str) -> str | None:
     return _KINDS.get((m.group(1) or m.group(2)).replace("_", "").lower())
 
 
-def collective_mask(names: Sequence[str], cats: Sequence[str]) -> np.ndarray:
-    """Which events are collectives (issued op, annotation, transfer or kernel)."""
-    hit = {n: bool(COLLECTIVE.match(n)) for n in set(names)}
-    ok = set(COLLECTIVE_CATEGORIES)
-    return np.fromiter((c in ok and hit[n] for n, c in zip(names, cats, strict=True)), bool, len(names))
+def is_collective(name: str) -> bool:
+    """Whether an event of this name belongs to a collective (issued op, annotation,
+    transfer or kernel)."""
+    return COLLECTIVE.match(name) is not None
 
 
-def compute_mask(names: Sequence[str], cats: Sequence[str]) -> np.ndarray:
+def collective_mask(named: np.ndarray, cats: Sequence[str]) -> np.ndarray:
+    """Which events are collectives; ``named``: ``is_collective`` of each event's name
+    (a bool array), ``cats``: each event's category."""
+    return named & np.isin(np.asarray(cats, dtype=object), list(COLLECTIVE_CATEGORIES))
+
+
+def compute_mask(named: np.ndarray, cats: Sequence[str]) -> np.ndarray:
     """Which events are device compute that can hide a collective: GPU kernels that are
-    not collectives. A CPU run has none: gloo's collectives run on the cores the
-    backward needs, so running at the same time as host ops hides nothing."""
-    hit = {n: bool(COLLECTIVE.match(n)) for n in set(names)}
-    return np.fromiter(
-        (c == "kernel" and not hit[n] for n, c in zip(names, cats, strict=True)), bool, len(names)
-    )
+    not collectives (``named`` and ``cats`` as for ``collective_mask``). A CPU run has
+    none: gloo's collectives run on the cores the backward needs, so running at the same
+    time as host ops hides nothing."""
+    return ~named & (np.asarray(cats, dtype=object) == "kernel")
 
 
 # -- device kernels ---------------------------------------------------------------------------

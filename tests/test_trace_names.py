@@ -83,11 +83,13 @@ def test_masks_tell_collectives_from_compute():
         "aten::mm",
     ]
     cats = ["cpu_op", "user_annotation", "kernel", "kernel", "cpu_op"]
-    assert tn.collective_mask(names, cats).tolist() == [True, True, True, False, False]
-    assert tn.compute_mask(names, cats).tolist() == [False, False, False, True, False]
+    named = np.array([tn.is_collective(n) for n in names])
+    assert named.tolist() == [True, True, True, False, False]
+    assert tn.collective_mask(named, cats).tolist() == [True, True, True, False, False]
+    assert tn.compute_mask(named, cats).tolist() == [False, False, False, True, False]
     # the GPU-side copy of an NCCL annotation is no second collective span
-    assert tn.collective_mask(["nccl:all_reduce"], ["gpu_user_annotation"]).tolist() == [False]
-    assert tn.collective_mask([], []).shape == (0,)
+    assert tn.collective_mask(np.array([True]), ["gpu_user_annotation"]).tolist() == [False]
+    assert tn.collective_mask(np.array([], dtype=bool), []).shape == (0,)
 
 
 @pytest.mark.parametrize(

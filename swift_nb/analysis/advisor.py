@@ -27,7 +27,7 @@ from swift_nb.analysis.memory import memory_footprint, memory_growth
 from swift_nb.analysis.operators import op_self_times_us
 from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.analysis.trace import Trace, load_trace, per_value
 from swift_nb.record import Run
 from swift_nb.units import fmt_bytes, fmt_seconds
 
@@ -238,14 +238,14 @@ def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Load
     """What the ``enumerate(DataLoader)`` spans of the profiled steps hold (``ops``: the
     steps' cpu ops)."""
     ev = trace.events
-    spans = ev[(ev["step"] >= 0) & ev["name"].str.contains(tn.DATA)]
+    spans = ev[(ev["step"] >= 0).to_numpy() & per_value(ev["name"], lambda n: tn.DATA.search(n) is not None)]
     context_workers = run.context.get("num_workers")
     num_workers = int(context_workers) if context_workers is not None else None
     if spans.empty:
         return Loader(
             num_workers=num_workers, in_workers=bool(num_workers) if num_workers is not None else None
         )
-    ops = ops[~ops["name"].str.contains(tn.DATA)]
+    ops = ops[~per_value(ops["name"], lambda n: tn.DATA.search(n) is not None)]
     ops_s = dict.fromkeys(bd["step"], 0.0)
     samples = []
     for tid, start, end, step in spans[["tid", "ts_us", "end_us", "step"]].itertuples(index=False):

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, load_trace_file
+from swift_nb.analysis.trace import Trace, derived, load_trace_file, per_value
 from swift_nb.record import Run
 
 DTYPE_BYTES = {
@@ -150,7 +150,7 @@ def _recorded_payload(issued: pd.DataFrame, ev: pd.DataFrame, world: int) -> tup
         nbytes = hit["msg_nelems"].to_numpy(dtype=float) * elem
         group = hit["group_size"].to_numpy(dtype=float)
     notes = ev[(ev["cat"] == "user_annotation") & (ev["input_dims"] != "")]
-    notes = notes[notes["name"].map(tn.collective_kind).isin(_INPUT_IS_PAYLOAD).to_numpy()]
+    notes = notes[per_value(notes["name"], lambda n: tn.collective_kind(n) in _INPUT_IS_PAYLOAD)]
     if len(notes) and np.isnan(nbytes).any():
         hit = _nested(issued, notes[[*cols, "name", "input_dims", "input_types"]])
         for i in np.flatnonzero(np.isnan(nbytes) & hit["name"].notna().to_numpy()):
@@ -179,11 +179,10 @@ def comm_per_step(trace: Trace) -> pd.DataFrame:
     ``collective_s`` (collective time) and ``exposed_comm_s`` (exposed communication), in
     seconds (see the module's docstring)."""
     ev, steps = trace.events, trace.steps
-    names, cats = ev["name"].tolist(), ev["cat"].tolist()
     spans = ev[["ts_us", "end_us"]].to_numpy(dtype=float)
     step_spans = steps[["start_us", "end_us"]].to_numpy(dtype=float)
-    coll = spans[tn.collective_mask(names, cats)]
-    compute = spans[tn.compute_mask(names, cats)]
+    coll = spans[_collective_mask(ev)]
+    compute = spans[_compute_mask(ev)]
     return pd.DataFrame(
         {
             "step": steps["step"].to_numpy(),
@@ -205,21 +204,37 @@ def comm_shares(per_step: pd.DataFrame) -> tuple[float, float]:
     return float(per_step["collective_s"].sum()) / total, float(per_step["exposed_comm_s"].sum()) / total
 
 
+def _collective_mask(ev: pd.DataFrame) -> np.ndarray:
+    return tn.collective_mask(per_value(ev["name"], tn.is_collective), ev["cat"])
+
+
+def _compute_mask(ev: pd.DataFrame) -> np.ndarray:
+    return tn.compute_mask(per_value(ev["name"], tn.is_collective), ev["cat"])
+
+
 def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
     """One row per collective kind in ``trace``'s recorded steps (see the module's
     docstring): calls, bytes, wire bytes and seconds per step, bus bandwidth (bytes/s)
-    and the share of the step (0..1)."""
+    and the share of the step (0..1). Computed once per trace and arguments (the
+    report and the advisor both read it); callers must not change it."""
+    return derived(trace.events, f"collectives/{world}/{rank}", lambda: _collectives(trace, world, rank))
+
+
+def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
     ev = trace.events
     n_steps = len(trace.steps)
     if ev.empty or not n_steps:
         return pd.DataFrame(columns=COLUMNS)
     ev = ev[ev["step"] >= 0]
     issued = ev[ev["cat"] == "cpu_op"].copy()
-    issued["kind"] = issued["name"].map(tn.collective_kind)
+    issued["kind"] = per_value(issued["name"], tn.collective_kind, object, None)
     issued = issued.dropna(subset=["kind"]).sort_values("ts_us", kind="stable")
     if issued.empty:
         return pd.DataFrame(columns=COLUMNS)
-    transfers = ev[ev["name"].str.match(tn.TRANSFER) & ev["cat"].isin(["user_annotation", "kernel"])]
+    transfers = ev[
+        per_value(ev["name"], lambda n: bool(tn.TRANSFER.match(n)))
+        & ev["cat"].isin(["user_annotation", "kernel"])
+    ]
     transfers = transfers.sort_values("ts_us", kind="stable")
     if len(transfers) == len(issued):
         issued["time_us"] = transfers["dur_us"].to_numpy()
@@ -229,9 +244,9 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
         issued["time_us"] = issued["dur_us"]
         issued["t0_us"] = issued["ts_us"]
         source = "issuing op"
-    optim = ev[ev["name"].str.match(tn.OPTIMIZER_STEP)]
+    optim = ev[per_value(ev["name"], lambda n: bool(tn.OPTIMIZER_STEP.match(n)))]
     optim_iv = tn.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
-    compute = ev[tn.compute_mask(ev["name"].tolist(), ev["cat"].tolist())]
+    compute = ev[_compute_mask(ev)]
     compute_iv = tn.union(compute["ts_us"].to_numpy(), compute["end_us"].to_numpy())
     issued["bytes"] = [
         _payload_bytes(n, k, d, t, world)

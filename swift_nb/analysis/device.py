@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, steps_of
+from swift_nb.analysis.trace import Trace, derived, per_value, steps_of
 
 SHARES = ["idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct"]
 SUMMARY_KEYS = [
@@ -47,12 +47,6 @@ KIND_COLUMNS = ["kind", "count", "time_s", "time_pct"]
 CAUSES = ["comm_wait_s", "host_bound_s", "other_s"]
 IDLE_COLUMNS = ["window_s", "idle_s", *CAUSES]
 STEP_COLUMNS = ["step", "window_s", *SHARES, "idle_s", *CAUSES]
-
-
-def _flags(names: pd.Series, rule) -> np.ndarray:
-    """``rule(name)`` for every name, computed once per distinct name."""
-    codes, uniq = pd.factorize(names)
-    return np.array([rule(n) for n in uniq] or [None], dtype=object)[codes]
 
 
 def _origin(trace: Trace) -> float:
@@ -90,9 +84,9 @@ def _device_work(trace: Trace) -> pd.DataFrame:
         pd.DataFrame(
             {
                 "name": names.to_numpy(),
-                "kind": _flags(names, tn.kernel_kind),
-                "compute": _flags(names, tn.is_compute).astype(bool),
-                "comm": _flags(names, lambda n: bool(tn.COMM_KERNEL.match(n))).astype(bool),
+                "kind": per_value(names, tn.kernel_kind, object, None),
+                "compute": per_value(names, tn.is_compute),
+                "comm": per_value(names, lambda n: tn.COMM_KERNEL.match(n) is not None),
                 "ts_us": start,
                 "end_us": end,
                 "launch_us": launch - origin,
@@ -232,9 +226,9 @@ def _host_spans_of(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     ev = trace.events
     host = ev[~ev["cat"].isin(tn.DEVICE_CATEGORIES)]
     names = host["name"]
-    comm = _flags(names, lambda n: bool(tn.COLLECTIVE.match(n) or tn.WAIT.search(n))).astype(bool)
+    comm = per_value(names, lambda n: tn.is_collective(n) or tn.WAIT.search(n) is not None)
     comm &= host["cat"].isin(tn.COLLECTIVE_CATEGORIES).to_numpy()
-    data = _flags(names, lambda n: bool(tn.DATA.match(n))).astype(bool)
+    data = per_value(names, lambda n: tn.DATA.match(n) is not None)
     busy = host["cat"].isin(tn.HOST_WORK).to_numpy() | data
     ts, te = _spans(host, _origin(trace))
     return tn.union(ts[comm], te[comm]), tn.union(ts[busy], te[busy])

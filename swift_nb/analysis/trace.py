@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -20,6 +21,7 @@ import pandas as pd
 
 from swift_nb import trace_names as tn
 from swift_nb.errors import RecordError
+from swift_nb.gc_pause import paused
 from swift_nb.record import Run, tables_path
 
 EVENT_COLUMNS = [
@@ -93,6 +95,11 @@ def _msg_nelems(args: dict) -> float:
 
 def parse_events(raw: list[dict]) -> Trace:
     """Build a Trace from Chrome trace events (the ``traceEvents`` list)."""
+    with paused():  # the columns are millions of objects made at once (see gc_pause)
+        return _parse_events(raw)
+
+
+def _parse_events(raw: list[dict]) -> Trace:
     # One comprehension per column: much faster than one loop building row tuples.
     xs = [e for e in raw if e.get("ph") == "X"]
     args = [e.get("args") or {} for e in xs]
@@ -133,9 +140,8 @@ def parse_events(raw: list[dict]) -> Trace:
         columns=MEMORY_COLUMNS,
     ).sort_values("ts_us", kind="stable", ignore_index=True)
     events = events.astype(_EVENT_TYPES)  # typed even when empty
-    numbers = {n: k for n in events["name"].unique() if (k := tn.step_of(n)) is not None}
-    step_no = events["name"].map(numbers)
-    is_step = step_no.notna()
+    step_no = per_value(events["name"], tn.step_of, float, np.nan)  # None (not a step span) → NaN
+    is_step = ~np.isnan(step_no)
     steps = (
         events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
         .assign(step=step_no[is_step].astype(int))
@@ -162,6 +168,16 @@ def derived(table: pd.DataFrame, key: str, compute: Callable[[], object]):
     if key not in slot:
         slot[key] = compute()
     return slot[key]
+
+
+def per_value(
+    column: pd.Series, fn: Callable[[Any], Any], dtype: Any = bool, missing: Any = False
+) -> np.ndarray:
+    """``fn(v)`` for each value ``v`` of ``column`` (``missing`` where it has none), called
+    once per distinct value: a trace's 100 000 events have a few hundred names, and
+    pandas' per-element ``map`` and ``str`` methods on text cost more than the analysis."""
+    codes, uniques = pd.factorize(column)
+    return np.array([*(fn(u) for u in uniques), missing], dtype=dtype)[codes]
 
 
 def steps_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -229,7 +245,8 @@ def read_trace_document(path: Path) -> dict:
     if not data.strip():
         raise RecordError(path, "the file is empty")
     try:
-        doc = orjson.loads(data)
+        with paused():
+            doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise RecordError(path, f"not JSON: {e}") from None
     if isinstance(doc, list):

@@ -79,7 +79,11 @@ def collective_summary(events: list[dict]) -> tuple[float, float]:
     steps = spans[is_step]
     if not len(steps):
         return float("nan"), float("nan")
-    coll_us = tn.collective_us(steps, spans[tn.collective_mask(names, [e.get("cat", "") for e in xs])])
+    named = {n: tn.is_collective(n) for n in set(names)}
+    is_coll = tn.collective_mask(
+        np.array([named[n] for n in names], dtype=bool), [e.get("cat", "") for e in xs]
+    )
+    coll_us = tn.collective_us(steps, spans[is_coll])
     total_us = float((steps[:, 1] - steps[:, 0]).sum())
     share = float(coll_us.sum()) / total_us if total_us > 0 else float("nan")
     return float(coll_us.mean()) / 1e6, share

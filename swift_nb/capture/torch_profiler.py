@@ -22,6 +22,7 @@ import orjson
 import torch
 from torch.profiler import ProfilerActivity
 
+from swift_nb.gc_pause import paused
 from swift_nb.options import ProfileOptions, check_schedule
 from swift_nb.record import TRACE_FILE
 from swift_nb.trace_names import step_of
@@ -102,6 +103,10 @@ class _Digest:
         self._thread.start()
 
     def _run(self) -> None:
+        with paused():  # decoding makes millions of objects at once (see gc_pause)
+            self._work()
+
+    def _work(self) -> None:
         try:
             data = self.part.read_bytes()
             if self.gz is not None:
