@@ -12,14 +12,23 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from swift_nb.analysis import Analysis, analyze
+from swift_nb.analysis import Analysis, analyze, derive_ahead
 from swift_nb.analysis.compare import compare_runs
-from swift_nb.analysis.trace import Trace, parse_events, save_tables
+from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
 from swift_nb.capture import torch_profiler
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordError
 from swift_nb.options import ProfileOptions
-from swift_nb.record import COMPARE_FILE, STEPS_MISSING, Run, load_run, save_meta, steps_missing, tables_path
+from swift_nb.record import (
+    COMPARE_FILE,
+    REPORT_FILE,
+    STEPS_MISSING,
+    Run,
+    load_run,
+    save_meta,
+    steps_missing,
+    tables_path,
+)
 from swift_nb.render.compare import write_compare
 from swift_nb.render.report import (
     Section,
@@ -27,6 +36,7 @@ from swift_nb.render.report import (
     document_html,
     draw_ahead,
     report_sections,
+    reuse_figures,
     write_report,
 )
 from swift_nb.toggles import Toggle, ToggleReport, build
@@ -42,13 +52,16 @@ class Reported:
     sections: list[Section]
 
 
-def _prepare_report(events: list[dict]) -> Trace:
-    """The trace's tables, built while the cell still runs (see ``torch_profiler.tables_builder``),
-    with the figures that the trace alone determines drawn ahead (``draw_ahead``)."""
+def _prepare_report(events: list[dict], trace_path: Path, written: Path) -> Trace:
+    """The trace's tables, built while the cell still runs (see ``torch_profiler.tables_builder``)
+    and kept beside the trace, with the figures that the trace alone determines drawn
+    ahead (``draw_ahead``)."""
     trace = parse_events(events)
+    save_tables(trace, tables_path(trace_path), source=written)
     try:
+        derive_ahead(trace)
         draw_ahead(trace)
-    except Exception:  # drawn again, and any failure reported, after the cell
+    except Exception:  # derived and drawn again, and any failure reported, after the cell
         pass
     return trace
 
@@ -77,7 +90,7 @@ def report(
                 trace = trace_tables
                 if trace is None and trace_events is not None:
                     trace = parse_events(trace_events)
-                if trace is not None:
+                if trace is not None and not tables_fresh(run.trace_path):
                     save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
             analysis = analyze(run, trace=trace)
         except RecordError as e:
@@ -89,9 +102,21 @@ def report(
         if failure not in run.notes:
             run.notes.append(failure)
     sections = report_sections(run, **analysis_fields(analysis), not_analysed=failure)
+    _reuse_earlier_figures(run)
     write_report(run, document_html(run, sections))
     save_meta(run)
     return Reported(run, analysis, sections)
+
+
+def _reuse_earlier_figures(run: Run) -> None:
+    """A report written again (``swift-nb report``, ``--open``) keeps the figures of the
+    one it replaces that show the same: drawing them is most of a report's time."""
+    if run.path is None:
+        return
+    try:
+        reuse_figures((Path(run.path) / REPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):  # no report yet, or one that cannot be read: draw them
+        pass
 
 
 def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:

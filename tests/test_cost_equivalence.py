@@ -174,11 +174,22 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
         timeline = run.memory.loc[run.memory["step"] == k, [f"{c}_bytes" for c in memcat.CATEGORIES]]
         np.testing.assert_array_equal(timeline.to_numpy(), m.timeline[:, 1:])
 
+    # The tables the analysis reads from the trace alone were derived while the cell ran.
+    from swift_nb.analysis.trace import _DERIVED
+
+    ahead_keys = set(_DERIVED[id(tables.events)])
+    assert {"self_times", "collectives/1/0"} <= ahead_keys
+    assert any(k.startswith("comm_per_step/") for k in ahead_keys)
+
     # The figures drawn ahead are the report's: the same PNG as drawing them now.
     reported = report(run, events, tables)
-    ahead = [p for s in reported.sections for p in s.parts if getattr(p, "key", None)]
-    assert len(ahead) == 3  # the step breakdown and the two operator figures
-    assert {p.key for p in ahead} <= drawn
+    ahead = [p for s in reported.sections for p in s.parts if getattr(p, "key", None) in drawn]
+    # the step breakdown and the two operator figures
+    assert [p.alt for p in ahead] == [
+        "Stacked bars of step time by part",
+        "Top operators by self time",
+        "Top operators by memory allocated",
+    ]
     for part in ahead:
         assert part.key not in render_report._PNGS  # taken from the figures drawn ahead
         assert part.png == figure_png(part.figure)

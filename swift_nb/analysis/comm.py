@@ -178,6 +178,10 @@ def comm_per_step(trace: Trace) -> pd.DataFrame:
     """One row per profiled step: ``step``, ``step_s`` (the profiler's step span),
     ``collective_s`` (collective time) and ``exposed_comm_s`` (exposed communication), in
     seconds (see the module's docstring)."""
+    return derived(trace.events, f"comm_per_step/{id(trace.steps)}", lambda: _comm_per_step(trace)).copy()
+
+
+def _comm_per_step(trace: Trace) -> pd.DataFrame:
     ev, steps = trace.events, trace.steps
     spans = ev[["ts_us", "end_us"]].to_numpy(dtype=float)
     step_spans = steps[["start_us", "end_us"]].to_numpy(dtype=float)

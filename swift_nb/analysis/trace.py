@@ -217,15 +217,23 @@ def load_trace_file(path: Path | None) -> Trace:
         return parse_events([])
     path = Path(path)
     cache = tables_path(path)
-    source = path.stat()
-    if cache.exists() and cache.stat().st_mtime >= source.st_mtime:
+    if tables_fresh(path):
         try:
-            return _read_tables(cache, source.st_size)
+            return _read_tables(cache, path.stat().st_size)
         except Exception:  # whatever is wrong with a cache, the trace is the truth
             pass
     trace = _parse_file(path)
     save_tables(trace, cache, source=path)
     return trace
+
+
+def tables_fresh(path: Path) -> bool:
+    """Whether the trace file ``path`` has cached tables written after it (they may still
+    turn out to be another trace's or damaged: reading them checks)."""
+    try:
+        return tables_path(path).stat().st_mtime >= Path(path).stat().st_mtime
+    except OSError:
+        return False
 
 
 GZIP_MAGIC = b"\x1f\x8b"

@@ -69,8 +69,10 @@ class ProfilerConfig:
 
 #: Builds the analyses' tables from a finished trace's events (``swift_nb.api`` sets it:
 #: the analysis layer is above this one). Called off the training thread as soon as the
-#: profiler's last cycle is exported, so that the tables are ready when the cell ends.
-tables_builder: Callable[[list[dict[str, Any]]], Any] | None = None
+#: profiler's last cycle is exported, so that the tables are ready when the cell ends, as
+#: ``tables_builder(events, trace_path, written)``: ``trace_path`` is the name the trace
+#: will have, ``written`` the file holding it until then (its bytes already final).
+tables_builder: Callable[[list[dict[str, Any]], Path, Path], Any] | None = None
 
 
 @dataclass
@@ -92,9 +94,16 @@ class _Digest:
     (``build``) and replayed for memory (``memory``). ``result()`` waits for it; an error
     in reading or writing the trace is raised there, on the caller's thread."""
 
-    def __init__(self, part: Path, gz: Path | None, build: Callable | None, memory: Callable | None) -> None:
-        self.part, self.gz = part, gz
-        self._jobs = {"tables": build, "memory": memory}
+    def __init__(
+        self, part: Path, gz: Path | None, build: Callable | None, memory: Callable | None, out: Path
+    ) -> None:
+        self.part, self.gz, self.out = part, gz, out
+        self._jobs: dict[str, Callable[[list[dict[str, Any]]], Any] | None] = {
+            "tables": (lambda events: build(events, out, gz))
+            if build is not None and gz is not None
+            else None,
+            "memory": memory,
+        }
         self.doc: dict[str, Any] | None = None
         self.derived: dict[str, Any] = {}
         self._error: BaseException | None = None
@@ -199,8 +208,12 @@ class TraceRecorder:
         for part in self._parts[len(self._digests) :]:
             build = tables_builder if only and self.build_tables else None
             self._digests.append(
-                _Digest(part, self._gz_tmp if only else None, build, memory if only else None)
+                _Digest(part, self._gz_tmp if only else None, build, memory if only else None, self._out)
             )
+
+    @property
+    def _out(self) -> Path:
+        return self._folder / self._name
 
     @property
     def _gz_tmp(self) -> Path:
@@ -213,7 +226,7 @@ class TraceRecorder:
         digests = [d for d in self._digests if d.part.exists()]
         if not digests:
             return TraceResult(None, [], [])
-        out, tmp = self._folder / self._name, self._gz_tmp
+        out, tmp = self._out, self._gz_tmp
         try:
             docs = [d.result() for d in digests]
             doc = docs[0]

@@ -9,10 +9,13 @@ anything else. Every string that comes from the user or the trace is escaped.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import importlib.metadata
 import json
 import math
 import numbers
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -162,15 +165,54 @@ def _kv_table(pairs: Sequence[tuple[str, Any]]) -> str:
 
 
 #: PNGs of figures drawn before they were asked for (``FigurePart.key`` → PNG): the
-#: figures that depend on the trace alone are drawn while the cell still runs
+#: figures that depend on the trace alone are drawn while the cell still runs, and a
+#: report written again reuses the figures of the one it replaces (``reuse_figures``)
 _PNGS: OrderedDict[str, bytes] = OrderedDict()
-_PNGS_KEPT = 8
+_PNGS_KEPT = 32
 
 
-def figure_key(kind: str, data: pd.DataFrame, **options: Any) -> str:
-    """What a figure of ``kind`` drawn from ``data`` shows, as a ``FigurePart.key``."""
-    digest = hashlib.sha1(data.to_csv(index=False).encode()).hexdigest()
-    return f"{kind}:{sorted(options.items())}:{digest}"
+@functools.cache
+def _drawn_by() -> bytes:
+    """What draws the figures: the drawing code and matplotlib's version (a figure drawn
+    by other code is drawn again)."""
+    from swift_nb.render import figures
+
+    return Path(figures.__file__).read_bytes() + importlib.metadata.version("matplotlib").encode()
+
+
+def _frame_bytes(df: pd.DataFrame) -> bytes:
+    try:
+        values = pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes()
+    except TypeError:  # unhashable cells (lists): their text stands for them
+        values = df.to_csv(index=False).encode()
+    return repr([(str(c), str(t)) for c, t in df.dtypes.items()]).encode() + values
+
+
+def figure_key(kind: str, *frames: pd.DataFrame, **options: Any) -> str:
+    """What a figure of ``kind`` drawn from ``frames`` shows, as a ``FigurePart.key``:
+    a hex digest of the frames, the options and the code that draws it."""
+    digest = hashlib.sha1(_drawn_by())
+    digest.update(f"{kind}:{sorted(options.items())}".encode())
+    for df in frames:
+        digest.update(_frame_bytes(df))
+    return digest.hexdigest()
+
+
+_KEYED_IMG = re.compile(
+    r"<img [^>]*?data-figure='([0-9a-f]{40})' src='data:image/png;base64,([A-Za-z0-9+/=]+)'"
+)
+
+
+def reuse_figures(html: str) -> int:
+    """Keep the figures of an earlier report (its ``html``) for the FigureParts that show
+    the same (same key): a report written again from a run folder draws only what
+    changed. Returns how many were kept."""
+    found = _KEYED_IMG.findall(html)
+    for key, data in found[-_PNGS_KEPT:]:
+        _PNGS[key] = base64.b64decode(data)
+    while len(_PNGS) > _PNGS_KEPT:
+        _PNGS.popitem(last=False)
+    return len(found)
 
 
 @dataclass
@@ -203,8 +245,9 @@ class FigurePart:
 
     def html(self) -> str:
         data = base64.b64encode(self.png).decode("ascii")
+        key = f" data-figure='{self.key}'" if self.key is not None else ""
         return (
-            f"<figure><img alt='{escape(self.alt)}' src='data:image/png;base64,{data}'>"
+            f"<figure><img alt='{escape(self.alt)}'{key} src='data:image/png;base64,{data}'>"
             f"<figcaption>{escape(self.caption)}</figcaption></figure>"
         )
 
@@ -330,6 +373,7 @@ def _timeline_section(run: Run) -> Section:
                 lambda: timeline_figure(run),
                 "Utilisation and memory over time",
                 "Utilisation and memory against time; shading marks the profiler's warmup and active steps.",
+                figure_key("timeline", run.samples, run.steps),
             )
         ],
     )
@@ -377,6 +421,7 @@ def _memory_section(
                 lambda: memory_figure(timeline),
                 "Stacked area of tensor memory by category over time",
                 "Live tensor bytes by category during the recorded steps (dashed: step starts).",
+                figure_key("memory", timeline),
             )
         )
     if _has_rows(footprint):
@@ -547,6 +592,7 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[str | FigurePart]:
             "Stacked bars of the GPU's time in each profiled step",
             "Each bar is one profiled step's window on the GPU, from its first kernel to the next step's "
             "first: compute, non-compute work alone, and idle time by cause.",
+            figure_key("device", device_steps),
         ),
         _frame_table(table),
     ]
@@ -609,6 +655,7 @@ def _per_rank_section(
                 "Bars of each rank's step time and peak memory",
                 "Median step time per rank, split into work and time inside collectives, and peak tensor "
                 "memory. A rank whose work is ≥ 15 % above the median is a straggler: the others wait for it.",
+                figure_key("per_rank", per_rank),
             ),
             _frame_table(table),
         ],
@@ -619,6 +666,7 @@ def _per_rank_section(
                 lambda: rank_timeline_figure(run.rank_steps, run.ranks),
                 "Each rank's steps against time",
                 "One row per rank; each bar is a step, darker where the profiler recorded it.",
+                figure_key("rank_timeline", run.rank_steps, run.ranks),
             )
         )
     if _has_rows(collectives):
