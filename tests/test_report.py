@@ -432,7 +432,11 @@ def test_report_written_again_draws_only_what_changed(tmp_path, run, monkeypatch
     first = report(load_run(folder))
     first_html = (folder / REPORT_FILE).read_text()
     keyed = re.findall(r"data-figure='([0-9a-f]{40})'", first_html)
-    assert len(keyed) == sum(isinstance(p, render_report.FigurePart) for s in first.sections for p in s.parts) >= 4
+    assert (
+        len(keyed)
+        == sum(isinstance(p, render_report.FigurePart) for s in first.sections for p in s.parts)
+        >= 4
+    )
 
     drawn: list[object] = []
     real = render_report.figure_png
