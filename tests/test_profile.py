@@ -181,3 +181,35 @@ def test_resource_only_session_records_samples_and_steps(runs_dir):
     assert run.summary["steps"] == 3
     assert run.trace_path is None
     assert {"cpu_pct", "rss_bytes", "sys_mem_used_bytes"} <= set(run.samples.columns)
+
+
+def test_steps_after_the_schedule_pay_no_profiler(runs_dir):
+    """Once the schedule's last cycle is exported, torch's profiler is stopped: the steps
+    after it run without its callbacks and the trace keeps the recorded steps only."""
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = Session(ProfileOptions(out_dir=runs_dir, wait=0, warmup=1, active=2, report=False))
+    session.start()
+    enabled = []
+    for _ in range(6):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        enabled.append(torch.autograd.profiler._is_profiler_enabled)
+    run = session.finish()
+    assert enabled == [True, True, False, False, False, False]
+    assert run.status == "ok" and run.summary["recorded_steps"] == [1, 2]
+    assert len(run.steps) == 6 and run.steps["rss_bytes"].gt(0).all()
+
+
+def test_rss_reader_reads_what_psutil_reads():
+    import psutil
+
+    from swift_nb.capture.rss import RssReader
+
+    reader = RssReader()
+    try:
+        assert abs(reader() - psutil.Process().memory_info().rss) < 4 * 2**20
+    finally:
+        reader.close()
+    assert abs(reader() - psutil.Process().memory_info().rss) < 4 * 2**20  # closed: through psutil

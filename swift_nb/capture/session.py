@@ -28,6 +28,7 @@ from swift_nb import trace_names
 from swift_nb.capture import dist, job, oom, signals
 from swift_nb.capture import memory_categories as memcat
 from swift_nb.capture.journal import Journal
+from swift_nb.capture.rss import RssReader
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
@@ -147,7 +148,7 @@ class Session:
         self._cuda = torch.cuda.is_available()
         self._t0 = 0.0
         self._finished = False
-        self._rss = psutil.Process().memory_info
+        self._rss = RssReader()
         self._flop_step = _flop_step(profiler) if count_flops else None
         self._flops: FlopCounterMode | None = None
         # One rank of a distributed job: see swift_nb.capture.dist and .job for the protocol.
@@ -357,6 +358,7 @@ class Session:
         self._stderr.stop()
         if self._sampler is not None:
             self._sampler.stop()
+        self._rss.close()  # later reads (the run's last row) go through psutil
         return trace
 
     def _rank_summary(self, run: Run, trace) -> None:
@@ -410,7 +412,7 @@ class Session:
         self._termination.busy = True  # a SIGTERM now waits until the step is booked
         k = self._step
         self._step = k + 1
-        if self._trace is not None:
+        if self._trace is not None and self._trace.recording:
             # The profiler's span of step k ends first, and our bookkeeping below is a named event of the
             # next step, so the trace's step spans match steps.csv's durations.
             self._trace.step()
@@ -440,7 +442,7 @@ class Session:
             reserved = torch.cuda.memory_reserved()
             torch.cuda.reset_peak_memory_stats()
         phase = self.profiler_cfg.phase(k) if self.profiler_cfg else "none"
-        return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss().rss)
+        return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss())
 
     def _count_flops_if_due(self) -> None:
         k = self._step

@@ -157,6 +157,8 @@ class TraceRecorder:
         self._parts: list[Path] = []
         self._digests: list[_Digest] = []
         self.build_tables = True  # build the analyses' tables in the background (tables_builder)
+        self._steps = 0  # step() calls so far
+        self._stopped = False
         with warnings.catch_warnings():
             # warmup=0 is the user's explicit choice; torch warns about it regardless
             warnings.simplefilter("ignore")
@@ -178,10 +180,26 @@ class TraceRecorder:
     def start(self) -> None:
         self._prof.start()
 
+    @property
+    def recording(self) -> bool:
+        """Whether the schedule has steps left: once its last cycle is exported the
+        profiler is stopped, and the steps after it pay no profiler at all (torch's own
+        ``ProfilerStep`` spans and callbacks on every op would go on otherwise)."""
+        return not self._stopped
+
     def step(self) -> None:
+        if self._stopped:
+            return
         self._prof.step()
+        self._steps += 1
+        total = self.cfg.total_steps
+        if total is not None and self._steps >= total:
+            self.stop()
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         with warnings.catch_warnings():
             # "Incorrect schedule: Stop called during warmup" is expected when a cell
             # ends before the active steps; the run's notes say what was recorded.
