@@ -231,3 +231,51 @@ def _make_fixture() -> None:
 
 if __name__ == "__main__":
     sys.exit(_make_fixture())
+
+
+def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
+    """A cell that draws with pyplot while swift_nb draws its figures in the background
+    gets the same PNGs as drawing alone, and so does the report."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    from swift_nb.capture.session import Session
+    from swift_nb.demo import make_model
+    from swift_nb.options import ProfileOptions
+    from swift_nb.render.figures import figure_png
+
+    def user_png() -> bytes:
+        import io
+
+        fig = plt.figure(figsize=(4, 3))
+        plt.plot(np.arange(50), np.sin(np.arange(50) / 5), label="loss")
+        plt.title("the user's own plot")
+        plt.legend()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        return buf.getvalue()
+
+    reference = user_png()
+    torch.manual_seed(0)
+    model = make_model(seq_len=32, n_layer=2, d_model=64, n_head=2, vocab_size=128)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 128, (2, 32))
+    session = Session(ProfileOptions(out_dir=tmp_path, wait=0, warmup=1, active=2))
+    session.start()
+    for _ in range(3):
+        model(x, x).backward()
+        opt.step()
+        opt.zero_grad()
+    (digest,) = session._trace._digests
+    drawn_alongside = []
+    while digest._thread.is_alive() and len(drawn_alongside) < 500:
+        drawn_alongside.append(user_png())
+    run = session.finish()
+    reported = report(run, session.take_trace_events(), session.take_trace_tables())
+    assert drawn_alongside, "the background work ended before the cell could draw"
+    assert all(png == reference for png in drawn_alongside)
+    figures = [p for s in reported.sections for p in s.parts if getattr(p, "key", None)]
+    assert len(figures) >= 5
+    for part in figures:
+        assert part.png == figure_png(part.figure)
