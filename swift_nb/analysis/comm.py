@@ -220,8 +220,10 @@ def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
     """One row per collective kind in ``trace``'s recorded steps (see the module's
     docstring): calls, bytes, wire bytes and seconds per step, bus bandwidth (bytes/s)
     and the share of the step (0..1). Computed once per trace and arguments (the
-    report and the advisor both read it); callers must not change it."""
-    return derived(trace.events, f"collectives/{world}/{rank}", lambda: _collectives(trace, world, rank))
+    report and the advisor both read it)."""
+    return derived(
+        trace.events, f"collectives/{world}/{rank}", lambda: _collectives(trace, world, rank)
+    ).copy()
 
 
 def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
