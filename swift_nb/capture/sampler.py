@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from swift_nb.capture.rss import RssReader
 from swift_nb.record import SAMPLE_COLUMNS
 
 DEFAULT_MAX_SAMPLES = 20_000
@@ -149,6 +150,7 @@ class Sampler:
         self._step_pending = False
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
+        self._rss = RssReader()
         self._cpu_last: tuple[float, float] | None = None  # (wall s, process CPU s)
         self._cpu_pct = math.nan
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
@@ -180,6 +182,7 @@ class Sampler:
             self._thread.join()
             self._thread = None
             self._sample("step")
+        self._rss.close()
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
@@ -238,7 +241,7 @@ class Sampler:
         try:
             with self._proc.oneshot():
                 row["cpu_pct"] = self._cpu_percent()
-                row["rss_bytes"] = self._proc.memory_info().rss
+                row["rss_bytes"] = self._rss()
             vm = psutil.virtual_memory()
             row["sys_mem_used_bytes"] = vm.total - vm.available
             row["sys_mem_pct"] = vm.percent
