@@ -196,6 +196,9 @@ def test_steps_after_the_schedule_pay_no_profiler(runs_dir):
         opt.step()
         opt.zero_grad()
         enabled.append(torch.autograd.profiler._is_profiler_enabled)
+    prof = session._trace._prof
+    # torch's profiler saw the schedule's steps only: no ProfilerStep span opened after it
+    assert (prof.step_num, prof.step_rec_fn) == (3, None)
     run = session.finish()
     assert enabled == [True, True, False, False, False, False]
     assert run.status == "ok" and run.summary["recorded_steps"] == [1, 2]

@@ -97,7 +97,7 @@ class _Digest:
     def __init__(
         self, part: Path, gz: Path | None, build: Callable | None, memory: Callable | None, out: Path
     ) -> None:
-        self.part, self.gz, self.out = part, gz, out
+        self.part, self.gz = part, gz
         self._jobs: dict[str, Callable[[list[dict[str, Any]]], Any] | None] = {
             "tables": (lambda events: build(events, out, gz))
             if build is not None and gz is not None
@@ -112,16 +112,13 @@ class _Digest:
         self._thread.start()
 
     def _run(self) -> None:
-        with paused():  # decoding makes millions of objects at once (see gc_pause)
-            self._work()
-
-    def _work(self) -> None:
         try:
             data = self.part.read_bytes()
             if self.gz is not None:
                 with gzip.open(self.gz, "wb", compresslevel=3) as dst:
                     dst.write(data)  # zlib lets the training thread run meanwhile
-            self.doc = orjson.loads(data)
+            with paused():  # decoding makes millions of objects at once (see gc_pause)
+                self.doc = orjson.loads(data)
             del data
             self.derived["recorded"] = recorded_steps(self.doc["traceEvents"])
         except BaseException as e:
