@@ -1,6 +1,8 @@
 """The sequence_parallel toggle in real 2-process gloo jobs: training matches one process,
 ranks keep identical weights, and a rerun launches its ranks through torch's elastic
-launcher, with one job record, a failing rank's traceback and nothing left running."""
+launcher, with one job record, a failing rank's traceback and nothing left running (slow).
+What the toggle runs on each rank from ``swift_nb.parallel`` (a model call split into its
+shard, gradients bucketed) is pinned in process, without a job."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from conftest import free_port
 import swift_nb
 from swift_nb.analysis.ranks import per_rank as rank_table
 from swift_nb.errors import ConfigError
+from swift_nb.parallel.gradients import BUCKET_ELEMENTS, _buckets
+from swift_nb.parallel.inputs import IGNORE_INDEX, CallSplit
 from swift_nb.rerun import Variant, Worker, parse_variants, run_variants
 from swift_nb.toggles import get
 
@@ -114,6 +118,7 @@ def baseline() -> list[float]:
     return _train()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])
 def test_training_matches_one_process_and_ranks_keep_identical_weights(baseline, mode):
     results = _job(mode)
@@ -134,6 +139,63 @@ def test_training_matches_one_process_and_ranks_keep_identical_weights(baseline,
                 "must divide the number of attention heads of `one_head` (1) with sp_mode=ulysses"
                 in (errors[1])
             )
+
+
+class _Plain(torch.nn.Module):
+    def forward(self, idx, targets=None, position_ids=None):
+        return idx
+
+
+class _CausalLM(torch.nn.Module):
+    """The call signature of a Hugging Face causal LM."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, **kwargs):
+        return input_ids
+
+
+class _NoKwargsLM(torch.nn.Module):
+    def forward(self, input_ids=None, labels=None):
+        return input_ids
+
+
+def test_a_plain_models_call_gives_each_rank_its_tokens_and_their_positions():
+    ids = torch.arange(16).reshape(2, 8)
+    for rank in (0, 1):
+        args, kwargs = CallSplit(_Plain(), False, 2, rank)((ids,), {"targets": ids + 100})
+        mine = torch.arange(4 * rank, 4 * rank + 4)
+        assert args == ()
+        assert torch.equal(kwargs["idx"], ids[:, mine]) and kwargs["idx"].is_contiguous()
+        assert torch.equal(kwargs["targets"], ids[:, mine] + 100)
+        assert torch.equal(kwargs["position_ids"], mine.unsqueeze(0))
+    with pytest.raises(
+        ConfigError, match=r"sp must divide the sequence length of the model's input \(7\); got 2"
+    ):
+        CallSplit(_Plain(), False, 2, 0, size_option="sp")((torch.zeros(1, 7, dtype=torch.long),), {})
+
+
+def test_a_causal_lms_labels_are_shifted_before_the_split_and_count_the_whole_sequence():
+    ids = torch.arange(8).unsqueeze(0)
+    _, kwargs = CallSplit(_CausalLM(), True, 2, 1)(
+        (), {"input_ids": ids, "labels": ids, "attention_mask": ids >= 0}
+    )
+    assert kwargs["input_ids"].tolist() == [[4, 5, 6, 7]]
+    assert kwargs["position_ids"].tolist() == [[4, 5, 6, 7]]
+    assert kwargs["labels"].tolist() == kwargs["shift_labels"].tolist() == [[5, 6, 7, IGNORE_INDEX]]
+    assert kwargs["num_items_in_batch"].item() == 7 / 2  # 7 counted labels, over 2 ranks
+    assert kwargs["attention_mask"] is None  # all ones: causal attention needs none
+    with pytest.raises(ConfigError, match=r"sp needs a model whose forward passes \*\*kwargs"):
+        CallSplit(_NoKwargsLM(), True, 2, 0, caller="sp")((), {"input_ids": ids, "labels": ids})
+
+
+def test_gradients_are_bucketed_by_dtype_and_device_up_to_the_bucket_size():
+    big, small, other, last = (
+        torch.empty(BUCKET_ELEMENTS - 1),
+        torch.empty(2),
+        torch.empty(1, dtype=torch.float64),
+        torch.empty(3),
+    )
+    buckets = _buckets([big, small, other, last])
+    assert [[t.numel() for t in b] for b in buckets] == [[BUCKET_ELEMENTS - 1], [2, 3], [1]]
 
 
 def test_bad_parameters_and_no_job_are_clear_errors():
@@ -170,6 +232,7 @@ def _running(marker: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
+@pytest.mark.slow
 def test_rerun_profiles_both_ranks_into_one_job_record(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     outcomes = run_variants(
@@ -193,6 +256,7 @@ def test_rerun_profiles_both_ranks_into_one_job_record(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_rerun_with_its_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     fail = "import os\nif os.environ.get('RANK') == '1':\n    raise RuntimeError('boom on rank 1')\n"
@@ -207,6 +271,7 @@ def test_a_failing_rank_fails_the_rerun_with_its_traceback(tmp_path, monkeypatch
     assert not _running(str(worker.folder)), "a worker process was left running"
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_is_ended_with_the_whole_job_at_the_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     hang = "import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep(600)\n"

@@ -1,4 +1,4 @@
-"""Sequence-parallel attention: each rank holds a contiguous slice of the sequence.
+"""Sequence parallelism: each rank holds a contiguous slice of the sequence.
 
 ``ulysses_attention`` swaps sequence shards for head shards with two all-to-alls and runs
 the device's own SDPA kernel; it needs the number of heads divisible by the group size.
@@ -6,6 +6,12 @@ the device's own SDPA kernel; it needs the number of heads divisible by the grou
 partial results by log-sum-exp; it works for any number of heads and bounds its score
 memory with ``chunk_size``. Both are differentiable, take any process group, and run the
 same code on gloo (CPU) and NCCL (GPU).
+
+Around them, what a sequence-parallel training step needs besides attention:
+:mod:`swift_nb.parallel.inputs` splits a model's call into this rank's shard
+(``CallSplit``), and :mod:`swift_nb.parallel.gradients` averages the gradients across the
+ranks before each optimizer step and reports the whole sequence's loss. The
+``sequence_parallel`` toggle applies all of it to a notebook's model.
 
 On CUDA, should these delegate to ``torch.distributed.tensor.experimental.context_parallel``?
 Not from inside these functions. That API is a prototype (its interface changes between

@@ -13,10 +13,15 @@ def shard_sequence(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim:
     ``[batch, heads, seq, head_dim]``): rank r of ``group`` gets tokens ``r*seq/P`` to
     ``(r+1)*seq/P - 1``. A view of ``x``, so gradients flow back to ``x``."""
     g = resolve_group(group, "shard_sequence")
-    length = x.shape[dim]
-    check_divisible("shard_sequence", length, g.size)
-    n = length // g.size
-    return x.narrow(dim, g.rank * n, n)
+    check_divisible("shard_sequence", x.shape[dim], g.size)
+    return shard(x, g.size, g.rank, dim)
+
+
+def shard(x: torch.Tensor, size: int, rank: int, dim: int) -> torch.Tensor:
+    """Shard ``rank`` of ``size`` equal contiguous shards of ``x`` along ``dim`` (a view); the
+    caller has checked that ``size`` divides that dimension."""
+    n = x.shape[dim] // size
+    return x.narrow(dim, rank * n, n)
 
 
 def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int = 2) -> torch.Tensor:

@@ -2,18 +2,15 @@
 
 Only meaningful inside a job of ``sp_size`` processes: a rerun launches them
 (``%%swift_profile --compare sequence_parallel(sp_size=2)``), each replays the session and
-applies this toggle before the profiled cell. On every rank it:
+applies this toggle before the profiled cell. This file finds the models, patches attention
+and writes the report; the parallel work itself lives in :mod:`swift_nb.parallel`. On every
+rank it:
 
-- splits the root models' inputs on the sequence dimension (a forward pre-hook): rank r of
-  P gets tokens ``r*T/P`` to ``(r+1)*T/P - 1`` of input ids, position ids and labels.
-  Hugging Face models: ``position_ids`` are passed for the shard, labels are shifted
-  before the split (``shift_labels``, so no token is lost at a shard border) and
-  ``num_items_in_batch`` is set so the shards' losses add up to the whole sequence's; an
-  all-ones attention mask is dropped (causal attention needs none). Other models (swift_nb's
-  demo GPT among them): every ``[batch, T, ...]`` tensor argument is split, so targets
-  must already be aligned with the inputs; a forward that takes ``position_ids`` is given
-  the shard's, otherwise positions the model derives from its input length restart at
-  each shard (the report says so).
+- splits the root models' inputs on the sequence dimension (a forward pre-hook running
+  :class:`swift_nb.parallel.inputs.CallSplit`, whose docstring says what is split for
+  Hugging Face and other models). A model that is not a Hugging Face model gets targets
+  already aligned with its inputs; when its forward takes no ``position_ids``, positions it
+  derives from its input length restart at each shard (the report says so).
 - routes attention to :func:`swift_nb.parallel.ulysses_attention` or
   :func:`~swift_nb.parallel.ring_attention`: ``F.scaled_dot_product_attention`` is
   replaced while applied (``is_causal`` → ``causal``); models that declare their attention
@@ -22,11 +19,11 @@ applies this toggle before the profiled cell. On every rank it:
   ``attn_mask``, dropout or different query and key lengths cannot be split: it runs
   locally, attending within the rank's shard only, and the report says so.
 - averages the gradients across the ranks before each ``optimizer.step()`` (a global
-  optimizer step pre-hook), so every rank keeps identical weights. Each rank's loss is the
-  mean over its shard; with equal shards the average of their gradients is the whole
-  sequence's gradient. The loss a model returns carries the whole sequence's mean as its
-  value (one all-reduce of a scalar), so printed loss curves match a single process.
-  Gradient clipping before ``step()`` sees the rank's own gradient, not the average.
+  optimizer step pre-hook running :func:`swift_nb.parallel.gradients.average_gradients`),
+  so every rank keeps identical weights. The loss a model returns carries the whole
+  sequence's mean as its value (:func:`~swift_nb.parallel.gradients.mean_over_ranks`), so
+  printed loss curves match a single process. Gradient clipping before ``step()`` sees the
+  rank's own gradient, not the average.
 
 ``undo()`` removes the hooks and puts attention and the models back.
 
@@ -48,30 +45,27 @@ record (see ``swift_nb.capture.job``).
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from swift_nb.errors import ConfigError
 from swift_nb.parallel import ring_attention, ulysses_attention
+from swift_nb.parallel.gradients import average_gradients, mean_over_ranks
+from swift_nb.parallel.inputs import CallSplit
 from swift_nb.toggles._attention import (
     attention_owners,
     attn_implementation,
     replace_sdpa,
     set_attn_implementation,
 )
-from swift_nb.toggles.base import Param, Toggle, ToggleReport, at_least, hf_model, one_of
-
-_BUCKET_ELEMENTS = 1 << 22  # gradients are averaged in buckets of ≤ 16 MB (fp32)
-_IGNORE = -100  # Hugging Face's ignore_index
+from swift_nb.toggles.base import Toggle, ToggleReport, hf_model
 
 
 def _usage(sp_size: int) -> str:
@@ -83,32 +77,13 @@ def _usage(sp_size: int) -> str:
 
 class SequenceParallel(Toggle):
     id = "sequence_parallel"
-    title = "Sequence parallelism"
-    params = (
-        Param("sp_size", int, 2, "ranks the sequence is split over (= worker processes)", at_least(2)),
-        Param(
-            "sp_mode",
-            str,
-            "ulysses",
-            "ulysses (all-to-all of heads; heads divisible by sp_size) or ring (K/V passed around)",
-            one_of("ulysses", "ring"),
-            aliases=("mode",),
-        ),
-        Param(
-            "ring_chunk_size",
-            int,
-            None,
-            "tokens per ring-attention tile (default: the whole shard)",
-            at_least(1),
-            aliases=("chunk_size",),
-        ),
-    )
     watches_models = True
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
         self._rank = 0
-        self._plans: dict[int, _Plan] = {}
+        self._splits: dict[int, CallSplit] = {}  # by id of the root model
+        self._depth: dict[int, int] = {}  # nested forwards of a root model now running
         self._counts = {"distributed": 0, "local": 0, "grad_syncs": 0, "grad_bytes": 0}
 
     @property
@@ -128,7 +103,8 @@ class SequenceParallel(Toggle):
                 "sequence_parallel sp_size", f"must equal the number of processes of this job ({world})", size
             )
         self._rank = dist.get_rank()
-        self._plans.clear()
+        self._splits.clear()
+        self._depth.clear()
         self._counts = dict.fromkeys(self._counts, 0)
         report = super().apply(namespace)
         try:
@@ -172,7 +148,7 @@ class SequenceParallel(Toggle):
             if id(module) in self._seen_modules:
                 return None
             self._model(module, self._name_of(module))
-            if id(module) not in self._plans:
+            if id(module) not in self._splits:
                 return None
             kwargs = _call_kwargs(module)
             if kwargs is None:
@@ -181,7 +157,7 @@ class SequenceParallel(Toggle):
                     "(a model built inside the profiled cell); build the model in an earlier cell"
                 )
             self._enter(module)
-            new_args, new_kwargs = self._split_call(module, args, kwargs)
+            new_args, new_kwargs = self._splits[id(module)](args, kwargs)
             kwargs.clear()
             kwargs.update(new_kwargs)
             return new_args
@@ -192,7 +168,7 @@ class SequenceParallel(Toggle):
     def _apply_model(self, model: nn.Module, name: str) -> None:
         assert self.report is not None
         size, mode = self.values["sp_size"], self.values["sp_mode"]
-        kind = "hf" if hf_model(model) else "plain"
+        hf = hf_model(model)
         heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
         if mode == "ulysses" and heads is not None and heads % size:
             raise ConfigError(
@@ -203,12 +179,19 @@ class SequenceParallel(Toggle):
             )
         what = f"`{name}` ({type(model).__name__})"
         self._attention_to_sdpa(model, name)
-        plan = _Plan(kind, _signature(model))
-        if kind == "hf":
+        split = CallSplit(
+            model,
+            hf,
+            size,
+            self._rank,
+            caller="sequence_parallel",
+            size_option="sequence_parallel sp_size",
+        )
+        if hf:
             self.report.change(
                 f"{what}: input ids, position ids and shifted labels split on the sequence over {size} ranks"
             )
-        elif plan.positions:
+        elif split.positions:
             self.report.change(
                 f"{what}: [batch, seq, ...] inputs split on the sequence over {size} ranks; "
                 "position_ids passed for each shard's place"
@@ -224,49 +207,33 @@ class SequenceParallel(Toggle):
                 "it computes from its input length restart at each shard, and targets passed to it "
                 "must already be aligned with its inputs (shifted before the split); outputs are the shard's"
             )
-        self._plans[id(model)] = plan
+        self._splits[id(model)] = split
+        self._depth[id(model)] = 0
         pre = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         post = model.register_forward_hook(self._post_forward, always_call=True)
         self._undo.extend([pre.remove, post.remove])
 
     def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if self._enter(module):
-            return self._split_call(module, args, kwargs)
+            return self._splits[id(module)](args, kwargs)
         return None
 
     def _enter(self, module: nn.Module) -> bool:
         """Mark the model's forward as running; False when it already is (a recursive call
         sees the shard already)."""
-        plan = self._plans[id(module)]
-        plan.depth += 1
-        return plan.depth == 1
+        self._depth[id(module)] += 1
+        return self._depth[id(module)] == 1
 
     def _post_forward(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        plan = self._plans[id(module)]
-        plan.depth -= 1
-        if plan.depth or output is None:
+        self._depth[id(module)] -= 1
+        if self._depth[id(module)] or output is None:
             return None
         if isinstance(output, torch.Tensor) and output.dim() == 0 and output.is_floating_point():
-            return _whole_sequence_mean(output)
+            return mean_over_ranks(output)
         loss = getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-            output.loss = _whole_sequence_mean(loss)
+            output.loss = mean_over_ranks(loss)
         return None
-
-    def _split_call(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        plan = self._plans[id(module)]
-        size, rank = self.values["sp_size"], self._rank
-        if plan.signature is None:
-            return _split_all(args, kwargs, size, rank)
-        bound = plan.signature.bind(*args, **kwargs)
-        named = dict(bound.arguments)
-        extra = named.pop(plan.var_keyword, {}) if plan.var_keyword else {}
-        named.update(extra)
-        if plan.kind == "hf":
-            named = _split_hf(named, size, rank, accepts_extra=plan.var_keyword is not None)
-        else:
-            named = _split_plain(named, size, rank, plan.positions)
-        return (), named
 
     # -- attention -------------------------------------------------------------------------
 
@@ -346,151 +313,10 @@ class SequenceParallel(Toggle):
     # -- gradients -------------------------------------------------------------------------
 
     def _average_gradients(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        grads = [
-            p.grad
-            for group in opt.param_groups
-            for p in group["params"]
-            if p.grad is not None and not p.grad.is_sparse
-        ]
-        size = self.values["sp_size"]
-        nbytes = 0
-        for bucket in _buckets(grads):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat)  # gloo has no AVG: sum, then divide
-            flat.div_(size)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-            nbytes += flat.numel() * flat.element_size()
+        self._counts["grad_bytes"] += average_gradients(
+            p for group in opt.param_groups for p in group["params"]
+        )
         self._counts["grad_syncs"] += 1
-        self._counts["grad_bytes"] += nbytes
-
-
-class _Plan:
-    """How one root model's calls are split. ``positions``: its forward takes
-    ``position_ids`` by name."""
-
-    def __init__(self, kind: str, signature: inspect.Signature | None) -> None:
-        self.kind = kind
-        self.signature = signature
-        self.var_keyword = None
-        self.positions = False
-        if signature is not None:
-            self.var_keyword = next(
-                (n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None
-            )
-            self.positions = "position_ids" in signature.parameters
-        self.depth = 0
-
-
-def _signature(model: nn.Module) -> inspect.Signature | None:
-    """The forward's signature when every argument can be passed by name, else None."""
-    try:
-        sig = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL) for p in sig.parameters.values()):
-        return None
-    return sig
-
-
-def _seq_len(values: list[Any]) -> int | None:
-    """The sequence length: dim 1 of the first integer [batch, T] tensor (token ids), else
-    of the first tensor with at least two dimensions."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dim() >= 2]
-    ids = [t for t in tensors if t.dim() == 2 and not t.is_floating_point()]
-    first = (ids or tensors or [None])[0]
-    return None if first is None else first.shape[1]
-
-
-def _check_divisible(length: int, size: int) -> None:
-    if length % size:
-        raise ConfigError(
-            "sequence_parallel sp_size",
-            f"must divide the sequence length of the model's input ({length})",
-            size,
-        )
-
-
-def _shard(t: torch.Tensor, size: int, rank: int) -> torch.Tensor:
-    n = t.shape[1] // size
-    return t.narrow(1, rank * n, n).contiguous()
-
-
-def _split_all(args: tuple, kwargs: dict, size: int, rank: int) -> tuple[tuple, dict]:
-    """Every tensor argument of shape [batch, T, ...] split on dim 1."""
-    length = _seq_len([*args, *kwargs.values()])
-    if length is None:
-        return args, kwargs
-    _check_divisible(length, size)
-
-    def split(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == length:
-            return _shard(v, size, rank)
-        return v
-
-    return tuple(split(a) for a in args), {k: split(v) for k, v in kwargs.items()}
-
-
-def _split_plain(named: dict, size: int, rank: int, positions: bool) -> dict:
-    """A model's named arguments for this rank's shard: every [batch, T, ...] tensor split;
-    with ``positions``, ``position_ids`` of the shard when the call passes none."""
-    length = _seq_len(list(named.values()))
-    _, out = _split_all((), named, size, rank)
-    if positions and length is not None and named.get("position_ids") is None:
-        device = next(v.device for v in named.values() if isinstance(v, torch.Tensor))
-        out["position_ids"] = _shard(torch.arange(length, device=device).unsqueeze(0), size, rank)
-    return out
-
-
-def _split_hf(named: dict, size: int, rank: int, accepts_extra: bool) -> dict:
-    """A Hugging Face causal LM's arguments for this rank's shard."""
-    ids, embeds = named.get("input_ids"), named.get("inputs_embeds")
-    source = ids if ids is not None else embeds
-    if source is None:
-        return named
-    if named.get("past_key_values") is not None:
-        raise ConfigError(
-            "sequence_parallel", "splits training forwards only (no KV cache)", "past_key_values"
-        )
-    batch, length = source.shape[0], source.shape[1]
-    _check_divisible(length, size)
-    out = dict(named)
-    for key in ("input_ids", "inputs_embeds", "token_type_ids"):
-        if out.get(key) is not None:
-            out[key] = _shard(out[key], size, rank)
-    positions = out.get("position_ids")
-    if positions is None:
-        positions = torch.arange(length, device=source.device).unsqueeze(0).expand(batch, -1)
-    out["position_ids"] = _shard(positions, size, rank)
-    mask = out.get("attention_mask")
-    if mask is not None:
-        # Causal attention without padding needs no mask; a padding mask is split and the
-        # attention calls it produces run locally (noted by the attention wrapper).
-        out["attention_mask"] = None if bool(mask.all()) else _shard(mask, size, rank)
-    labels = out.get("labels")
-    if labels is not None:
-        if not accepts_extra:
-            raise ConfigError(
-                "sequence_parallel",
-                "needs a model whose forward passes **kwargs to its loss (shift_labels); "
-                "compute the loss outside the model from sharded labels instead",
-                "labels",
-            )
-        shifted = out.pop("shift_labels", None)
-        if shifted is None:
-            shifted = F.pad(labels[:, 1:], (0, 1), value=_IGNORE)
-        # Each shard's loss is its sum over num_items_in_batch/P, so the shards' losses
-        # average (as the gradients are averaged) to the whole sequence's mean.
-        items = out.get("num_items_in_batch")
-        if items is None:
-            items = (shifted != _IGNORE).sum()
-        out["num_items_in_batch"] = torch.as_tensor(items, dtype=torch.float32) / size
-        shard = _shard(shifted, size, rank)
-        out["labels"] = shard
-        out["shift_labels"] = shard
-    return out
 
 
 def _local_only(query: torch.Tensor, key: torch.Tensor, mask: Any, dropout_p: float) -> str | None:
@@ -504,33 +330,6 @@ def _local_only(query: torch.Tensor, key: torch.Tensor, mask: Any, dropout_p: fl
     if query.shape[2] != key.shape[2]:
         return "query and key of different lengths"
     return None
-
-
-def _whole_sequence_mean(loss: torch.Tensor) -> torch.Tensor:
-    """``loss`` with the mean over all ranks as its value and this rank's gradient."""
-    with torch.no_grad():
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        total /= dist.get_world_size()
-    return loss + (total - loss.detach())
-
-
-def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Gradients grouped by dtype and device, ≤ _BUCKET_ELEMENTS per group (a larger
-    gradient goes alone), in a fixed order so every rank reduces the same buckets."""
-    out: list[list[torch.Tensor]] = []
-    open_: dict[tuple, list[torch.Tensor]] = {}
-    filled: dict[tuple, int] = {}
-    for g in grads:
-        key = (g.dtype, g.device)
-        if key in open_ and filled[key] + g.numel() > _BUCKET_ELEMENTS:
-            out.append(open_.pop(key))
-        if key not in open_:
-            open_[key], filled[key] = [], 0
-        open_[key].append(g)
-        filled[key] += g.numel()
-    out.extend(open_.values())
-    return out
 
 
 def _call_kwargs(module: nn.Module) -> dict | None:
