@@ -7,7 +7,8 @@ import torch
 
 import swift_nb
 from swift_nb import demo
-from swift_nb.toggles import TOGGLES, get
+from swift_nb.toggles import get
+from swift_nb.vocabulary import TOGGLES
 
 
 def test_applied_for_the_cell_and_undone():

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERDICTS = ("data-bound", "overhead-bound", "compute-bound", "memory-bound", "communication-bound", "unknown")
-TOGGLES = ("flash_attention", "grad_checkpointing", "galore", "sequence_parallel")
 
 
 @dataclass
@@ -27,7 +26,7 @@ class Finding:
     numbers from this run that triggered it; suggestion: the change to make (as the
     setting to edit when the run recorded a Trainer or an Accelerator: see
     ``swift_nb.integrations``); toggle: the
-    swift_nb toggle that applies it, if any (one of ``TOGGLES``); predicted_effect: what
+    swift_nb toggle that applies it, if any (an id of ``swift_nb.vocabulary.TOGGLES``); predicted_effect: what
     it should change, with ``formula`` saying how that was estimated.
     """
 

@@ -15,10 +15,11 @@ import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import ArgDecorator, argument, construct_parser, magic_arguments
 from IPython.display import display
 
 from swift_nb import toggles as toggle_registry
+from swift_nb import vocabulary
 from swift_nb.api import apply_toggles, finish, report, undo_toggles
 from swift_nb.capture.session import Session, cell_source
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
@@ -41,22 +42,54 @@ def _option_arguments(func):
     return func
 
 
-#: magic flag → toggle id; a flag takes an optional ``key=value,...`` spec
-TOGGLE_FLAGS = toggle_registry.MAGIC_FLAGS
+class _ToggleArguments(ArgDecorator):
+    """One flag per toggle of the vocabulary that has one (``--galore rank=64,gap=200``),
+    taking an optional ``key=value,...`` spec; ``flags`` are those the parser was built with."""
+
+    flags: tuple[str, ...] = ()
+
+    def add_to_parser(self, parser, group):
+        self.flags = tuple(e.id for e in vocabulary.flagged())
+        for words in vocabulary.flagged():
+            parser.add_argument(
+                f"--{words.flag}",
+                dest=words.dest,
+                nargs="?",
+                const="",
+                default=None,
+                metavar=words.metavar,
+                help=words.help,
+            )
+
+
+_toggle_arguments = _ToggleArguments()
+
+
+def _keep_description(func):
+    """The help's description stays the docstring when the parser is built again."""
+    func.argcmd_kwds = {"description": func.__doc__}
+    return func
+
+
+def _parser():
+    """The magic's parser, built again (help included) when a toggle joined the vocabulary
+    since it was built."""
+    func = SwiftMagics.swift_profile
+    if _toggle_arguments.flags != tuple(e.id for e in vocabulary.flagged()):
+        func.parser = construct_parser(func)
+    return func.parser
 
 
 def _toggle_flag(param: str) -> str:
     """Names a toggle parameter as the magic spells it: ``galore rank`` → ``--galore rank``."""
-    by_id = {v: k for k, v in TOGGLE_FLAGS.items()}
-    tid, _, rest = param.partition(" ")
-    return f"{flag_of(by_id[tid])} {rest}".strip() if tid in by_id else flag_of(param)
+    return vocabulary.param_flag(param, flag_of)
 
 
 def _toggles(args) -> list[toggle_registry.Toggle]:
     return [
-        toggle_registry.parse(tid, getattr(args, flag))
-        for flag, tid in TOGGLE_FLAGS.items()
-        if getattr(args, flag) is not None
+        toggle_registry.parse(words.id, getattr(args, words.dest))
+        for words in vocabulary.flagged()
+        if getattr(args, words.dest, None) is not None
     ]
 
 
@@ -67,12 +100,13 @@ def parse_line(line: str):
         argv = shlex.split(line)
     except ValueError as e:
         raise UsageError(f"%%swift_profile {line}: {e}") from None
-    return SwiftMagics.swift_profile.parser.parse_args(argv)
+    return _parser().parse_args(argv)
 
 
 @magics_class
 class SwiftMagics(Magics):
     @magic_arguments()
+    @_keep_description
     @_option_arguments
     @argument("--list", action="store_true", help="show recent runs instead of profiling")
     @argument(
@@ -86,46 +120,7 @@ class SwiftMagics(Magics):
         action="store_true",
         help="no live panel or results tabs: static outputs only",
     )
-    @argument(
-        "--flash-attn",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="",
-        help="route attention to fused (flash) kernels for this run",
-    )
-    @argument(
-        "--grad-ckpt",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="every_n=N",
-        help="activation checkpointing on the repeated blocks for this run",
-    )
-    @argument(
-        "--galore",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="rank=R,gap=G,scale=S,proj_type=std,target=REGEX",
-        help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
-    )
-    @argument(
-        "--sequence-parallel",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="sp_size=2,sp_mode=ulysses|ring,ring_chunk_size=N",
-        help="split the sequence over sp_size ranks (only inside a multi-process rerun: use it in --compare)",
-    )
-    @argument(
-        "--bf16",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="",
-        help="autocast the cell to bfloat16 (CPU and CUDA) for this run",
-    )
+    @_toggle_arguments
     @argument(
         "--open",
         type=str,
@@ -151,10 +146,12 @@ class SwiftMagics(Magics):
         sampling; every optimizer.step() (or swift_nb.step()) ends a step.
 
         Usage: ``%%swift_profile [--active 5] [--label NAME] ...`` on top of a cell, or
-        ``%swift_profile --list`` for recent runs. ``--flash-attn``, ``--grad-ckpt`` and
-        ``--galore rank=64,gap=200`` apply optimizations for this run only: to the models and
-        optimizers in the notebook's variables and to those the cell constructs; they are
-        undone when the cell ends.
+        ``%swift_profile --list`` for recent runs. The toggles' flags (``--flash-attn``,
+        ``--grad-ckpt``, ``--galore rank=64,gap=200``, ``--bf16``, … : see ``swift_nb.vocabulary``)
+        apply optimizations for this run only: to the models and optimizers in the notebook's
+        variables and to those the cell constructs; they are undone when the cell ends.
+        ``--compare`` reruns the cell with variants of them; ``--forecast`` adds "will it fit"
+        configurations to the report.
         """
         args = parse_line(line)
         if args.list:

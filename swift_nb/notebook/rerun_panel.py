@@ -20,14 +20,23 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from swift_nb import vocabulary
 from swift_nb.analysis.findings import Finding
 from swift_nb.options import ProfileOptions
 from swift_nb.render.compare import compare_figures, compare_table_html
 from swift_nb.rerun import Compared, RerunBusyError, Variant, compare_cell
-from swift_nb.toggles import TOGGLES, get
+from swift_nb.toggles import get
 
-#: toggles offered as checkboxes (those a single-process rerun can apply)
-OFFERED = tuple(t for t in ("flash_attention", "grad_checkpointing", "galore") if t in TOGGLES)
+
+def offered() -> list[str]:
+    """The toggles offered as checkboxes: those a single-process rerun can apply."""
+    return [e.id for e in vocabulary.TOGGLES.values() if e.runnable and e.processes is None]
+
+
+def multi_process() -> vocabulary.Entry | None:
+    """The toggle that reruns the cell on several worker processes (sequence
+    parallelism), offered with its process count and its parameters' choices."""
+    return next((e for e in vocabulary.TOGGLES.values() if e.runnable and e.processes), None)
 
 
 class RerunCancelledError(Exception):
@@ -49,17 +58,28 @@ class RerunControls:
     ) -> None:
         self.shell, self.options, self.cell, self.cells, self.run_id = shell, options, cell, cells, run_id
         self.out_dir = out_dir  # reruns are recorded beside the run they rerun
+        words = vocabulary.TOGGLES
         self.boxes = {
-            t: widgets.Checkbox(value=False, description=TOGGLES[t].title, indent=False) for t in OFFERED
+            t: widgets.Checkbox(value=False, description=words[t].title, indent=False) for t in offered()
         }
-        # sequence parallelism reruns the cell on sp_size worker processes
-        self.sp_box = widgets.Checkbox(value=False, description="Sequence parallel", indent=False)
-        self.sp_size = widgets.Dropdown(
-            options=[2, 4, 8], value=2, description="size", layout={"width": "9em"}
+        # a toggle that reruns the cell on several worker processes: its count and choices
+        self.multi = multi_process()
+        self.multi_box = widgets.Checkbox(
+            value=False, description=self.multi.title if self.multi else "", indent=False
         )
-        self.sp_mode = widgets.Dropdown(
-            options=["ulysses", "ring"], value="ulysses", description="mode", layout={"width": "12em"}
-        )
+        self.multi_params: dict[str, widgets.Dropdown] = {}
+        if self.multi is not None:
+            for p in self.multi.params:
+                choices = p.choices
+                if p.name == self.multi.processes:
+                    choices = tuple(sorted(set(choices) | set(self.multi.process_choices)))
+                if choices:
+                    self.multi_params[p.name] = widgets.Dropdown(
+                        options=list(choices),
+                        value=p.default,
+                        description=p.aliases[-1] if p.aliases else p.name,
+                        layout={"width": "12em"},
+                    )
         self.rerun = widgets.Button(description="Rerun and compare", button_style="primary", icon="play")
         self.cancel = widgets.Button(description="Cancel", icon="stop", disabled=True)
         self.status = widgets.HTML(
@@ -69,10 +89,8 @@ class RerunControls:
         self.result = widgets.HTML("")
         self.try_buttons = []
         for f in findings:
-            if f.toggle in OFFERED:
-                b = widgets.Button(
-                    description=f"Try {TOGGLES[f.toggle].title}", tooltip=f.title, icon="flask"
-                )
+            if f.toggle in self.boxes:
+                b = widgets.Button(description=f"Try {words[f.toggle].title}", tooltip=f.title, icon="flask")
                 b.on_click(lambda _, t=f.toggle: self.start([Variant(t, [get(t)])]))
                 self.try_buttons.append(b)
         self.rerun.on_click(lambda _: self.start(self._ticked()))
@@ -84,7 +102,7 @@ class RerunControls:
     def widget(self) -> widgets.VBox:
         rows = [
             widgets.HTML("<h4>Try a fix</h4>"),
-            widgets.HBox([*self.boxes.values(), self.sp_box, self.sp_size, self.sp_mode]),
+            widgets.HBox([*self.boxes.values(), *self._multi_widgets()]),
             widgets.HBox([self.rerun, self.cancel, *self.try_buttons]),
             self.status,
             self.result,
@@ -93,21 +111,20 @@ class RerunControls:
 
     def _ticked(self) -> list[Variant]:
         variants = [Variant(t, [get(t)]) for t, box in self.boxes.items() if box.value]
-        if self.sp_box.value and "sequence_parallel" in TOGGLES:
-            size, mode = self.sp_size.value, self.sp_mode.value
-            variants.append(
-                Variant(
-                    f"sequence_parallel(sp_size={size},sp_mode={mode})",
-                    [get("sequence_parallel", sp_size=size, sp_mode=mode)],
-                )
-            )
+        if self.multi is not None and self.multi_box.value:
+            values = {name: w.value for name, w in self.multi_params.items()}
+            params = ",".join(f"{k}={v}" for k, v in values.items())
+            variants.append(Variant(f"{self.multi.id}({params})", [get(self.multi.id, **values)]))
         return variants
+
+    def _multi_widgets(self) -> list[widgets.Widget]:
+        return [self.multi_box, *self.multi_params.values()] if self.multi is not None else []
 
     def _buttons(self, running: bool) -> None:
         self.rerun.disabled = running
         for b in self.try_buttons:
             b.disabled = running
-        for w in (*self.boxes.values(), self.sp_box, self.sp_size, self.sp_mode):
+        for w in (*self.boxes.values(), *self._multi_widgets()):
             w.disabled = running
         self.cancel.disabled = not running
 

@@ -33,11 +33,11 @@ from typing import Any
 
 import psutil
 
-from swift_nb.errors import ConfigError
+from swift_nb import vocabulary
 from swift_nb.options import ProfileOptions
 from swift_nb.record import RUN_FILE, load_run, new_run_id, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
-from swift_nb.toggles import MAGIC_FLAGS, Toggle, parse
+from swift_nb.toggles import Toggle, get
 
 WORKER_ENV = "SWIFT_NB_RERUN_WORKER"  # set inside workers: a replayed cell never starts reruns
 DEFAULT_TIMEOUT_S = float(os.environ.get("SWIFT_NB_RERUN_TIMEOUT_S", 3600))
@@ -58,44 +58,24 @@ class Variant:
 
 def parse_variants(spec: str) -> list[Variant]:
     """``"flash_attention,grad_checkpointing+galore(rank=64,gap=200)"`` → variants: commas
-    separate variants, ``+`` combines toggles, parentheses hold a toggle's parameters."""
-    variants, depth, start = [], 0, 0
-    parts = []
-    for i, ch in enumerate(spec + ","):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(spec[start:i].strip())
-            start = i + 1
-    if depth:
-        raise ConfigError("compare", "has unbalanced parentheses", spec)
-    for part in filter(None, parts):
-        toggles = []
-        for item in part.split("+"):
-            tid, _, params = item.strip().partition("(")
-            toggles.append(parse(tid.strip(), params.rstrip(")")))
-        variants.append(Variant(part.replace(" ", ""), toggles))
-    if not variants:
-        raise ConfigError("compare", "must name at least one toggle (e.g. flash_attention,galore)", spec)
-    return variants
-
-
-def _flag_of() -> dict[str, str]:
-    return {tid: "--" + flag.replace("_", "-") for flag, tid in MAGIC_FLAGS.items()}
+    separate variants, ``+`` combines toggles, parentheses hold a toggle's parameters
+    (``swift_nb.vocabulary``'s grammar)."""
+    return [
+        Variant(name, [get(tid, **params) for tid, params in toggles])
+        for name, toggles in vocabulary.parse_variants(spec)
+    ]
 
 
 def magic_flags(toggles: list[Toggle]) -> list[str]:
     """The ``%%swift_profile`` flags that apply ``toggles`` (those the magic has a flag for;
     the worker applies the others itself, see ``unflagged``)."""
-    flag_of = _flag_of()
     out = []
     for t in toggles:
-        if t.id not in flag_of:
+        flag = vocabulary.flag_of(t.id)
+        if flag is None:
             continue
-        out.append(flag_of[t.id])
-        params = ",".join(f"{k}={v}" for k, v in t.values.items() if v is not None and v != _default(t, k))
+        out.append(flag)
+        params = ",".join(f"{k}={v}" for k, v in vocabulary.TOGGLES[t.id].changed(t.values).items())
         if params:
             out.append(params)
     return out
@@ -103,18 +83,13 @@ def magic_flags(toggles: list[Toggle]) -> list[str]:
 
 def unflagged(toggles: list[Toggle]) -> list[dict[str, Any]]:
     """The toggles the magic has no flag for, as the worker's spec lists them."""
-    flag_of = _flag_of()
-    return [{"toggle": t.id, "params": dict(t.values)} for t in toggles if t.id not in flag_of]
+    return [{"toggle": t.id, "params": dict(t.values)} for t in toggles if vocabulary.flag_of(t.id) is None]
 
 
 def processes(toggles: list[Toggle]) -> int:
     """Worker processes a variant needs (a toggle's ``processes``, e.g. sequence_parallel's
     sp_size; 1 otherwise)."""
     return max((t.processes for t in toggles), default=1)
-
-
-def _default(t: Toggle, name: str) -> Any:
-    return next(p.default for p in t.params if p.name == name)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Optimization toggles: one file per toggle, one registry line each.
+"""Optimization toggles: one file per toggle; their names, flags and parameters live in
+``swift_nb.vocabulary`` (one entry each).
 
 ``get("galore", rank=64)`` or ``parse("galore", "rank=64,gap=200")`` builds a toggle;
 ``toggle.apply(namespace)`` changes the models and optimizers found there and those
@@ -9,33 +10,16 @@ report. ``applied(namespace, toggles)`` does both around a block.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from swift_nb import vocabulary
 from swift_nb.errors import ConfigError
-from swift_nb.toggles.base import Param, Toggle, ToggleReport, find_models, find_optimizers
-from swift_nb.toggles.bf16_autocast import BF16Autocast
-from swift_nb.toggles.flash_attention import FlashAttention
-from swift_nb.toggles.galore import GaLore
-from swift_nb.toggles.grad_checkpointing import GradCheckpointing
-from swift_nb.toggles.sequence_parallel import SequenceParallel
-
-TOGGLES: dict[str, type[Toggle]] = {
-    t.id: t for t in (FlashAttention, GradCheckpointing, GaLore, SequenceParallel, BF16Autocast)
-}
-#: ``%%swift_profile`` option (argparse dest) → toggle id; each flag takes an optional
-#: ``key=value,...`` spec. Shared by the magic and by reruns, which write these flags.
-MAGIC_FLAGS = {
-    "flash_attn": "flash_attention",
-    "grad_ckpt": "grad_checkpointing",
-    "galore": "galore",
-    "sequence_parallel": "sequence_parallel",
-    "bf16": "bf16_autocast",
-}
+from swift_nb.toggles.base import Toggle, ToggleReport, find_models, find_optimizers
+from swift_nb.vocabulary import Param
 
 __all__ = [
-    "MAGIC_FLAGS",
-    "TOGGLES",
     "Param",
     "Toggle",
     "ToggleReport",
@@ -44,51 +28,45 @@ __all__ = [
     "find_models",
     "find_optimizers",
     "get",
+    "implementation",
     "parse",
-    "parse_params",
 ]
+
+
+def implementation(toggle_id: str) -> type[Toggle]:
+    """The class that applies ``toggle_id`` (imported on first use); ConfigError for a
+    toggle that does not exist or that only the forecast understands."""
+    module, _, name = vocabulary.entry(toggle_id, runnable=True).implementation.partition(":")  # type: ignore[union-attr]
+    return getattr(importlib.import_module(module), name)
 
 
 def get(toggle_id: str, **params: Any) -> Toggle:
     """The toggle ``toggle_id`` with ``params`` (names or aliases), validated."""
-    cls = TOGGLES.get(toggle_id)
-    if cls is None:
-        raise ConfigError("toggle", f"must be one of {', '.join(TOGGLES)}", toggle_id)
-    return cls(**params)
-
-
-def parse_params(spec: str | None) -> dict[str, str]:
-    """``"rank=64,gap=200"`` → ``{"rank": "64", "gap": "200"}`` (values converted later)."""
-    out: dict[str, str] = {}
-    for item in (spec or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("toggle parameter", "must be written key=value (e.g. rank=64,gap=200)", item)
-        out[key.strip()] = value.strip()
-    return out
+    return implementation(toggle_id)(**params)
 
 
 def parse(toggle_id: str, spec: str | None = None) -> Toggle:
     """A toggle from its id and a ``key=value,...`` spec, as the magic's flags give them."""
-    return get(toggle_id, **parse_params(spec))
+    return get(toggle_id, **vocabulary.parse_params(spec))
 
 
 def build(toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None) -> list[Toggle]:
-    """Toggles from objects, ids (``"galore"``, ``"galore:rank=64"``) or ``{id: params}``."""
+    """Toggles from objects, specs (``"galore"``, ``"galore:rank=64"``, ``"galore(rank=64)"``)
+    or ``{id: params}``."""
     if not toggles:
         return []
     if isinstance(toggles, Mapping):
-        return [get(k, **dict(v or {})) for k, v in toggles.items()]
-    out = []
-    for t in toggles:
-        if isinstance(t, Toggle):
-            out.append(t)
-        else:
-            tid, _, spec = str(t).partition(":")
-            out.append(parse(tid.strip(), spec))
+        out = [get(k, **dict(v or {})) for k, v in toggles.items()]
+    else:
+        out = []
+        for t in toggles:
+            if isinstance(t, Toggle):
+                out.append(t)
+            else:
+                out += [
+                    get(tid, **params)
+                    for tid, params in map(vocabulary.parse_item, vocabulary.split_list(str(t)))
+                ]
     ids = [t.id for t in out]
     if len(set(ids)) != len(ids):
         raise ConfigError("toggles", "must name each toggle once", ids)

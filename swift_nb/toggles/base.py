@@ -9,7 +9,6 @@ usually builds its model and optimizer itself). ``undo()`` puts every changed ob
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,61 +17,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from swift_nb import integrations
-from swift_nb.errors import ConfigError
+from swift_nb import integrations, vocabulary
 
-_KIND = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-@dataclass(frozen=True)
-class Param:
-    """One toggle parameter: ``kind`` converts the text of a spec (``rank=64``), ``check``
-    returns an error requirement or None; ``aliases`` are short spellings (``gap``)."""
-
-    name: str
-    kind: type
-    default: Any
-    help: str
-    check: Callable[[Any], str | None] | None = None
-    aliases: tuple[str, ...] = ()
-
-    def convert(self, value: Any) -> Any:
-        if isinstance(value, str) and self.kind is not str:
-            text = value.strip()
-            try:
-                if self.kind is bool:
-                    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                        raise ValueError(text)
-                    value = text.lower() in ("1", "true", "yes")
-                else:
-                    value = self.kind(text)
-            except ValueError:
-                raise ConfigError(self.name, f"must be {_KIND[self.kind]}", value) from None
-        elif self.kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        elif value is not None and not isinstance(value, self.kind):
-            raise ConfigError(self.name, f"must be {_KIND[self.kind]}", value)
-        if value is not None and self.check is not None:
-            problem = self.check(value)
-            if problem:
-                raise ConfigError(self.name, problem, value)
-        return value
-
-
-def at_least(n: int) -> Callable[[Any], str | None]:
-    return lambda v: None if v >= n else f"must be ≥ {n}"
-
-
-def one_of(*choices: str) -> Callable[[Any], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
-
-
-def valid_regex(v: str) -> str | None:
-    try:
-        re.compile(v)
-    except re.error as e:
-        return f"must be a regular expression ({e})"
-    return None
+# Param, at_least and one_of: re-exported for sequence_parallel.py until it reads its vocabulary entry
+from swift_nb.vocabulary import Param
+from swift_nb.vocabulary import at_least as at_least
+from swift_nb.vocabulary import one_of as one_of
 
 
 @dataclass
@@ -114,7 +64,8 @@ class ToggleReport:
 
 
 class Toggle:
-    """Base class. Subclasses set ``id``, ``title`` and ``params`` and implement
+    """Base class. Subclasses set ``id`` (their ``title`` and ``params`` come from its
+    ``swift_nb.vocabulary`` entry) and implement
     ``_apply_model`` (called once per root model) and/or ``_apply_optimizer`` (once per
     optimizer); each registers how to undo what it did with ``self._undo.append``."""
 
@@ -138,25 +89,16 @@ class Toggle:
         self._hooks: list[Any] = []
         self._namespace: Mapping[str, Any] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        words = vocabulary.TOGGLES[cls.id]
+        cls.title, cls.params = words.title, words.params
+
     @classmethod
     def validate(cls, values: Mapping[str, Any]) -> dict[str, Any]:
         """Full parameter values from ``values`` (names or aliases); a ConfigError names
         the first bad one."""
-        by_name = {p.name: p for p in cls.params}
-        by_name.update({a: p for p in cls.params for a in p.aliases})
-        out = {p.name: p.default for p in cls.params}
-        for key, value in values.items():
-            p = by_name.get(key)
-            if p is None:
-                known = ", ".join(p.name for p in cls.params) or "none"
-                raise ConfigError(
-                    f"{cls.id} {key}", f"is not a parameter of {cls.id} (known: {known})", value
-                )
-            try:
-                out[p.name] = p.convert(value)
-            except ConfigError as e:
-                raise ConfigError(f"{cls.id} {key}", e.requirement, e.value) from None
-        return out
+        return vocabulary.TOGGLES[cls.id].validate(values)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.values.items())

@@ -26,7 +26,6 @@ def autocast_devices() -> list[str]:
 
 class BF16Autocast(Toggle):
     id = "bf16_autocast"
-    title = "bf16 autocast"
 
     def apply(self, namespace: Any = None):
         report = super().apply(namespace)  # notes the models it finds, for the report

@@ -43,7 +43,6 @@ _ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
 
 class FlashAttention(Toggle):
     id = "flash_attention"
-    title = "FlashAttention"
     watches_models = True
 
     def __init__(self, **values: Any) -> None:

@@ -32,9 +32,7 @@ from torch import nn
 
 from swift_nb import integrations
 from swift_nb.errors import MissingDependencyError
-from swift_nb.toggles.base import Param, Toggle, at_least, find_models, one_of, valid_regex
-
-PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
+from swift_nb.toggles.base import Toggle, find_models
 
 
 def galore_adamw() -> type[torch.optim.Optimizer]:
@@ -57,16 +55,6 @@ def galore_adamw() -> type[torch.optim.Optimizer]:
 
 class GaLore(Toggle):
     id = "galore"
-    title = "GaLore"
-    params = (
-        Param("rank", int, 128, "rank of the gradient projection", at_least(1)),
-        Param("update_proj_gap", int, 200, "steps between projection updates", at_least(1), aliases=("gap",)),
-        Param(
-            "scale", float, 0.25, "scale of the projected update", lambda v: None if v > 0 else "must be > 0"
-        ),
-        Param("proj_type", str, "std", "projection side", one_of(*PROJ_TYPES), aliases=("proj",)),
-        Param("target", str, None, "regex on module paths of the Linear layers to project", valid_regex),
-    )
     watched_optimizers = (torch.optim.Adam, torch.optim.AdamW)
 
     def __init__(self, **values: Any) -> None:

@@ -19,13 +19,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from swift_nb.toggles.base import Param, Toggle, at_least, hf_model
+from swift_nb.toggles.base import Toggle, hf_model
 
 
 class GradCheckpointing(Toggle):
     id = "grad_checkpointing"
-    title = "gradient checkpointing"
-    params = (Param("every_n", int, 1, "checkpoint every n-th block", at_least(1), aliases=("n",)),)
     watches_models = True
 
     def _apply_model(self, model: nn.Module, name: str) -> None:
