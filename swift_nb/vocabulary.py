@@ -77,10 +77,6 @@ def between(lo: int, hi: int) -> Callable[[Any], str | None]:
     return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
 
 
-def one_of(*choices: str) -> Callable[[Any], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
-
-
 def positive(v: float) -> str | None:
     return None if v > 0 else "must be > 0"
 

@@ -18,11 +18,7 @@ import torch
 from torch import nn
 
 from swift_nb import integrations, vocabulary
-
-# Param, at_least and one_of: re-exported for sequence_parallel.py until it reads its vocabulary entry
 from swift_nb.vocabulary import Param
-from swift_nb.vocabulary import at_least as at_least
-from swift_nb.vocabulary import one_of as one_of
 
 
 @dataclass
