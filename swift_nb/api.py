@@ -30,15 +30,9 @@ from swift_nb.record import (
     tables_path,
 )
 from swift_nb.render.compare import write_compare
-from swift_nb.render.report import (
-    Section,
-    analysis_fields,
-    document_html,
-    draw_ahead,
-    report_sections,
-    reuse_figures,
-    write_report,
-)
+from swift_nb.render.report import analysis_fields, document_html, draw_ahead, report_sections, write_report
+from swift_nb.render.sections import Section
+from swift_nb.render.sections.figure_cache import FigureCache
 from swift_nb.toggles import Toggle, ToggleReport, build
 
 
@@ -60,12 +54,13 @@ def _prepare_report(events: list[dict], trace_path: Path, written: Path) -> Trac
     save_tables(trace, tables_path(trace_path), source=written)
     try:
         derive_ahead(trace)
-        draw_ahead(trace)
+        draw_ahead(trace, _drawn_ahead)
     except Exception:  # derived and drawn again, and any failure reported, after the cell
         pass
     return trace
 
 
+_drawn_ahead = FigureCache()
 torch_profiler.tables_builder = _prepare_report
 
 
@@ -101,20 +96,21 @@ def report(
         run.problems.append(failure)
         if failure not in run.notes:
             run.notes.append(failure)
-    sections = report_sections(run, **analysis_fields(analysis), not_analysed=failure)
-    _reuse_earlier_figures(run)
+    figures = _drawn_ahead
+    _reuse_earlier_figures(run, figures)
+    sections = report_sections(run, figures, **analysis_fields(analysis), not_analysed=failure)
     write_report(run, document_html(run, sections))
     save_meta(run)
     return Reported(run, analysis, sections)
 
 
-def _reuse_earlier_figures(run: Run) -> None:
+def _reuse_earlier_figures(run: Run, figures: FigureCache) -> None:
     """A report written again (``swift-nb report``, ``--open``) keeps the figures of the
     one it replaces that show the same: drawing them is most of a report's time."""
     if run.path is None:
         return
     try:
-        reuse_figures((Path(run.path) / REPORT_FILE).read_text(encoding="utf-8"))
+        figures.reuse((Path(run.path) / REPORT_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):  # no report yet, or one that cannot be read: draw them
         pass
 

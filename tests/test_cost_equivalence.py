@@ -141,11 +141,11 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     (after the profiler's last cycle) equal those made from the same events after it."""
     import torch
 
+    from swift_nb import api
     from swift_nb.analysis.trace import parse_events
     from swift_nb.capture.session import Session
     from swift_nb.demo import make_model
     from swift_nb.options import ProfileOptions
-    from swift_nb.render import report as render_report
     from swift_nb.render.figures import figure_png
 
     torch.manual_seed(0)
@@ -161,7 +161,7 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     run = session.finish()
     events, tables = session.take_trace_events(), session.take_trace_tables()
     assert tables is not None, "the tables were not built while the cell ran"
-    drawn = set(render_report._PNGS)
+    drawn = set(api._drawn_ahead)
     fresh = parse_events(events)
     for name in ("events", "memory", "steps"):
         pd.testing.assert_frame_equal(getattr(tables, name), getattr(fresh, name))
@@ -191,7 +191,7 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
         "Top operators by memory allocated",
     ]
     for part in ahead:
-        assert part.key not in render_report._PNGS  # taken from the figures drawn ahead
+        assert part.key not in api._drawn_ahead  # taken from the figures drawn ahead
         assert part.png == figure_png(part.figure)
 
 

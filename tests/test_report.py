@@ -425,7 +425,7 @@ def test_report_written_again_draws_only_what_changed(tmp_path, run, monkeypatch
 
     from swift_nb.api import report
     from swift_nb.record import load_run
-    from swift_nb.render import report as render_report
+    from swift_nb.render.sections import base as sections_base
 
     folder = tmp_path / "run"
     shutil.copytree(run.path, folder)
@@ -434,23 +434,21 @@ def test_report_written_again_draws_only_what_changed(tmp_path, run, monkeypatch
     keyed = re.findall(r"data-figure='([0-9a-f]{40})'", first_html)
     assert (
         len(keyed)
-        == sum(isinstance(p, render_report.FigurePart) for s in first.sections for p in s.parts)
+        == sum(isinstance(p, sections_base.FigurePart) for s in first.sections for p in s.parts)
         >= 4
     )
 
     drawn: list[object] = []
-    real = render_report.figure_png
-    monkeypatch.setattr(render_report, "figure_png", lambda fig: drawn.append(fig) or real(fig))
-    render_report._PNGS.clear()  # nothing kept in this process: only the earlier report holds them
-    report(load_run(folder))
+    real = sections_base.figure_png
+    monkeypatch.setattr(sections_base, "figure_png", lambda fig: drawn.append(fig) or real(fig))
+    report(load_run(folder))  # its figures come from the earlier report alone
     assert drawn == []
     assert (folder / REPORT_FILE).read_text() == first_html
 
     samples = pd.read_csv(folder / "samples.csv")
     samples["rss_bytes"] = samples["rss_bytes"] * 2
     samples.to_csv(folder / "samples.csv", index=False)
-    render_report._PNGS.clear()
     again = report(load_run(folder))
     assert len(drawn) == 1  # the timeline alone
-    timeline = next(p for s in again.sections for p in s.parts if isinstance(p, render_report.FigurePart))
+    timeline = next(p for s in again.sections for p in s.parts if isinstance(p, sections_base.FigurePart))
     assert timeline.alt == "Utilisation and memory over time" and timeline.key not in keyed

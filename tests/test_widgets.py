@@ -198,6 +198,32 @@ def test_results_panel_tabs_reuse_the_report_sections(tmp_path):
     assert "swift-nb-summary" in text("Summary") and "Throughput" in text("Summary")
 
 
+def test_a_registered_section_reaches_the_report_the_panel_and_the_static_outputs(monkeypatch):
+    """One SectionKind added to the registry, and nothing else, puts the section in
+    report.html, in the panel's tab it names and in the static outputs."""
+    from swift_nb.notebook import panel
+    from swift_nb.record import Run
+    from swift_nb.render import sections
+    from swift_nb.render.report import report_html, report_sections
+    from swift_nb.render.sections import SectionKind
+
+    extra = SectionKind(
+        "Throwaway", tab="Memory", build=lambda inputs: [f"<p>throwaway of {inputs.run.id}</p>"]
+    )
+    monkeypatch.setattr(sections, "SECTIONS", [*sections.SECTIONS, extra])
+    run = Run(id="reg")
+    assert "<h2>Throwaway</h2><p>throwaway of reg</p>" in report_html(run)
+    built = report_sections(run)
+    panel_tabs = results_panel(run, built).children[1]
+    memory = dict(zip(TABS, panel_tabs.children, strict=True))["Memory"]
+    assert any("throwaway of reg" in getattr(w, "value", "") for w in memory.children)
+
+    shown: list[dict] = []
+    monkeypatch.setattr(panel, "display", lambda bundle, raw=False: shown.append(bundle))
+    panel.show_static(run, built)
+    assert any("throwaway of reg" in b.get("text/html", "") for b in shown)
+
+
 def test_terminal_ipython_gets_text_only(tmp_path):
     script = tmp_path / "train.ipy"
     script.write_text(

@@ -2,9 +2,11 @@
 and the same results as static outputs.
 
 Both are built from the report's ``Section``s (figures rendered once, as for
-report.html). The static outputs — HTML for text and tables, ``image/png`` for figures,
-each with a plain-text twin — are always emitted, so nbconvert's HTML, GitHub's viewer, a
-kernel-less JupyterLab and a terminal show every result; nothing exists only in a widget.
+report.html); each section names its tab and whether the static outputs show it
+(``swift_nb.render.sections``). The static outputs — HTML for text and tables,
+``image/png`` for figures, each with a plain-text twin — are always emitted, so
+nbconvert's HTML, GitHub's viewer, a kernel-less JupyterLab and a terminal show every
+result; nothing exists only in a widget.
 Where the panel renders, a style rule inside it hides those static outputs of the same
 cell (they say the same), so a live notebook shows each result once.
 """
@@ -20,35 +22,9 @@ from IPython.display import display
 
 from swift_nb.notebook.forecast_form import ForecastForm, has_memory
 from swift_nb.record import Run
-from swift_nb.render.forecast import TITLE as FORECAST_TITLE
-from swift_nb.render.oom import TITLE as OOM_TITLE
-from swift_nb.render.report import FigurePart, Section
+from swift_nb.render.sections import TABS, FigurePart, Section
 from swift_nb.render.tables import summary_html, summary_text
 from swift_nb.units import fmt_bytes
-
-TABS = ("Summary", "Timeline", "Memory", "Operators", "Advice", "Files")
-
-#: report section title → tab; a section not named here goes to the Summary tab
-SECTION_TAB = {
-    "Summary": None,  # the tab opens with summary_html, which also lists the notes
-    "Notes": None,
-    "Throughput": "Summary",
-    "Ranks": "Summary",
-    "Verdict": "Advice",
-    "Findings": "Advice",
-    OOM_TITLE: "Summary",
-    "Timeline": "Timeline",
-    "Step time breakdown": "Timeline",
-    "GPU": "Timeline",
-    "Memory by category": "Memory",
-    FORECAST_TITLE: "Memory",
-    "Top operators by self time": "Operators",
-    "Top operators by memory allocated": "Operators",
-    "Environment": "Files",
-}
-
-#: sections the static outputs leave out: in the summary's notes and report.html already
-STATIC_SKIPPED = ("Summary", "Environment", "Notes")
 
 PANEL_STYLE = """<style>
 .swift-nb-results .widget-html-content { line-height: 1.4; }
@@ -97,9 +73,8 @@ def results_panel(
     content: dict[str, list[widgets.Widget]] = {t: [] for t in TABS}
     content["Summary"].append(_html(summary_html(run)))
     for section in sections:
-        tab = SECTION_TAB.get(section.title, "Summary")
-        if tab is not None:
-            content[tab] += _section_widgets(section)
+        if section.tab is not None:
+            content[section.tab] += _section_widgets(section)
     if has_memory(run):
         content["Memory"].append(ForecastForm(run).widget())
     content["Files"][:0] = [_html(files_html(run))]
@@ -163,7 +138,7 @@ def show_static(run: Run, sections: Sequence[Section]) -> None:
     image/png for figures, each with a plain-text fallback for terminals."""
     display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
     for section in sections:
-        if section.title in STATIC_SKIPPED:
+        if not section.static:
             continue
         html = [f"<h4>{escape(section.title)}</h4>"]
         for part in section.parts:

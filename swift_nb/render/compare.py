@@ -3,7 +3,6 @@ overlaid, and a self-contained ``compare.html``."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
@@ -14,7 +13,7 @@ import pandas as pd
 
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
 from swift_nb.render.figures import figure_png, new_figure
-from swift_nb.render.report import CSP, STYLE
+from swift_nb.render.html import CSP, STYLE, figure_html
 from swift_nb.units import fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
@@ -127,11 +126,7 @@ def compare_figures(runs: Sequence[tuple[str, Run]]) -> list[tuple[str, bytes]]:
 
 def compare_html(table: pd.DataFrame, figures: Sequence[tuple[str, bytes]], title: str = "comparison") -> str:
     """A self-contained document: the table and the figures inlined."""
-    imgs = "".join(
-        f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-        f"<figcaption>{escape(alt.capitalize())}</figcaption></figure>"
-        for alt, png in figures
-    )
+    imgs = "".join(figure_html(png, alt, alt.capitalize()) for alt, png in figures)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"

@@ -1,0 +1,48 @@
+"""The report's sections, one module each (its title, the results panel's tab it goes to,
+its builder), and ``SECTIONS``, the registry in report order, which report.html, the
+results panel and the notebook's static outputs all iterate.
+
+A new section is one module defining ``SECTION = SectionKind(title, tab, build)`` and one
+line below.
+"""
+
+from __future__ import annotations
+
+from swift_nb.render.sections import (
+    breakdown,
+    environment,
+    findings,
+    forecast,
+    gpu,
+    memory,
+    notes,
+    oom,
+    operators_memory,
+    operators_time,
+    ranks,
+    summary,
+    throughput,
+    timeline,
+    verdict,
+)
+from swift_nb.render.sections.base import TABS, FigurePart, ReportInputs, Section, SectionKind
+
+SECTIONS: list[SectionKind] = [
+    summary.SECTION,
+    oom.SECTION,
+    verdict.SECTION,
+    findings.SECTION,
+    throughput.SECTION,
+    ranks.SECTION,
+    timeline.SECTION,
+    breakdown.SECTION,
+    gpu.SECTION,
+    memory.SECTION,
+    forecast.SECTION,
+    operators_time.SECTION,
+    operators_memory.SECTION,
+    environment.SECTION,
+    notes.SECTION,
+]
+
+__all__ = ["SECTIONS", "TABS", "FigurePart", "ReportInputs", "Section", "SectionKind"]

@@ -1,0 +1,139 @@
+"""What every report section is made of: the inputs it is built from, its kind (title, tab,
+builder) and the built section (escaped HTML fragments and figures, in order)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.record import Run
+from swift_nb.render.figures import figure_png
+from swift_nb.render.html import empty, figure_html
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: The results panel's tabs, in order; every section names the one it goes to
+TABS = ("Summary", "Timeline", "Memory", "Operators", "Advice", "Files")
+
+
+@dataclass
+class ReportInputs:
+    """What the sections are built from: the run and its analyses' outputs
+    (``step_breakdown``, ``memory_footprint``, ``memory_timeline``, ``top_operators`` by
+    time and by memory, throughput, the advisor's verdict and findings, for a job of several
+    ranks ``analysis.ranks.per_rank`` and the collectives, for a trace with device work
+    ``analysis.device``'s summary, per-step table, kernel kinds and idle causes, and the
+    forecasts). Any may be missing; ``not_analysed``: why the analysis could not run
+    (``trace.json.gz is damaged (…): the analysis could not run``), which each section
+    without its analysis then says."""
+
+    run: Run
+    breakdown: pd.DataFrame | None = None
+    footprint: pd.DataFrame | None = None
+    timeline: pd.DataFrame | None = None
+    operators_time: pd.DataFrame | None = None
+    operators_memory: pd.DataFrame | None = None
+    throughput: Any = None
+    verdict: Verdict | None = None
+    findings: Sequence[Finding] | None = None
+    per_rank: pd.DataFrame | None = None
+    collectives: pd.DataFrame | None = None
+    device: dict | None = None
+    device_steps: pd.DataFrame | None = None
+    kernel_kinds: pd.DataFrame | None = None
+    idle_causes: pd.DataFrame | None = None
+    forecasts: Sequence[Any] | None = None
+    forecast_problem: str | None = None
+    not_analysed: str | None = None
+
+
+@dataclass
+class FigurePart:
+    """A figure inside a section: embedded as a PNG in the report, shown as an image/png
+    output in a notebook. ``draw`` makes the figure when it is first needed; ``key``
+    (``figure_cache.figure_key``) names what it shows, so that a PNG drawn earlier
+    (``drawn``, handed out by a ``FigureCache``) is used instead."""
+
+    draw: Callable[[], Figure]
+    alt: str
+    caption: str
+    key: str | None = None
+    drawn: bytes | None = field(default=None, repr=False)
+
+    @cached_property
+    def figure(self) -> Figure:
+        return self.draw()
+
+    @cached_property
+    def png(self) -> bytes:
+        return self.drawn if self.drawn is not None else figure_png(self.figure)
+
+    def html(self) -> str:
+        return figure_html(self.png, self.alt, self.caption, self.key)
+
+
+Part = str | FigurePart
+
+
+@dataclass(frozen=True)
+class SectionKind:
+    """One section of the report: its ``title``, the results panel's ``tab`` it goes to
+    (one of ``TABS``; None: the panel shows it otherwise, as the summary), whether the
+    notebook's ``static`` outputs show it, and ``build``, which makes its parts from the
+    report's inputs (None: the run has no such section)."""
+
+    title: str
+    tab: str | None
+    build: Callable[[ReportInputs], list[Part] | None]
+    static: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tab is not None and self.tab not in TABS:
+            raise ValueError(
+                f"section {self.title!r}: tab must be one of {', '.join(TABS)}; got {self.tab!r}"
+            )
+
+    def section(self, inputs: ReportInputs) -> Section | None:
+        parts = self.build(inputs)
+        return Section(self, parts) if parts is not None else None
+
+
+@dataclass
+class Section:
+    """A built section: escaped HTML fragments and figures, in order."""
+
+    kind: SectionKind
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return self.kind.title
+
+    @property
+    def tab(self) -> str | None:
+        return self.kind.tab
+
+    @property
+    def static(self) -> bool:
+        return self.kind.static
+
+    def html(self) -> str:
+        body = "".join(p if isinstance(p, str) else p.html() for p in self.parts)
+        return f"<h2>{escape(self.title)}</h2>{body}"
+
+
+def has_rows(df: pd.DataFrame | None) -> bool:
+    return df is not None and not df.empty
+
+
+def not_analysed(what: str, reason: str | None, otherwise: str) -> str:
+    """The empty note of a section without its analysis: why the analysis could not run
+    when it could not (``reason``), else ``otherwise`` (it ran, and found nothing)."""
+    return empty(f"{what} — {reason}." if reason is not None else f"{what}: {otherwise}")

@@ -1,0 +1,44 @@
+"""The advisor's findings: each with its evidence, suggestion, toggle and predicted effect."""
+
+from __future__ import annotations
+
+from html import escape
+
+from swift_nb.analysis.findings import Finding
+from swift_nb.render.html import empty, kv_table
+from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
+
+SEVERITIES = ("info", "warning", "critical")
+
+
+def finding_html(f: Finding) -> str:
+    # The severity becomes a CSS class, so only known values may reach the attribute.
+    severity = f.severity if f.severity in SEVERITIES else "warning"
+    parts = [
+        f"<div class='finding {severity}'>",
+        f"<div class='severity'>{escape(str(f.severity))} · {escape(f.id)}</div>",
+        f"<h3>{escape(f.title)}</h3>",
+    ]
+    if f.evidence:
+        parts.append(kv_table(list(f.evidence.items())))
+    parts.append(f"<p><b>Suggestion:</b> {escape(f.suggestion)}</p>")
+    if f.toggle:
+        parts.append(f"<p><b>Toggle:</b> <code>{escape(f.toggle)}</code></p>")
+    if f.predicted_effect:
+        parts.append(f"<p><b>Predicted effect:</b> {escape(f.predicted_effect)}</p>")
+    if f.formula:
+        parts.append(f"<p><b>Estimated by:</b> <code>{escape(f.formula)}</code></p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def build(inputs: ReportInputs) -> list[Part]:
+    findings = inputs.findings
+    if findings is None:
+        return [not_analysed("No findings", inputs.not_analysed, "the run was not analysed.")]
+    if not findings:
+        return [empty("No findings: no rule's threshold was crossed.")]
+    return ["".join(finding_html(f) for f in findings)]
+
+
+SECTION = SectionKind("Findings", tab="Advice", build=build)

@@ -1,0 +1,139 @@
+"""The GPU's time (``analysis.device``; a job's from rank 0's trace): HTA's shares, idle
+time by cause, time by kind of kernel, per step. A trace without device work (a CPU run)
+has no such section."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from swift_nb.render.figures import device_figure
+from swift_nb.render.html import frame_table, is_missing, pct1
+from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
+from swift_nb.render.sections.figure_cache import figure_key
+from swift_nb.units import fmt_seconds
+
+KIND_WORDS = {
+    "gemm": "matrix multiplication (GEMM)",
+    "convolution": "convolution",
+    "attention": "fused attention",
+    "embedding": "embedding",
+    "elementwise/reduction": "elementwise and reduction",
+    "communication": "communication (NCCL)",
+    "memcpy": "memory copy",
+    "memset": "memory set",
+    "other": "other",
+}
+
+
+def _share(part: float, whole: float) -> str:
+    return pct1(100.0 * part / whole) if whole > 0 else "–"
+
+
+def _device_sentences(device: dict, gpu: str) -> str:
+    scope = (
+        "the device work launched before the last profiled step (HolisticTraceAnalysis's window: "
+        "the last step's work may be cut off where the profiler stopped)"
+        if device.get("last_step_left_out")
+        else "all the device work in the trace"
+    )
+    text = (
+        f"Over {fmt_seconds(device['window_s'])} from the first to the last kernel, copy or memset of "
+        f"{scope}, {gpu} was idle {pct1(device['device_idle_pct'])} of the time, ran compute kernels "
+        f"{pct1(device['device_compute_pct'])} of it and ran only non-compute work (communication, "
+        f"memory copies and sets) {pct1(device['device_non_compute_pct'])} of it."
+    )
+    overlap = device.get("comm_compute_overlap_pct")
+    if is_missing(overlap):
+        text += (
+            " No communication kernel ran, so there is no overlap of communication with compute to measure."
+        )
+    else:
+        text += (
+            f" Communication kernels ran alongside compute kernels for {pct1(overlap)} of their running time."
+        )
+    return f"<p>{escape(text)}</p>"
+
+
+def _idle_sentences(idle_causes: pd.DataFrame, gpu: str) -> str:
+    row = idle_causes.iloc[0]
+    idle = float(row["idle_s"])
+    if not idle > 0:
+        return f"<p>{escape(gpu[:1].upper() + gpu[1:])} was never idle in this window.</p>"
+    comm, host, other = (float(row[c]) for c in ("comm_wait_s", "host_bound_s", "other_s"))
+    text = (
+        f"Of the {fmt_seconds(idle)} {gpu} was idle, {fmt_seconds(comm)} ({_share(comm, idle)}) went to "
+        "waiting on communication (a collective issued and not yet running, or the host inside a "
+        f"collective or a wait), {fmt_seconds(host)} ({_share(host, idle)}) were host-bound launch gaps "
+        "(the host busy in operators, CUDA calls or data loading), and "
+        f"{fmt_seconds(other)} ({_share(other, idle)}) had no traced cause (the host between operators: "
+        "Python, untraced waits)."
+    )
+    return f"<p>{escape(text)}</p>"
+
+
+def _kinds_part(kinds: pd.DataFrame) -> list[Part]:
+    top = kinds.iloc[0]
+    words = KIND_WORDS.get(str(top["kind"]), str(top["kind"]))
+    count = int(top["count"])
+    text = (
+        f"{words[:1].upper() + words[1:]} took the most device time: {fmt_seconds(top['time_s'])} in "
+        f"{count} kernel{'s' if count != 1 else ''}, {pct1(top['time_pct'])} of the summed time of all "
+        "device work."
+    )
+    table = pd.DataFrame(
+        {
+            "kind": kinds["kind"].astype(str),
+            "count": kinds["count"].astype(int),
+            "device_time_s": kinds["time_s"].astype(float),
+            "share of device time": [pct1(v) for v in kinds["time_pct"]],
+        }
+    )
+    return [f"<h3>Device time by kind of kernel</h3><p>{escape(text)}</p>", frame_table(table)]
+
+
+def _device_steps_part(device_steps: pd.DataFrame) -> list[Part]:
+    table = pd.DataFrame(
+        {
+            "step": device_steps["step"].astype(int),
+            "window_s": device_steps["window_s"].astype(float),
+            "idle": [pct1(v) for v in device_steps["idle_pct"]],
+            "compute": [pct1(v) for v in device_steps["compute_pct"]],
+            "non-compute": [pct1(v) for v in device_steps["non_compute_pct"]],
+            "comm/compute overlap": [pct1(v) for v in device_steps["comm_compute_overlap_pct"]],
+            "idle: waiting on communication_s": device_steps["comm_wait_s"].astype(float),
+            "idle: host-bound_s": device_steps["host_bound_s"].astype(float),
+            "idle: other_s": device_steps["other_s"].astype(float),
+        }
+    )
+    return [
+        "<h3>Per step</h3>",
+        FigurePart(
+            lambda: device_figure(device_steps),
+            "Stacked bars of the GPU's time in each profiled step",
+            "Each bar is one profiled step's window on the GPU, from its first kernel to the next step's "
+            "first: compute, non-compute work alone, and idle time by cause.",
+            figure_key("device", device_steps),
+        ),
+        frame_table(table),
+    ]
+
+
+def build(inputs: ReportInputs) -> list[Part] | None:
+    device: dict[str, Any] | None = inputs.device
+    if not device or is_missing(device.get("device_idle_pct")):
+        return None
+    gpu = "rank 0's GPU" if len(inputs.run.ranks) > 1 else "the GPU"
+    parts: list[Part] = [_device_sentences(device, gpu)]
+    if inputs.idle_causes is not None and has_rows(inputs.idle_causes):
+        parts.append(_idle_sentences(inputs.idle_causes, gpu))
+    if inputs.kernel_kinds is not None and has_rows(inputs.kernel_kinds):
+        parts += _kinds_part(inputs.kernel_kinds)
+    if inputs.device_steps is not None and has_rows(inputs.device_steps):
+        parts += _device_steps_part(inputs.device_steps)
+    return parts
+
+
+SECTION = SectionKind("GPU", tab="Timeline", build=build)

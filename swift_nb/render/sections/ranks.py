@@ -1,0 +1,71 @@
+"""For a job of several ranks: step time, collectives and memory of each rank, and their
+steps against time."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swift_nb.analysis import ranks as rank_analysis
+from swift_nb.render.figures import per_rank_figure, rank_timeline_figure
+from swift_nb.render.html import frame_table, is_missing
+from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
+from swift_nb.render.sections.figure_cache import figure_key
+from swift_nb.units import fmt_bytes
+
+PER_RANK_TABLE = [
+    "rank",
+    "node_rank",
+    "host",
+    "device",
+    "status",
+    "steps",
+    "step_time_median_s",
+    "busy_s",
+    "collective_share",
+    "peak_mem_bytes",
+    "straggler",
+]
+
+
+def _collectives_part(collectives: pd.DataFrame) -> list[Part]:
+    comm = collectives.rename(columns={"step_share": "step_pct", "busbw_bytes_per_s": "bus_bandwidth"})
+    comm["step_pct"] = 100.0 * pd.to_numeric(comm["step_pct"], errors="coerce")
+    comm["bus_bandwidth"] = [f"{fmt_bytes(v)}/s" if not is_missing(v) else "–" for v in comm["bus_bandwidth"]]
+    return ["<h3>Collectives per step</h3>", frame_table(comm)]
+
+
+def build(inputs: ReportInputs) -> list[Part] | None:
+    run, per_rank = inputs.run, inputs.per_rank
+    if per_rank is None and len(run.ranks) > 1:
+        per_rank = rank_analysis.per_rank(run)
+    if per_rank is None or len(per_rank) < 2:
+        return None
+    table = per_rank[[c for c in PER_RANK_TABLE if c in per_rank.columns]].copy()
+    if "collective_share" in table:
+        table["collective_pct"] = 100.0 * pd.to_numeric(table.pop("collective_share"), errors="coerce")
+    table = table.rename(columns={"busy_s": "work_s", "step_time_median_s": "step_time_s"})
+    parts: list[Part] = [
+        FigurePart(
+            lambda: per_rank_figure(per_rank),
+            "Bars of each rank's step time and peak memory",
+            "Median step time per rank, split into work and time inside collectives, and peak tensor "
+            "memory. A rank whose work is ≥ 15 % above the median is a straggler: the others wait for it.",
+            figure_key("per_rank", per_rank),
+        ),
+        frame_table(table),
+    ]
+    if len(run.rank_steps) and len(run.ranks):
+        parts.append(
+            FigurePart(
+                lambda: rank_timeline_figure(run.rank_steps, run.ranks),
+                "Each rank's steps against time",
+                "One row per rank; each bar is a step, darker where the profiler recorded it.",
+                figure_key("rank_timeline", run.rank_steps, run.ranks),
+            )
+        )
+    if has_rows(inputs.collectives):
+        parts += _collectives_part(inputs.collectives)
+    return parts
+
+
+SECTION = SectionKind("Ranks", tab="Summary", build=build)

@@ -1,0 +1,15 @@
+"""The run at a glance: id, status, steps, times, memory, device, ranks, folder."""
+
+from __future__ import annotations
+
+from swift_nb.render.html import text_table
+from swift_nb.render.sections.base import Part, ReportInputs, SectionKind
+from swift_nb.render.tables import summary_rows
+
+
+def build(inputs: ReportInputs) -> list[Part]:
+    return [text_table(summary_rows(inputs.run))]
+
+
+# The panel's Summary tab opens with summary_html, which says the same and lists the notes.
+SECTION = SectionKind("Summary", tab=None, build=build, static=False)
