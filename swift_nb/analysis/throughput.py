@@ -6,7 +6,6 @@ so a slow first step or a profiled step does not drag it down.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -14,25 +13,8 @@ import pandas as pd
 
 from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.devices import peak_flops_per_s
 from swift_nb.record import Run
-
-# Dense (non-sparse) bf16/fp16 tensor-core peak FLOP/s of one GPU, from the vendors'
-# datasheets (their headline figures are often the 2:4-sparsity ones, twice these).
-# The first pattern that matches the device name wins, so variants come before the family.
-PEAK_FLOPS_PER_S: tuple[tuple[str, float], ...] = (
-    (r"H100.*PCIe", 756e12),
-    (r"H[12]00.*NVL", 835e12),
-    (r"H100", 989e12),
-    (r"H200", 989e12),
-    (r"A100", 312e12),
-    (r"L40S", 362e12),
-    (r"\bL4\b", 121e12),
-    (r"\bA10G?\b", 125e12),
-    (r"V100", 125e12),
-    (r"\bT4\b", 65e12),
-    (r"RTX 4090(?! D)", 165e12),
-    (r"RTX 3090(?! Ti)", 71e12),
-)
 
 # Ops whose data input's leading dimension is the batch, and which input that is.
 _BATCH_INPUT = {"aten::linear": 0, "aten::addmm": 1, "aten::conv1d": 0, "aten::conv2d": 0, "aten::conv3d": 0}
@@ -46,7 +28,8 @@ class Throughput:
     samples_per_s: steps_per_s × batch_size; tokens_per_s: samples_per_s × seq_len;
     flops_per_step: floating-point operations in one step (counted at capture);
     achieved_flops_per_s: flops_per_step × steps_per_s (FLOP/s);
-    peak_flops_per_s: the GPU's dense bf16/fp16 tensor-core peak (FLOP/s; CUDA only);
+    peak_flops_per_s: the GPU's dense bf16/fp16 tensor-core peak (FLOP/s; CUDA only; from
+    ``swift_nb.devices.PEAK_FLOPS_PER_S``);
     mfu_pct: model FLOPs utilisation, achieved / peak (%);
     batch_size: samples per step; seq_len: tokens per sample;
     device_name: the device as the run's environment names it.
@@ -96,15 +79,6 @@ def throughput(run: Run, trace: Trace | None = None) -> Throughput:
         seq_len=seq,
         device_name=name,
     )
-
-
-def peak_flops_per_s(device_name: str) -> float | None:
-    """Dense bf16/fp16 tensor-core peak FLOP/s of a GPU named like ``torch.cuda.get_device_name``
-    (``"NVIDIA H100 80GB HBM3"``); None for a device not in ``PEAK_FLOPS_PER_S``."""
-    for pattern, peak in PEAK_FLOPS_PER_S:
-        if re.search(pattern, device_name):
-            return peak
-    return None
 
 
 def batch_and_seq(events: pd.DataFrame) -> tuple[int | None, int | None]:

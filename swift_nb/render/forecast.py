@@ -5,7 +5,8 @@ and one stacked bar per configuration against the device's room.
 
 ``forecast_section(forecasts)`` is the section's HTML body (the caller adds the ``TITLE``
 heading, as for every section); ``forecast_text(forecasts)`` the same for a terminal;
-``forecast_figure(forecasts)`` the bars alone. ``parse_forecast_spec`` reads the magic's
+``forecast_figure(forecasts)`` the bars alone; ``forecast_html(forecast)`` one forecast as a
+notebook shows it (``Forecast._repr_html_``). ``parse_forecast_spec`` reads the magic's
 ``--forecast "H100-80GB batch=32 seq=4096 dtype=bf16"`` into ``forecast()``'s keywords.
 Every string that comes from the user or the record is escaped.
 """
@@ -25,7 +26,14 @@ from swift_nb.units import fmt_bytes
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["TITLE", "forecast_figure", "forecast_section", "forecast_text", "parse_forecast_spec"]
+__all__ = [
+    "TITLE",
+    "forecast_figure",
+    "forecast_html",
+    "forecast_section",
+    "forecast_text",
+    "parse_forecast_spec",
+]
 
 TITLE = "Will it fit"
 BAR_HEIGHT_IN = 0.55  # per configuration
@@ -158,6 +166,24 @@ def forecast_section(forecasts: Sequence[Forecast], figure: bool = True) -> str:
             "the CUDA context); dashed: its capacity.</figcaption></figure>"
         )
     return "".join(parts)
+
+
+def forecast_html(f: Forecast) -> str:
+    """One forecast as a notebook cell shows it: its sentences, bytes by category (forecast
+    and measured) and how each number is found."""
+    rows = "".join(
+        f"<tr><td>{escape(r.category.replace('_', ' '))}</td><td style='text-align:right'>"
+        f"{escape(fmt_bytes(r.forecast_bytes))}</td><td style='text-align:right'>{escape(fmt_bytes(r.measured_bytes))}"
+        f"</td></tr>"
+        for r in f.table().itertuples()
+    )
+    paras = "".join(f"<p>{escape(s)}</p>" for s in f.sentences())
+    how = "".join(f"<li>{escape(d)}</li>" for d in f.derivation)
+    return (
+        f"<div class='swift-nb-forecast'>{paras}<table><tr><th>category</th><th>forecast</th>"
+        f"<th>measured</th></tr>{rows}</table><details><summary>How each number is found</summary>"
+        f"<ul>{how}</ul></details></div>"
+    )
 
 
 def forecast_text(forecasts: Sequence[Forecast]) -> str:

@@ -1,0 +1,289 @@
+"""What a run measured that a forecast scales: its memory by category at the step's peak,
+the [.., T, T] tensors among it, its memory timeline split the same way, its shape (batch,
+sequence), its parameters (dtype, count, the weight matrices' shapes) and its repeated
+blocks, read from the run's tables and its trace.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from swift_nb.analysis.forecast.spec import DTYPE_BYTES, dtype_name
+from swift_nb.analysis.memory import memory_footprint
+from swift_nb.analysis.scores import SDPA, ScoreTimeline, eager_attention, first_backward_us
+from swift_nb.analysis.shapes import input_dims
+from swift_nb.analysis.throughput import batch_and_seq
+from swift_nb.analysis.trace import Trace, load_trace, parse_events
+from swift_nb.errors import ConfigError, RecordError
+from swift_nb.record import MEMORY_CATEGORIES, Run
+
+
+@dataclass
+class ScoreBytes:
+    """The [.., T, T] tensors of an eager attention alive at the step's peak, in bytes:
+    ``per_sample`` ones grow with the batch ([B, H, T, T] scores, probabilities, their
+    gradients), ``batch_free`` ones do not (a [T, T] mask); each as activations (kept for
+    backward) and other (made in backward)."""
+
+    activations_per_sample: float = 0.0
+    activations_batch_free: float = 0.0
+    other_per_sample: float = 0.0
+    other_batch_free: float = 0.0
+
+    def of(self, category: str) -> tuple[float, float]:
+        return getattr(self, f"{category}_per_sample"), getattr(self, f"{category}_batch_free")
+
+
+#: The columns of ``Measured.timeline``: the weights' categories, then activations and
+#: other each split into the rest, [.., T, T] tensors per sample and batch-free ones.
+PARTS = [
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations_rest",
+    "activations_per_sample",
+    "activations_batch_free",
+    "other_rest",
+    "other_per_sample",
+    "other_batch_free",
+]
+
+
+@dataclass
+class Measured:
+    """What one run measured, as a forecast reads it.
+
+    categories: bytes at the recorded steps' peak (median); scores: its [.., T, T] tensors
+    at that peak; timeline: bytes of each of ``PARTS`` over the median recorded step, one
+    row per point of its memory timeline, the peak's row first; batch_size, seq_len: its
+    shape (None: unknown); dtype / element_bytes of its parameters; params: their count;
+    matrices: the m×n weights of its linear layers (from the trace) with how many of each;
+    blocks: its repeated blocks (attention layers in the trace, or the context), hidden:
+    the model width; traced: whether the trace holds its allocations (without them,
+    [.., T, T] tensors cannot be told apart); untracked_bytes: how much more the step's
+    peak held than its categories (CUDA's allocator counts tensors the profiler never saw
+    allocated: buffers, caches, the batch made before recording began); notes: what could not be read and what was
+    assumed."""
+
+    run_id: str
+    categories: dict[str, float]
+    timeline: np.ndarray
+    batch_size: int | None
+    seq_len: int | None
+    dtype: str
+    element_bytes: int
+    params: int
+    optimizer: str | None
+    world_size: int
+    scores: ScoreBytes
+    matrices: dict[tuple[int, int], int]
+    blocks: int
+    blocks_from: str
+    hidden: int | None
+    toggles: set[str]
+    traced: bool = True
+    untracked_bytes: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.categories.values()))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(B, T) of the run, 1 where unknown; T = 1 for a model without a token sequence."""
+        return self.batch_size or 1, self.seq_len or 1
+
+
+_CATEGORY_COLUMNS = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+
+
+def _recorded_steps(run: Run) -> pd.DataFrame:
+    """The steps with memory categories, as ``memory_footprint`` takes them: those that
+    follow another recorded step where there are such."""
+    steps = run.steps
+    if not set(_CATEGORY_COLUMNS) <= set(steps.columns):
+        return steps.iloc[0:0]
+    recorded = steps.dropna(subset=_CATEGORY_COLUMNS)
+    followers = recorded[recorded["step"].isin(recorded["step"] + 1)]
+    return followers if len(followers) else recorded
+
+
+def measure(run: Run, trace: Trace | None = None) -> Measured:
+    """What ``run`` measured that a forecast scales; ``ConfigError`` when it has no memory
+    categories (recorded without ``profile_memory`` or with no recorded step)."""
+    recorded = _recorded_steps(run)
+    footprint = memory_footprint(run)
+    if recorded.empty or footprint.empty:
+        raise ConfigError(
+            "run",
+            "has no memory by category: profile with profile_memory=True so at least one step is "
+            "recorded (schedule active ≥ 1, and at least wait + warmup + active steps)",
+            run.id,
+        )
+    notes: list[str] = []
+    if trace is None:
+        try:
+            trace = load_trace(run)
+        except RecordError as e:
+            notes.append(f"the trace could not be read ({e.problem}): shapes and attention scores unknown")
+            trace = parse_events([])
+    categories = dict(zip(MEMORY_CATEGORIES, footprint["at_peak_bytes"].astype(float), strict=True))
+    totals = recorded[_CATEGORY_COLUMNS].sum(axis=1)
+    median_step = int(recorded.loc[(totals - totals.median()).abs().idxmin(), "step"])
+    ctx = run.context
+    batch, seq = ctx.get("batch_size"), ctx.get("seq_len")
+    if batch is None or seq is None:
+        found_batch, found_seq = batch_and_seq(trace.events)
+        batch = batch if batch is not None else found_batch
+        seq = seq if seq is not None else found_seq
+    dtype, element_bytes, params = _parameters(ctx, categories["parameters"], notes)
+    ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
+    blocks, blocks_from = _blocks(ops, trace, ctx)
+    if trace.memory.empty and seq:
+        notes.append(
+            "the trace holds no allocations: attention's [.., T, T] tensors cannot be told apart, so activations "
+            "scale linearly with tokens (a calibration run at another sequence length fits a quadratic part)"
+        )
+    scores = ScoreTimeline(trace, ops, _device_type(run, trace), int(batch or 1))
+    at_peak = ScoreBytes(*np.median([scores.at_peak(int(k)) for k in recorded["step"]], axis=0).tolist())
+    return Measured(
+        run_id=run.id,
+        categories=categories,
+        timeline=_timeline(run, trace, median_step, categories, at_peak, scores),
+        batch_size=int(batch) if batch else None,
+        seq_len=int(seq) if seq else None,
+        dtype=dtype,
+        element_bytes=element_bytes,
+        params=params,
+        optimizer=ctx.get("optimizer"),
+        world_size=int(ctx.get("world_size") or run.environment.get("world_size") or 1),
+        scores=at_peak,
+        matrices=_matrices(trace, ops, median_step),
+        blocks=blocks,
+        blocks_from=blocks_from,
+        hidden=_hidden(ops),
+        toggles={str(t.get("toggle")) for t in ctx.get("toggles") or [] if isinstance(t, dict)},
+        traced=not trace.memory.empty,
+        untracked_bytes=_untracked(recorded),
+        notes=notes,
+    )
+
+
+def _split(categories: Sequence[float], scores: Sequence[float]) -> list[float]:
+    """One row of ``PARTS`` from the five category bytes and the four score bytes
+    (activations per sample, batch-free, other per sample, batch-free)."""
+    p, g, o, a, x = categories
+    a_s, a_f, x_s, x_f = scores
+    a_s, a_f = min(a_s, a), min(a_f, max(0.0, a - a_s))
+    x_s, x_f = min(x_s, x), min(x_f, max(0.0, x - x_s))
+    return [p, g, o, a - a_s - a_f, a_s, a_f, x - x_s - x_f, x_s, x_f]
+
+
+def _timeline(
+    run: Run,
+    trace: Trace,
+    step: int,
+    categories: dict[str, float],
+    at_peak: ScoreBytes,
+    scores: ScoreTimeline,
+) -> np.ndarray:
+    """Rows of ``PARTS``: the peak (medians), then every point of ``step``'s memory
+    timeline with the score tensors alive at that moment (its run-clock time taken back to
+    the trace's clock: the step begins at the same instant on both)."""
+    peak_scores = [at_peak.activations_per_sample, at_peak.activations_batch_free]
+    peak_scores += [at_peak.other_per_sample, at_peak.other_batch_free]
+    rows = [_split(list(categories.values()), peak_scores)]
+    points = run.memory[run.memory["step"] == step] if len(run.memory) else run.memory
+    starts = run.steps.loc[run.steps["step"] == step, "start_s"] if "start_s" in run.steps else pd.Series()
+    spans = trace.steps.loc[trace.steps["step"] == step, "start_us"]
+    if not len(points):
+        return np.array(rows, dtype=float)
+    if len(starts) and len(spans):
+        ts_us = float(spans.iloc[0]) + (points["t_s"].to_numpy(dtype=float) - float(starts.iloc[0])) * 1e6
+        alive = scores.alive(step, ts_us)
+    else:
+        alive = np.zeros((len(points), 4))
+    values = points[_CATEGORY_COLUMNS].to_numpy(dtype=float)
+    rows += [_split(v, a) for v, a in zip(values, alive, strict=True)]
+    return np.array(rows, dtype=float)
+
+
+def _untracked(recorded: pd.DataFrame) -> float:
+    """Median bytes by which the steps' measured peak (CUDA: max_memory_allocated) exceeds the
+    sum of their categories; 0 on CPU, where the peak is that sum."""
+    if "peak_tensor_bytes" not in recorded:
+        return 0.0
+    gap = pd.to_numeric(recorded["peak_tensor_bytes"], errors="coerce") - recorded[_CATEGORY_COLUMNS].sum(
+        axis=1
+    )
+    gap = gap.dropna()
+    return max(0.0, float(gap.median())) if len(gap) else 0.0
+
+
+def _parameters(ctx: Mapping[str, Any], parameter_bytes: float, notes: list[str]) -> tuple[str, int, int]:
+    """(dtype, bytes per element, count) of the run's parameters, from its context and the
+    measured parameter bytes."""
+    raw = ctx.get("dtype")
+    try:
+        dtype = dtype_name(raw) if raw else "float32"
+    except ConfigError:
+        dtype = "float32"
+        notes.append(f"the run's parameters are {raw}, not a dtype a forecast scales: taken as float32")
+    if not raw:
+        notes.append("the run's context does not say its parameters' dtype: taken as float32")
+    element = DTYPE_BYTES[dtype]
+    params = int(ctx.get("params") or round(parameter_bytes / element))
+    return dtype, element, params
+
+
+def _device_type(run: Run, trace: Trace) -> int:
+    """The profiler's device type of the tensors that matter: CUDA's (1) when the run was on
+    a GPU and the trace has its allocations, else the CPU's (0)."""
+    if run.environment.get("device") == "cuda" and (trace.memory["device_type"] == 1).any():
+        return 1
+    return 0
+
+
+def _matrices(trace: Trace, ops: pd.DataFrame, step: int) -> dict[tuple[int, int], int]:
+    """The weights of the linear layers one forward pass used: (out, in) → how many,
+    from ``aten::linear``'s recorded input shapes (empty without shapes)."""
+    start = float(first_backward_us(trace).get(step, np.inf))
+    linear = ops[(ops["name"] == "aten::linear") & (ops["step"] == step) & (ops["ts_us"] < start)]
+    shapes: Counter = Counter()
+    for text in linear["input_dims"]:
+        dims = input_dims(text)
+        if len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
+            shapes[(int(dims[1][0]), int(dims[1][1]))] += 1
+    return dict(shapes)
+
+
+def _blocks(ops: pd.DataFrame, trace: Trace, ctx: Mapping[str, Any]) -> tuple[int, str]:
+    """How many blocks repeat, and what says so: attention calls per step in the trace (one
+    per transformer block, as the advisor counts them), else the run's context; 0 unknown."""
+    n_steps = max(1, len(trace.steps))
+    _, _, eager = eager_attention(ops, n_steps)
+    calls = max(eager, round(int(ops["name"].eq(SDPA).sum()) / n_steps))
+    if calls > 1:
+        return calls, "attention layers per step in the trace"
+    for key in ("n_layer", "num_hidden_layers"):
+        if ctx.get(key):
+            return int(ctx[key]), f"run context {key}"
+    return 0, ""
+
+
+def _hidden(ops: pd.DataFrame) -> int | None:
+    """The model's width: the embedding table's second side, else the first linear's input."""
+    for name, pick in (("aten::embedding", lambda d: d[0][1]), ("aten::linear", lambda d: d[0][-1])):
+        for text in ops.loc[ops["name"] == name, "input_dims"].head(1):
+            try:
+                return int(pick(input_dims(text)))
+            except (IndexError, TypeError, ValueError):
+                continue
+    return None

@@ -1,0 +1,239 @@
+"""``forecast()``: the arguments checked, the run measured, its growth found, the
+configuration priced, the largest batch and sequence that fit searched for, and how far off
+the total may be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from swift_nb.analysis.forecast.growth import growth
+from swift_nb.analysis.forecast.measure import Measured, measure
+from swift_nb.analysis.forecast.pricing import OPTIMIZERS, CategoryPricer
+from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
+from swift_nb.analysis.forecast.spec import ERROR_ADDED_PCT, dtype_name, parse_toggles, toggle_label
+from swift_nb.devices import DEFAULT_DEVICE, Device, resolve_device
+from swift_nb.errors import ConfigError
+from swift_nb.record import Run
+from swift_nb.units import fmt_bytes
+
+#: How far off the total is expected to be (± %). Forecasts of another batch, sequence,
+#: dtype or optimizer came within 0.5 % of the measured peak in benchmarks/forecast.py
+#: (four models on CPU, 4× the batch, 2× the sequence, bf16, SGD); 5 % leaves room for what a
+#: CPU run does not show (the CUDA allocator's 512-byte rounding, cuBLAS and cuDNN
+#: workspaces). Each toggle adds its ``spec.ERROR_ADDED_PCT``.
+ERROR_BASE_PCT = 5.0
+ERROR_NO_TRACE_PCT = 10.0  # [.., T, T] tensors unseen: a longer sequence scaled linearly
+ERROR_FAR_PCT = 5.0  # more than 16× the run's tokens per step
+
+
+def forecast(
+    run: Run | Measured,
+    device: str | float = DEFAULT_DEVICE,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    dtype: str | None = None,
+    toggles: str | Sequence[str] | Mapping[str, Mapping[str, Any]] = (),
+    world_size: int | None = None,
+    calibration: Run | Measured | None = None,
+    optimizer: str | None = None,
+) -> Forecast:
+    """The peak tensor memory of a training step of ``run``'s model at ``batch_size``
+    samples (per rank) of ``seq_len`` tokens, parameters in ``dtype``, with ``optimizer``
+    (a class name; default the run's), ``toggles`` (``"grad_checkpointing"``,
+    ``"flash_attention"``, ``"galore:rank=128"``, ``"sequence_parallel:sp_size=4"``,
+    ``"bf16_autocast"``, ``"zero:stage=2"``, ``"fsdp"``) over ``world_size`` ranks, on
+    ``device`` (a preset of ``DEVICES``, a number of bytes, ``"80GB"`` or ``"24GiB"``).
+    Unset arguments are the run's own. ``calibration``: a run of the same model at another
+    batch size or sequence length, to fit how activations grow instead of reading it from
+    the trace. Raises ``ConfigError`` for a bad argument or a run without memory categories."""
+    dev = resolve_device(device)
+    wanted = parse_toggles(toggles)
+    _check_positive(batch_size=batch_size, seq_len=seq_len, world_size=world_size)
+    dtype = dtype_name(dtype) if dtype is not None else None
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise ConfigError("optimizer", f"must be one of {', '.join(OPTIMIZERS)}", optimizer)
+    m = run if isinstance(run, Measured) else measure(run)
+    cal = calibration if isinstance(calibration, Measured) or calibration is None else measure(calibration)
+    _check_against_run(m, cal, batch_size, seq_len)
+    cfg = _config(m, wanted, batch_size, seq_len, dtype, optimizer, world_size)
+    pricer = CategoryPricer(m, growth(m, cal))
+    peak = pricer.peak(cfg)
+    usable = float(dev.capacity_bytes - dev.context_bytes)
+
+    def fits(c: Config) -> bool:
+        return pricer.peak(c).total <= usable
+
+    max_batch = _largest(lambda b: fits(replace(cfg, batch_size=b)), cfg.batch_size) if m.batch_size else None
+    max_seq = _largest(lambda t: fits(replace(cfg, seq_len=t)), cfg.seq_len) if m.seq_len else None
+    return _result(m, dev, cfg, peak, (max_batch, max_seq), _expected_error(m, cal, cfg))
+
+
+def _config(
+    m: Measured,
+    wanted: dict[str, dict[str, int]],
+    batch_size: int | None,
+    seq_len: int | None,
+    dtype: str | None,
+    optimizer: str | None,
+    world_size: int | None,
+) -> Config:
+    """The configuration to price: the arguments given, the run's own for the rest; checks
+    what the toggles need of it."""
+    world = world_size or m.world_size
+    if ("zero" in wanted or "fsdp" in wanted) and world < 2:
+        raise ConfigError("world_size", "must be at least 2 to shard with zero or fsdp", world)
+    if "grad_checkpointing" in wanted and m.blocks < 1:
+        raise ConfigError(
+            "toggles",
+            "grad_checkpointing needs the number of repeated blocks, and the trace shows no attention layers: "
+            "profile with context={'n_layer': L}",
+            "grad_checkpointing",
+        )
+    return Config(
+        batch_size=batch_size or m.batch_size or 1,
+        seq_len=seq_len or m.seq_len or 1,
+        dtype=dtype or m.dtype,
+        optimizer=optimizer or m.optimizer,
+        toggles=wanted,
+        world_size=world,
+    )
+
+
+def _result(
+    m: Measured,
+    dev: Device,
+    cfg: Config,
+    peak: Peak,
+    limits: tuple[int | None, int | None],
+    error: tuple[float, str],
+) -> Forecast:
+    """The forecast of ``cfg`` on ``dev``: its priced peak, the largest batch and sequence
+    that fit (``limits``) and the expected error (± %, why)."""
+    usable = float(dev.capacity_bytes - dev.context_bytes)
+    notes = [*m.notes]
+    already = sorted(set(cfg.toggles) & m.toggles)
+    if already:
+        notes.append(f"the run already had {', '.join(already)}: its measurement includes the effect")
+    return Forecast(
+        run_id=m.run_id,
+        device=dev.name,
+        capacity_bytes=float(dev.capacity_bytes),
+        context_bytes=float(dev.context_bytes),
+        batch_size=cfg.batch_size,
+        seq_len=cfg.seq_len if m.seq_len else None,
+        dtype=cfg.dtype,
+        optimizer=cfg.optimizer,
+        toggles=tuple(toggle_label(k, v) for k, v in cfg.toggles.items()),
+        world_size=cfg.world_size,
+        categories=peak.categories,
+        total_bytes=peak.total,
+        usable_bytes=usable,
+        fits=peak.total <= usable,
+        headroom_bytes=usable - peak.total,
+        max_batch_size=limits[0],
+        max_seq_len=limits[1],
+        derivation=[
+            *peak.lines,
+            f"device: {dev.name}, {fmt_bytes(dev.capacity_bytes)} ({dev.source}) − CUDA context "
+            f"{fmt_bytes(dev.context_bytes)} = {fmt_bytes(usable)} for tensors",
+            *notes,
+        ],
+        expected_error_pct=error[0],
+        expected_error=error[1],
+        measured=dict(m.categories),
+        measured_config={
+            "batch_size": m.batch_size,
+            "seq_len": m.seq_len,
+            "dtype": m.dtype,
+            "optimizer": m.optimizer,
+            "world_size": m.world_size,
+        },
+        device_source=dev.source,
+    )
+
+
+def _check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(name, "must be a whole number of at least 1", value)
+
+
+def _check_against_run(
+    m: Measured, cal: Measured | None, batch_size: int | None, seq_len: int | None
+) -> None:
+    if batch_size is not None and batch_size != m.batch_size and m.batch_size is None:
+        raise ConfigError(
+            "batch_size",
+            "cannot be forecast: the run's batch size is unknown (no token or linear input in the trace); "
+            "profile with context={'batch_size': B}",
+            batch_size,
+        )
+    if seq_len is not None and seq_len != m.seq_len and m.seq_len is None:
+        raise ConfigError(
+            "seq_len",
+            "cannot be forecast: the run's sequence length is unknown (no [batch, seq] token input in the "
+            "trace); profile with context={'seq_len': T}",
+            seq_len,
+        )
+    if cal is None:
+        return
+    if cal.shape == m.shape:
+        raise ConfigError(
+            "calibration", "must be a run at another batch size or sequence length than the run", cal.run_id
+        )
+    if m.params and abs(cal.params - m.params) > 0.1 * m.params:
+        raise ConfigError(
+            "calibration",
+            f"must be a run of the same model ({m.params:,} parameters; it has {cal.params:,})",
+            cal.run_id,
+        )
+
+
+def _largest(fits: Callable[[int], bool], start: int) -> int | None:
+    """The largest n ≥ 1 with fits(n) (fits grows false with n): 0 when not even 1 fits, None
+    when n = SEARCH_LIMIT still does."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, max(2, start)
+    while fits(hi):
+        if hi >= SEARCH_LIMIT:
+            return None
+        lo, hi = hi, min(SEARCH_LIMIT, hi * 2)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _expected_error(m: Measured, cal: Measured | None, cfg: Config) -> tuple[float, str]:
+    """± % on the total, and why."""
+    text = (
+        f"± {ERROR_BASE_PCT:.0f} % for the sizes: forecasts of another batch, sequence, dtype or optimizer came "
+        "within 0.5 % of the measured peak in benchmarks/forecast.py (four models on CPU), and a GPU adds its "
+        "allocator's rounding and library workspaces; parameters, gradients and optimizer state are exact, "
+        "activations extrapolated."
+    )
+    added = {t: ERROR_ADDED_PCT[t] for t in cfg.toggles if t in ERROR_ADDED_PCT and t not in m.toggles}
+    b0, t0 = m.shape
+    stretch = (cfg.batch_size * (cfg.seq_len if m.seq_len else 1)) / (b0 * t0)
+    if not m.traced and cal is None and (cfg.seq_len != t0 or "flash_attention" in cfg.toggles) and m.seq_len:
+        added["no allocations in the trace"] = ERROR_NO_TRACE_PCT
+    if stretch > 16:
+        added[f"{stretch:.0f}× the run's tokens per step"] = ERROR_FAR_PCT
+    if added:
+        text += " Added for " + ", ".join(f"{k} (± {v:.0f} %)" for k, v in added.items()) + "."
+    if stretch > 16:
+        text += " Profile nearer the target to narrow it."
+    text += (
+        " On CUDA the caching allocator also reserves more than tensors hold (fragmentation, often 5–15 %): "
+        "leave that much headroom."
+    )
+    total = ERROR_BASE_PCT + sum(added.values())
+    return total, f"± {total:.0f} % on the total. " + text
