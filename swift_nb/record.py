@@ -143,6 +143,13 @@ SAMPLE_COLUMNS = [
 MEMORY_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "other"]
 MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
 
+#: the context's key for the training framework found around the loop (a Trainer or an
+#: Accelerator: ``swift_nb.capture.frameworks.detect``)
+TRAINER_KEY = "trainer"
+#: a Trainer's checkpointing switch, by the name transformers 5 gives it, then the older one
+#: (a deprecated alias since); the context records which the installed one has
+CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
+
 
 @dataclass(frozen=True)
 class OutOfMemory:

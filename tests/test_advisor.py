@@ -359,7 +359,7 @@ def test_communication(tmp_path, kind, expected):
 
 
 def _trainer(**arguments):
-    """The run context's entry for a Trainer, as ``swift_nb.integrations.detect`` records it."""
+    """The run context's entry for a Trainer, as ``swift_nb.capture.frameworks.detect`` records it."""
     return {
         "framework": "transformers",
         "class": "Trainer",
@@ -504,16 +504,17 @@ def test_optimizer_state_names_the_trainers_optim(runs_dir):
 
 
 def test_communication_and_attention_name_the_frameworks_settings():
-    from swift_nb.integrations import fix
+    from swift_nb.analysis.advisor.frameworks import phrased
+    from swift_nb.analysis.advisor.rules import communication, data_loading, eager_attention
 
-    assert fix({"trainer": _trainer()}, "communication").startswith(
+    assert phrased({"trainer": _trainer()}, communication.fix).startswith(
         "The Trainer owns the DDP wrapper: set TrainingArguments(gradient_accumulation_steps=8) (`trainer` has "
         "gradient_accumulation_steps=4) synchronises the gradients once per 8 micro-batches"
     )
-    assert fix({"trainer": _accelerator()}, "communication").startswith(
+    assert phrased({"trainer": _accelerator()}, communication.fix).startswith(
         "With accelerate: Accelerator(gradient_accumulation_steps=8) (now 4) inside `with accelerator.accumulate"
     )
-    assert fix({"trainer": _trainer()}, "eager_attention").startswith(
+    assert phrased({"trainer": _trainer()}, eager_attention.fix).startswith(
         "`trainer.model` (it runs 'eager'): call trainer.model.set_attn_implementation('sdpa') before training"
     )
-    assert fix({}, "data_loading") is None and fix({"trainer": _trainer()}, "leak") is None
+    assert phrased({}, data_loading.fix) is None

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
-from swift_nb.analysis.advisor import checkpointed_peak
+from swift_nb.analysis.effects import checkpointed_peak
 from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.record import MEMORY_CATEGORIES, Run

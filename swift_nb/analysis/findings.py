@@ -25,7 +25,7 @@ class Finding:
     id: stable rule id (``data_loading``, ``leak`` …); title: one line; evidence: the
     numbers from this run that triggered it; suggestion: the change to make (as the
     setting to edit when the run recorded a Trainer or an Accelerator: see
-    ``swift_nb.integrations``); toggle: the
+    ``swift_nb.analysis.advisor.frameworks``); toggle: the
     swift_nb toggle that applies it, if any (an id of ``swift_nb.vocabulary.TOGGLES``); predicted_effect: what
     it should change, with ``formula`` saying how that was estimated.
     """

@@ -11,25 +11,23 @@ From the post-mortem (``Run.oom``, read at the failure by ``swift_nb.capture.oom
 - the room: the capacity less what is not tensors (the CUDA context; the process's own
   memory on CPU), less a margin (``MARGIN``) for the allocator's rounding and
   fragmentation.
-- each fix changes one term: FlashAttention drops the ``[.., T, T]`` score activations;
-  gradient checkpointing keeps one block's activations plus each block's input; bf16
-  autocast halves fp32 activations; GaLore shrinks Adam's state to its low-rank
-  projections; half the batch halves the activations. A fix fits when the need it leaves
-  is within the room. Each says its formula.
+- each fix changes one term, by the formulas of ``swift_nb.analysis.effects``: FlashAttention
+  drops the ``[.., T, T]`` score activations; gradient checkpointing keeps one block's
+  activations plus each block's input (taken as large as one block's activations);
+  bf16 autocast halves fp32 activations; GaLore shrinks Adam's state to its low-rank
+  projections (weights taken as square); half the batch halves the activations. A fix
+  fits when the need it leaves is within the room. Each says its formula.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from swift_nb.analysis import effects
 from swift_nb.record import OutOfMemory, Run
 from swift_nb.units import fmt_bytes
 
 MARGIN = 0.05  # of the room, kept for the allocator's rounding and fragmentation
-#: optimizer state per parameter byte, when the failure came before the state existed
-STATE_PER_PARAM = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0, "Adagrad": 1.0}
-#: GaLore's state relative to Adam's for a d×d weight at rank r ≈ d / 4 or less: r×d projections
-GALORE_STATE_RATIO = 0.25
 
 
 @dataclass(frozen=True)
@@ -104,7 +102,8 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
         c.get(k, 0.0) for k in ("parameters", "gradients", "optimizer_state", "other")
     )
     act, square, how = _activations(oom)
-    per_param = STATE_PER_PARAM.get(optimizer or "", 0.0)
+    # optimizer state per parameter byte, when the failure came before the state existed
+    per_param = effects.states_per_parameter(optimizer)
     full_state = state if state > 0 or not per_param else per_param * params
 
     def need(act_bytes: float, state_bytes: float = full_state) -> float:
@@ -129,12 +128,13 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
             (
                 "flash_attention",
                 "FlashAttention (fused attention: no T×T scores kept)",
-                need(act - square),
+                need(effects.without_scores(act, square)),
                 f"activations − the [.., T, T] scores ({fmt_bytes(square)})",
             )
         )
     if oom.blocks:
-        ckpt = act / oom.blocks * 2
+        # the blocks' inputs, which checkpointing keeps: taken as one block's activations
+        ckpt = effects.checkpointing(act, oom.blocks).activations + act / oom.blocks
         candidates.append(
             (
                 "grad_checkpointing",
@@ -144,7 +144,8 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
             )
         )
         if square > 0:
-            both = (act - square) / oom.blocks * 2
+            flash = effects.without_scores(act, square)
+            both = effects.checkpointing(flash, oom.blocks).activations + flash / oom.blocks
             candidates.append(
                 (
                     "flash_attention,grad_checkpointing",
@@ -154,15 +155,22 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
                 )
             )
     if _fp32_activations(oom):
-        candidates.append(("bf16_autocast", "bf16 autocast", need(act / 2), "fp32 activations × ½"))
-    if full_state > 0 and per_param >= 2:
-        galore = full_state * GALORE_STATE_RATIO
+        candidates.append(
+            (
+                "bf16_autocast",
+                "bf16 autocast",
+                need(effects.autocast_activations(act)),
+                "fp32 activations × ½",
+            )
+        )
+    if full_state > 0 and optimizer in effects.ADAM_LIKE:  # GaLore replaces Adam and AdamW
+        ratio = effects.galore_square_ratio(params / 4)
         candidates.append(
             (
                 "galore",
                 "GaLore (low-rank optimizer state)",
-                need(act, galore),
-                f"optimizer state × {GALORE_STATE_RATIO:g} (rank ≈ d/4; lower ranks save more)",
+                need(act, full_state * ratio),
+                f"optimizer state × {ratio:.2f} (rank {effects.GALORE_RANK} on square d×d weights, d = √parameters)",
             )
         )
     candidates.append((None, "half the batch size", need(act / 2), "activations × ½"))

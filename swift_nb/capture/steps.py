@@ -19,7 +19,7 @@ installed ``GradScaler.step`` reports a skipped update as a boundary, and
 ``skipped_updates`` counts them.
 
 At the first boundary the watcher also looks up the call stack for the training framework
-that drives the loop (``swift_nb.integrations``) and keeps what it found in ``context``.
+that drives the loop (``swift_nb.capture.frameworks``) and keeps what it found in ``context``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from swift_nb import integrations
+from swift_nb.capture import frameworks
 
 StepListener = Callable[[str, "torch.optim.Optimizer | None"], None]
 
@@ -45,7 +45,7 @@ class StepWatcher:
 
     ``listener(trigger, optimizer)`` gets ``trigger`` = "optimizer" or "explicit".
     Only one watcher is active per process. ``context``: what the first boundary found
-    about the training framework (``integrations.detect``; empty when none);
+    about the training framework (``frameworks.detect``; empty when none);
     ``skipped_updates``: boundaries whose update a GradScaler skipped.
     """
 
@@ -124,7 +124,7 @@ class StepWatcher:
             return
         self._looked_up = True
         try:
-            self.context = integrations.detect(frame, optimizer)
+            self.context = frameworks.detect(frame, optimizer)
         except Exception:  # a framework's odd attribute must never break the training loop
             self.context = {}
 
@@ -140,7 +140,7 @@ def _watch_grad_scaler(watcher: StepWatcher) -> Callable[[], None]:
         updates = watcher._updates
         out = original(scaler, optimizer, *args, **kwargs)
         if watcher._updates == updates and scaler.is_enabled():
-            watcher._on_skipped_update(integrations.unwrap_optimizer(optimizer))
+            watcher._on_skipped_update(frameworks.unwrap_optimizer(optimizer))
         return out
 
     cls.step = step

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from swift_nb import integrations, vocabulary
+from swift_nb import vocabulary
+from swift_nb.capture import frameworks
 from swift_nb.vocabulary import Param
 
 
@@ -192,7 +193,7 @@ class Toggle:
             if value is obj:
                 return name
         if isinstance(obj, torch.optim.Optimizer):
-            running = integrations.running_trainer(sys._getframe(1))
+            running = frameworks.running_trainer(sys._getframe(1))
             if running is not None:
                 variable, trainer = running
                 return f"{variable or type(trainer).__name__}.optimizer"
@@ -264,7 +265,7 @@ def find_optimizers(namespace: Mapping[str, Any]) -> list[tuple[str, torch.optim
     found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
     for name, value in _candidates(namespace):
         if isinstance(value, torch.optim.Optimizer):
-            value = integrations.unwrap_optimizer(value)
+            value = frameworks.unwrap_optimizer(value)
             found.setdefault(id(value), (name, value))
     return list(found.values())
 

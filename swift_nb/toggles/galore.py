@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from swift_nb import integrations
+from swift_nb.capture import frameworks
 from swift_nb.errors import MissingDependencyError
 from swift_nb.toggles.base import Toggle, find_models
 
@@ -166,12 +166,12 @@ class GaLore(Toggle):
     def _note_trainer(self, name: str) -> None:
         """Say so when the optimizer is the one a Trainer's ``train()`` is creating."""
         assert self.report is not None
-        running = integrations.running_trainer(sys._getframe(1))
+        running = frameworks.running_trainer(sys._getframe(1))
         if running is None or getattr(running[1], "optimizer", None) is not None:
             return
         variable, trainer = running
         who = variable or type(trainer).__name__
-        optim = integrations.plain(getattr(getattr(trainer, "args", None), "optim", None))
+        optim = frameworks.plain(getattr(getattr(trainer, "args", None), "optim", None))
         self.report.note(
             f"`{name}` is the optimizer {who}.train() created (optim={optim!r}): converted as it was "
             f"constructed, before the Trainer wrapped it; {who}.args.optim still reads {optim!r}"

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from swift_nb.analysis.advisor import checkpointed_peak
+from swift_nb.analysis.effects import checkpointed_peak
 from swift_nb.analysis.forecast.growth import Growth
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.result import Config, Peak

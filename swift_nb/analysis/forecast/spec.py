@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from swift_nb.analysis.advisor import GALORE_RANK
+from swift_nb.analysis.effects import GALORE_RANK
 from swift_nb.devices import is_capacity, resolve_device
 from swift_nb.errors import ConfigError
 

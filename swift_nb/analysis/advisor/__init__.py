@@ -1,0 +1,63 @@
+"""Rules that turn a run's evidence into a bottleneck verdict and concrete advice.
+
+``evidence.gather`` reads the numbers the other analyses computed (breakdown shares,
+memory by category, attention shapes in the trace, memory growth) once; ``verdict.bottleneck``
+names the step's dominant limit; each rule (``rules/<id>.py``, listed in ``registry.RULES``)
+returns a Finding when its threshold is crossed, with those numbers, the change to make,
+the swift_nb toggle that applies it, and the predicted effect with the formula behind it
+(``swift_nb.analysis.effects``). When the run's context recorded a Hugging Face Trainer or
+an accelerate Accelerator driving the loop, the change is phrased as the setting to edit
+(``frameworks``); otherwise as plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swift_nb.analysis.advisor.evidence import Evidence, Loader, Thresholds, gather
+from swift_nb.analysis.advisor.registry import RULES, Rule
+from swift_nb.analysis.advisor.verdict import bottleneck
+from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.trace import Trace
+from swift_nb.record import Run
+
+__all__ = [
+    "RULES",
+    "Evidence",
+    "Loader",
+    "Rule",
+    "Thresholds",
+    "advise",
+    "advise_with_evidence",
+    "bottleneck",
+    "findings",
+    "gather",
+]
+
+
+def findings(ev: Evidence, th: Thresholds, context: dict) -> list[Finding]:
+    """Every finding whose rule fires on ``ev``, in the registry's order."""
+    return [f for rule in RULES if (f := rule(ev, th, context)) is not None]
+
+
+def advise(
+    run: Run,
+    trace: Trace | None = None,
+    thresholds: Thresholds | None = None,
+    breakdown: pd.DataFrame | None = None,
+) -> tuple[Verdict, list[Finding]]:
+    """The verdict and every finding whose rule fires for this run."""
+    _, verdict, found = advise_with_evidence(run, trace, thresholds, breakdown)
+    return verdict, found
+
+
+def advise_with_evidence(
+    run: Run,
+    trace: Trace | None = None,
+    thresholds: Thresholds | None = None,
+    breakdown: pd.DataFrame | None = None,
+) -> tuple[Evidence, Verdict, list[Finding]]:
+    """``advise`` and the evidence its rules read."""
+    th = thresholds or Thresholds()
+    ev = gather(run, trace, th, breakdown)
+    return ev, bottleneck(ev, th), findings(ev, th, run.context)

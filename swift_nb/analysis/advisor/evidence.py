@@ -1,0 +1,267 @@
+"""What the advisor's rules and verdict read: a run's numbers gathered once (medians over
+the profiled steps), with the thresholds at which each rule fires."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from swift_nb import trace_names as tn
+from swift_nb.analysis.breakdown import step_breakdown
+from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
+from swift_nb.analysis.memory import memory_footprint, memory_growth
+from swift_nb.analysis.operators import op_self_times_us
+from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
+from swift_nb.analysis.throughput import batch_and_seq
+from swift_nb.analysis.trace import Trace, load_trace, per_value
+from swift_nb.record import Run
+
+
+@dataclass
+class Thresholds:
+    """When each rule fires. Shares are fractions of the profiled step time or of the
+    peak tensor memory; ``memory_limit_bytes`` overrides the device's capacity."""
+
+    data_share: float = 0.20
+    # Data-loading advice also needs this much loading per step (s). A single-process
+    # DataLoader over in-memory tensors with the default collate spends ≈ 0.1–0.7 ms per
+    # batch of 8–64 samples on its own Python (sampler, per-sample indexing, stack; measured
+    # on CPU), and receiving a batch from a worker process costs the main process as much
+    # or more (queue get, unpickling, attaching shared memory: 0.3–2 ms measured). Below
+    # 2 ms loading is that fixed cost, not slow collate, transforms or I/O, and workers
+    # cannot win it back: a large share of such a step (under 2 ms / data_share = 10 ms)
+    # only says the step is tiny.
+    data_min_s: float = 0.002
+    comm_share: float = 0.30
+    tiny_op_us: float = 50.0  # ops with less self time than this are "tiny" …
+    tiny_op_count: int = 300  # … and with this many ops per step …
+    heavy_op_share: float = 0.5  # … if ops of at least tiny_op_us fill less of the step:
+    # launch and dispatch overhead, not math, sets the step time
+    attention_seq: int = 1024
+    activation_share: float = 0.50
+    # fp32 activations of a Trainer or Accelerator run without mixed precision: this share
+    # of the peak, halved by bf16 autocast, is worth a setting
+    fp32_activation_share: float = 0.25
+    optimizer_share: float = 0.40
+    near_limit: float = 0.80
+    long_seq: int = 4096
+    leak_bytes_per_step: float = 1 << 20  # 1 MiB per step, and …
+    leak_share_per_step: float = 0.005  # … 0.5 % of the peak per step
+    memory_limit_bytes: float | None = None
+
+
+@dataclass
+class Loader:
+    """The DataLoader as the trace shows it, medians over the profiled steps.
+
+    data_s: seconds per step inside ``enumerate(DataLoader)`` spans (the breakdown's
+    ``data_s``); ops_s: the part of them in torch ops (indexing, the collate's stack,
+    tensor transforms), the rest being Python: the loader's own per-batch work,
+    ``__getitem__``, decoding, I/O, sleeping. samples: samples per batch, from the default
+    collate's stack (0: unknown). in_workers: whether worker processes load the batches
+    (None: no DataLoader in the trace); num_workers: as the run's context recorded it.
+    """
+
+    data_s: float = 0.0
+    ops_s: float = 0.0
+    samples: int = 0
+    in_workers: bool | None = None
+    num_workers: int | None = None
+
+    @property
+    def python_s(self) -> float:
+        return max(0.0, self.data_s - self.ops_s)
+
+    @property
+    def s_per_sample(self) -> float | None:
+        return self.data_s / self.samples if self.samples else None
+
+    def where(self) -> str:
+        """Who loads the batches, in words."""
+        if not self.in_workers:
+            return (
+                "main process (num_workers=0)" if self.in_workers is False else "no DataLoader in the trace"
+            )
+        if self.num_workers:
+            return f"{self.num_workers} worker processes"
+        return "worker processes"
+
+
+@dataclass
+class Evidence:
+    """The numbers the rules look at (medians over the profiled steps)."""
+
+    step_s: float
+    shares: dict[str, float]  # part of step time, 0..1, keyed like the breakdown's parts
+    ops_per_step: float
+    median_op_us: float
+    heavy_op_share: float  # part of the step in ops with self time ≥ tiny_op_us, 0..1
+    attention_seq: int  # largest T of an eager [.., T, T] attention softmax (0: none)
+    attention_shape: list[int]
+    attention_layers: int  # eager attention softmax calls per step
+    footprint: pd.DataFrame
+    peak_bytes: float
+    limit_bytes: float | None
+    growth_bytes_per_step: float
+    growth_source: str
+    loader: Loader = field(default_factory=Loader)
+    # attention calls per step (eager softmax over [.., T, T] and scaled_dot_product_attention):
+    # the repeated blocks of a transformer, one attention each (0: no attention in the trace)
+    attention_calls: int = 0
+    scores: ScoreMemory | None = None  # [.., T, T] tensors at the peak (eager attention only)
+    world_size: int = 1
+    comm: pd.DataFrame | None = None  # collectives per kind (swift_nb.analysis.comm)
+    # Parts of the profiled steps' time, 0..1 (swift_nb.analysis.comm): collective time, and
+    # exposed communication (what no compute kernel hides; all of it on CPU, where gloo
+    # runs on the cores the backward needs).
+    collective_share: float = 0.0
+    exposed_comm_share: float = 0.0
+    # element types of the matmuls' inputs in the trace ("float", "c10::BFloat16", …): all
+    # "float" means the forward ran in fp32, without autocast
+    matmul_types: frozenset[str] = frozenset()
+
+    def at_peak(self, category: str) -> float:
+        """Bytes of a memory category at the peak (0 when the footprint lacks it)."""
+        fp = self.footprint
+        row = fp[fp["category"] == category]
+        return float(row["at_peak_bytes"].iloc[0]) if len(row) else 0.0
+
+
+#: the ops autocast lowers to 16 bits; their recorded input types tell whether it was on
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")
+FLOATING = frozenset(
+    {"float", "double", "c10::BFloat16", "c10::Half", "c10::Float8_e4m3fn", "c10::Float8_e5m2"}
+)
+
+
+def _matmul_types(ops: pd.DataFrame) -> frozenset[str]:
+    types = ops.loc[ops["name"].isin(MATMULS), "input_types"]
+    found: set[str] = set()
+    for text in types.unique():
+        found |= {t.strip(" '\"") for t in str(text).strip("[]").split(",") if t.strip(" '\"")}
+    return frozenset(found)
+
+
+def gather(
+    run: Run,
+    trace: Trace | None = None,
+    thresholds: Thresholds | None = None,
+    breakdown: pd.DataFrame | None = None,
+) -> Evidence:
+    th = thresholds or Thresholds()
+    trace = trace if trace is not None else load_trace(run)
+    bd = breakdown if breakdown is not None else step_breakdown(run, trace)
+    step_s = float(bd["step_s"].median()) if len(bd) else float("nan")
+    shares = {}
+    for col in (
+        "data_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "comm_s",
+        "h2d_s",
+        "other_s",
+        "untraced_s",
+    ):
+        shares[col.removesuffix("_s")] = float((bd[col] / bd["step_s"]).median()) if len(bd) else 0.0
+    ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
+    n_steps = max(1, len(trace.steps))
+    ops_per_step = len(ops) / n_steps
+    self_us = op_self_times_us(trace.events).reindex(ops.index)
+    median_op_us = float(self_us.median()) if len(ops) else float("nan")
+    span_us = float(trace.steps["dur_us"].sum()) if len(trace.steps) else 0.0
+    heavy = float(self_us[self_us >= th.tiny_op_us].sum() / span_us) if span_us else 0.0
+    seq, shape, layers = eager_attention(ops, n_steps)
+    sdpa = int(ops["name"].eq(SDPA).sum())
+    fp = memory_footprint(run)
+    peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
+    growth, source = memory_growth(run)
+    world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
+    collective_share, exposed_comm_share = comm_shares(comm_per_step(trace))
+    return Evidence(
+        collective_share=collective_share,
+        exposed_comm_share=exposed_comm_share,
+        world_size=world,
+        comm=collectives(trace, world, int(run.environment.get("rank", 0))),
+        step_s=step_s,
+        shares=shares,
+        ops_per_step=ops_per_step,
+        median_op_us=median_op_us,
+        heavy_op_share=heavy,
+        attention_seq=seq,
+        attention_shape=shape,
+        attention_layers=layers,
+        # an SDPA that falls back to its math kernel runs a softmax of its own: not twice
+        attention_calls=max(layers, round(sdpa / n_steps)),
+        scores=score_memory(trace, ops) if seq else None,
+        footprint=fp,
+        peak_bytes=peak,
+        limit_bytes=th.memory_limit_bytes if th.memory_limit_bytes is not None else _device_limit(run),
+        growth_bytes_per_step=growth,
+        growth_source=source,
+        loader=_loader(trace, bd, ops, run),
+        matmul_types=_matmul_types(ops),
+    )
+
+
+def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Loader:
+    """What the ``enumerate(DataLoader)`` spans of the profiled steps hold (``ops``: the
+    steps' cpu ops)."""
+    ev = trace.events
+    spans = ev[(ev["step"] >= 0).to_numpy() & per_value(ev["name"], lambda n: tn.DATA.search(n) is not None)]
+    context_workers = run.context.get("num_workers")
+    num_workers = int(context_workers) if context_workers is not None else None
+    if spans.empty:
+        return Loader(
+            num_workers=num_workers, in_workers=bool(num_workers) if num_workers is not None else None
+        )
+    ops = ops[~per_value(ops["name"], lambda n: tn.DATA.search(n) is not None)]
+    ops_s = dict.fromkeys(bd["step"], 0.0)
+    samples = []
+    for tid, start, end, step in spans[["tid", "ts_us", "end_us", "step"]].itertuples(index=False):
+        inside = ops[(ops["tid"] == tid) & (ops["ts_us"] >= start) & (ops["end_us"] <= end)]
+        ops_s[step] = ops_s.get(step, 0.0) + tn.length(tn.union(inside["ts_us"], inside["end_us"])) / 1e6
+        stacks = inside[
+            (inside["name"] == tn.COLLATE_STACK) & inside["input_types"].str.startswith("['TensorList'")
+        ]
+        try:
+            stacked = len(json.loads(stacks["input_dims"].iloc[0])[0]) if len(stacks) else 0
+        except (ValueError, IndexError, TypeError):
+            stacked = 0
+        if stacked:
+            samples.append(stacked)
+    in_workers = bool(spans["name"].str.contains(tn.WORKER_LOADER, regex=False).any())
+    if num_workers is not None:
+        in_workers = num_workers > 0
+    data_s = float(bd["data_s"].median()) if len(bd) else 0.0
+    return Loader(
+        data_s=data_s,
+        ops_s=min(data_s, float(np.median([ops_s.get(s, 0.0) for s in bd["step"]])) if len(bd) else 0.0),
+        samples=_batch_samples(samples, trace, run),
+        in_workers=in_workers,
+        num_workers=num_workers,
+    )
+
+
+def _batch_samples(collated: list[int], trace: Trace, run: Run) -> int:
+    """Samples per batch: as the run's context says, else how many tensors the collate
+    stacked (the profiler leaves long lists' shapes out), else the batch the model's
+    inputs show; 0 when nothing tells."""
+    if run.context.get("batch_size"):
+        return int(run.context["batch_size"])
+    if collated:
+        return int(np.median(collated))
+    return batch_and_seq(trace.events)[0] or 0
+
+
+def _device_limit(run: Run) -> float | None:
+    """Memory capacity of the device the tensors live on (bytes)."""
+    cols = [c for c in run.samples.columns if c.startswith("gpu") and c.endswith("_mem_total_bytes")]
+    if cols:
+        return float(pd.to_numeric(run.samples[cols[0]], errors="coerce").max())
+    if run.environment.get("device") == "cpu":
+        return run.environment.get("mem_total_bytes")
+    return None

@@ -1,0 +1,35 @@
+"""The advisor's rules, in the order their findings are listed. A rule is one file under
+``rules/`` with ``rule(evidence, thresholds, context) -> Finding | None``, and one line here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.rules import (
+    activations,
+    communication,
+    data_loading,
+    eager_attention,
+    fp32_activations,
+    leak,
+    optimizer_state,
+    overhead,
+    sequence_parallel,
+)
+from swift_nb.analysis.findings import Finding
+
+Rule = Callable[[Evidence, Thresholds, Mapping[str, Any]], Finding | None]
+
+RULES: list[Rule] = [
+    data_loading.rule,
+    overhead.rule,
+    eager_attention.rule,
+    activations.rule,
+    fp32_activations.rule,
+    optimizer_state.rule,
+    sequence_parallel.rule,
+    leak.rule,
+    communication.rule,
+]

@@ -1,0 +1,1 @@
+"""The advisor's rules, one file each (``registry.RULES`` lists them in order)."""

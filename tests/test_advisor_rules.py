@@ -1,0 +1,210 @@
+"""Each advisor rule and the verdict on hand-built evidence: no profiling, milliseconds.
+The end-to-end tests that profile real loops are in ``test_advisor.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from swift_nb.analysis import advisor, effects
+from swift_nb.analysis.advisor import Evidence, Loader, Thresholds, bottleneck, registry
+from swift_nb.analysis.advisor.rules import (
+    activations,
+    communication,
+    data_loading,
+    eager_attention,
+    fp32_activations,
+    leak,
+    optimizer_state,
+    overhead,
+    sequence_parallel,
+)
+from swift_nb.analysis.findings import Finding
+from swift_nb.record import MEMORY_CATEGORIES
+
+MIB = 1 << 20
+TH = Thresholds()
+SHARES = dict.fromkeys(("data", "forward", "backward", "optimizer", "comm", "h2d", "other", "untraced"), 0.0)
+
+
+def _footprint(**at_peak: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"category": MEMORY_CATEGORIES, "at_peak_bytes": [at_peak.get(c, 0.0) for c in MEMORY_CATEGORIES]}
+    )
+
+
+def _evidence(**changes) -> Evidence:
+    """A 100 ms compute-bound step with 100 MiB at the peak, nothing remarkable."""
+    shares = {**SHARES, "forward": 0.3, "backward": 0.6, "optimizer": 0.1, **changes.pop("shares", {})}
+    fp = changes.pop("footprint", None)
+    if fp is None:
+        fp = _footprint(
+            parameters=30 * MIB,
+            gradients=30 * MIB,
+            optimizer_state=10 * MIB,
+            activations=25 * MIB,
+            other=5 * MIB,
+        )
+    base = dict(
+        step_s=0.1,
+        shares=shares,
+        ops_per_step=120.0,
+        median_op_us=400.0,
+        heavy_op_share=0.9,
+        attention_seq=0,
+        attention_shape=[],
+        attention_layers=0,
+        footprint=fp,
+        peak_bytes=float(fp["at_peak_bytes"].sum()),
+        limit_bytes=16 * 1024 * MIB,
+        growth_bytes_per_step=0.0,
+        growth_source="memory.csv",
+    )
+    base.update(changes)
+    return Evidence(**base)
+
+
+def test_a_plain_step_raises_nothing_and_is_compute_bound():
+    ev = _evidence()
+    assert advisor.findings(ev, TH, {}) == []
+    verdict = bottleneck(ev, TH)
+    assert verdict.kind == "compute-bound"
+    assert verdict.reason == "100.0 % of the step is forward, backward and optimizer work"
+
+
+def test_slow_loading_is_data_bound_with_the_workers_fix():
+    ev = _evidence(
+        shares={"data": 0.4, "forward": 0.2, "backward": 0.3},
+        loader=Loader(data_s=0.04, ops_s=0.01, samples=32, in_workers=False),
+    )
+    f = data_loading.rule(ev, TH, {})
+    assert f is not None and f.id == "data_loading"
+    assert f.title == "Data loading takes 40.0 % of each step: 40.0 ms per step"
+    assert "DataLoader(num_workers=4" in f.suggestion
+    assert f.predicted_effect.startswith("step time ≈ 0.0600 s (−40.0 %)")
+    assert bottleneck(ev, TH).kind == "data-bound"
+    # below the loader's fixed per-batch cost: a tiny step, not slow loading
+    tiny = _evidence(step_s=0.004, shares={"data": 0.4}, loader=Loader(data_s=0.0016, in_workers=False))
+    assert data_loading.rule(tiny, TH, {}) is None
+    assert overhead.rule(tiny, TH, {}).title.startswith("The step is tiny: 4.0 ms per step")
+    assert bottleneck(tiny, TH).kind == "overhead-bound"
+
+
+def test_many_tiny_ops_are_overhead():
+    ev = _evidence(ops_per_step=900.0, median_op_us=8.0, heavy_op_share=0.2)
+    f = overhead.rule(ev, TH, {})
+    assert f.title == "Many tiny operators: 900 per step, median 8.0 µs"
+    assert f.predicted_effect.startswith("up to −80.0 % step time")
+    assert "torch.compile(model)" in f.suggestion
+
+
+def test_eager_attention_without_allocations_estimates_the_scores():
+    shape = [8, 4, 2048, 2048]
+    ev = _evidence(attention_seq=2048, attention_shape=shape, attention_layers=2, attention_calls=2)
+    f = eager_attention.rule(ev, TH, {})
+    assert f.toggle == "flash_attention"
+    saved = effects.eager_score_bytes(shape, 2)
+    assert f.evidence["peak_saved_bytes"] == saved == 32 * 2048 * 2048 * 4 * 4
+    assert f.evidence["predicted_peak_bytes"] == max(0.0, ev.peak_bytes - saved)
+    assert f.severity == "warning"
+    assert eager_attention.rule(_evidence(attention_seq=512, attention_shape=[1, 512, 512]), TH, {}) is None
+
+
+def test_activations_predicts_checkpointing_from_the_blocks():
+    fp = _footprint(parameters=10 * MIB, activations=80 * MIB, other=10 * MIB)
+    ev = _evidence(footprint=fp, attention_calls=4)
+    f = activations.rule(ev, TH, {})
+    assert f.toggle == "grad_checkpointing"
+    assert f.evidence["blocks"] == 4
+    assert f.evidence["predicted_peak_bytes"] == effects.checkpointed_peak(100 * MIB, 80 * MIB, 4) == 40 * MIB
+    # the run's context says how many blocks when the trace does not
+    f = activations.rule(_evidence(footprint=fp), TH, {"n_layer": 8})
+    assert f.evidence["blocks_from"] == "run context n_layer"
+
+
+def test_fp32_activations_only_without_mixed_precision():
+    fp = _footprint(parameters=40 * MIB, activations=60 * MIB)
+    ev = _evidence(footprint=fp, matmul_types=frozenset({"float"}))
+    f = fp32_activations.rule(ev, TH, {})
+    assert f.toggle == "bf16_autocast"
+    assert f.evidence["predicted_peak_bytes"] == 70 * MIB
+    assert (
+        fp32_activations.rule(dataclasses.replace(ev, matmul_types=frozenset({"c10::BFloat16"})), TH, {})
+        is None
+    )
+    applied = {"toggles": [{"toggle": "bf16_autocast", "params": {}}]}
+    assert fp32_activations.rule(ev, TH, applied) is None
+
+
+def test_optimizer_state_names_galore_and_its_effect():
+    fp = _footprint(parameters=25 * MIB, optimizer_state=50 * MIB, activations=25 * MIB)
+    f = optimizer_state.rule(_evidence(footprint=fp), TH, {})
+    assert f.toggle == "galore"
+    ratio = effects.galore_square_ratio(25 * MIB / 4)
+    assert f.predicted_effect == f"optimizer state ≈ ×{ratio:.2f} for square d×d weights (rank 128)"
+    shapes = {"matrix_shapes": [[1024, 4096], [64, 64]]}
+    f = optimizer_state.rule(_evidence(footprint=fp), TH, shapes)
+    # the 64×64 matrix is below the rank: it keeps Adam's two moments
+    after = (2 * 128 * 4096 + 1024 * 128 + 2 * 64 * 64) * 4
+    assert f.predicted_effect.startswith("optimizer state of the 2-D weights ≈ ")
+    assert effects.galore_state({(1024, 4096): 1, (64, 64): 1}, 1024 * 4096 + 64 * 64).elements * 4 == after
+
+
+def test_sequence_parallel_needs_a_long_sequence_near_the_limit():
+    ev = _evidence(limit_bytes=110 * MIB)
+    assert sequence_parallel.rule(ev, TH, {"seq_len": 8192}).toggle == "sequence_parallel"
+    assert sequence_parallel.rule(ev, TH, {"seq_len": 1024}) is None
+    assert sequence_parallel.rule(_evidence(), TH, {"seq_len": 8192}) is None
+
+
+def test_leak_counts_the_steps_left():
+    ev = _evidence(growth_bytes_per_step=4 * MIB, limit_bytes=200 * MIB)
+    f = leak.rule(ev, TH, {})
+    assert f.predicted_effect == "out of memory after ≈ 25 more steps"
+    assert leak.rule(_evidence(growth_bytes_per_step=1024.0), TH, {}) is None
+
+
+def test_exposed_communication_is_communication_bound():
+    ev = _evidence(exposed_comm_share=0.5, collective_share=0.6, world_size=4, shares={"comm": 0.5})
+    f = communication.rule(ev, TH, {"params": 1_000_000, "dtype": "float32"})
+    assert f.evidence["gradient_bytes"] == 4_000_000
+    assert f.evidence["allreduce_wire_bytes_per_step"] == 2 * 0.75 * 4_000_000
+    assert f.severity == "critical"
+    assert bottleneck(ev, TH).kind == "communication-bound"
+
+
+def test_a_trainer_gets_its_settings():
+    trainer = {
+        "trainer": {
+            "framework": "transformers",
+            "class": "Trainer",
+            "variable": "trainer",
+            "arguments": {"dataloader_num_workers": 0},
+        }
+    }
+    ev = _evidence(shares={"data": 0.4}, loader=Loader(data_s=0.04, in_workers=False))
+    assert "set TrainingArguments(dataloader_num_workers=4" in data_loading.rule(ev, TH, trainer).suggestion
+
+
+def test_a_new_rule_is_one_file_and_one_line(monkeypatch):
+    """A rule added to the registry is run by the advisor with no other edit."""
+
+    def slow_step(ev: Evidence, th: Thresholds, context) -> Finding | None:
+        if ev.step_s < 0.05:
+            return None
+        return Finding(id="slow_step", title=f"{ev.step_s:g} s per step", evidence={}, suggestion="go faster")
+
+    monkeypatch.setattr(registry, "RULES", [*registry.RULES, slow_step])
+    monkeypatch.setattr(advisor, "RULES", registry.RULES)
+    assert [f.id for f in advisor.findings(_evidence(), TH, {})] == ["slow_step"]
+
+
+@pytest.mark.parametrize("kind_share", [0.0, 0.25])
+def test_verdict_reasons_quote_their_own_numbers(kind_share):
+    ev = _evidence(shares={"data": kind_share}, loader=Loader(data_s=kind_share * 0.1, in_workers=False))
+    v = bottleneck(ev, TH)
+    assert (v.kind == "data-bound") == (kind_share >= TH.data_share)
+    if v.kind == "data-bound":
+        assert v.reason.startswith("25.0 % of the step (25.0 ms per step) waits for the next batch")
