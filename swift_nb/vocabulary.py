@@ -96,7 +96,8 @@ class Entry:
     toggle that applies it (None: the forecast alone knows it); ``forecast_error_pct``: how
     far off (± %) a forecast with this toggle may be beyond the base error; ``processes``:
     the parameter that sets how many worker processes a rerun with it launches (one per
-    rank), when it needs several; ``process_choices``: the counts a menu offers."""
+    rank), when it needs several; ``process_choices``: the counts a menu offers;
+    ``label_params``: parameters a forecast's label names even at their default."""
 
     id: str
     title: str
@@ -107,6 +108,7 @@ class Entry:
     implementation: str | None = None
     forecast_error_pct: float = 0.0
     processes: str | None = None
+    label_params: tuple[str, ...] = ()
     process_choices: tuple[int, ...] = (2, 4, 8)
 
     @property
@@ -198,6 +200,7 @@ TOGGLES: dict[str, Entry] = {
             help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
             metavar="rank=R,gap=G,scale=S,proj_type=std,target=REGEX",
             implementation="swift_nb.toggles.galore:GaLore",
+            label_params=("rank",),
         ),
         Entry(
             "sequence_parallel",
@@ -233,6 +236,7 @@ TOGGLES: dict[str, Entry] = {
             metavar="sp_size=2,sp_mode=ulysses|ring,ring_chunk_size=N",
             implementation="swift_nb.toggles.sequence_parallel:SequenceParallel",
             processes="sp_size",
+            label_params=("sp_size",),
             forecast_error_pct=10.0,  # communication buffers and the attention's own layout
         ),
         Entry(
@@ -256,6 +260,7 @@ TOGGLES: dict[str, Entry] = {
                 ),
             ),
             forecast_error_pct=5.0,  # gathered and bucketed copies
+            label_params=("stage",),
         ),
         Entry("fsdp", "FSDP", forecast_error_pct=10.0),
     )

@@ -278,8 +278,12 @@ def test_errors_say_what_to_do(adam):
     assert "got 'flash_attn'" in str(e.value)
     with pytest.raises(ConfigError, match="batch_size must be a whole number of at least 1"):
         forecast(adam, batch_size=0)
-    with pytest.raises(ConfigError, match="toggle galore takes rank"):
-        parse_toggles(["galore:gap=2"])
+    with pytest.raises(ConfigError, match="galore rank must be ≥ 1; got 0"):
+        parse_toggles(["galore:rank=0"])
+    with pytest.raises(
+        ConfigError, match=r"galore depth is not a parameter of galore \(known: rank, update_proj_gap"
+    ):
+        parse_toggles(["galore:depth=2"])
     with pytest.raises(ConfigError, match="dtype must be one of"):
         forecast(adam, dtype="int8")
     with pytest.raises(ConfigError, match="optimizer must be one of"):
@@ -319,9 +323,16 @@ def test_spec_line_of_the_magic(adam):
         parse_forecast_spec("T4 batch=0")
 
 
-def test_spec_with_galore_gap_is_refused_by_the_toggle_parameters():
-    with pytest.raises(ConfigError, match="toggle galore takes rank"):
-        parse_forecast_spec("T4 toggles=galore:rank=64,gap=9")
+def test_spec_takes_every_parameter_the_toggle_takes():
+    """One vocabulary: what --galore and --compare take, a forecast's spec takes too."""
+    spec = parse_forecast_spec("T4 toggles=galore:rank=64,gap=9,flash_attention")
+    assert spec["toggles"] == ("galore:rank=64,gap=9", "flash_attention")
+    parsed = parse_toggles(spec["toggles"])
+    assert parsed["galore"]["rank"] == 64 and parsed["galore"]["update_proj_gap"] == 9
+    assert parse_toggles("galore(rank=32),grad_checkpointing(n=2)") == {
+        "galore": {**parse_toggles("galore")["galore"], "rank": 32},
+        "grad_checkpointing": {"every_n": 2},
+    }
 
 
 def test_text_html_and_table_say_the_numbers(adam):

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
-from swift_nb.analysis.effects import checkpointed_peak
+from swift_nb.analysis.effects import toggle_peak
 from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.record import MEMORY_CATEGORIES, Run
@@ -85,24 +85,12 @@ def _rank_columns(run: Run) -> dict[str, float]:
 
 def predicted_peak(base: dict, toggle: str, details: dict, findings: Sequence[Finding]) -> float | None:
     """Peak tensor bytes the baseline would have with ``toggle`` alone, or None when its
-    numbers do not tell. ``base``: the baseline's row; ``details``: the toggle's report
-    details in the variant's run; ``findings``: the baseline's, whose evidence says what
-    the advisor measured (the peak without score-sized tensors, the repeated blocks)."""
+    numbers do not tell (``effects.toggle_peak``). ``base``: the baseline's row; ``details``:
+    the toggle's report details in the variant's run; ``findings``: the baseline's."""
     peak = base.get("peak_mem_bytes")
     if not peak or not np.isfinite(peak):
         return None
-    act = base.get("activations_bytes") or 0.0
-    evidence = {f.id: f.evidence for f in findings}
-    if toggle == "galore" and "optimizer_state_bytes_after" in details:
-        return peak - (base.get("optimizer_state_bytes") or 0.0) + details["optimizer_state_bytes_after"]
-    if toggle == "grad_checkpointing" and details.get("checkpointed_blocks"):
-        checkpointed = int(details["checkpointed_blocks"])
-        # the trace's count of blocks where the advisor has one: the toggle may skip some (every_n)
-        blocks = int(evidence.get("activations", {}).get("blocks") or checkpointed)
-        return checkpointed_peak(peak, act, max(blocks, checkpointed), checkpointed)
-    if toggle == "flash_attention" and "peak_saved_bytes" in evidence.get("eager_attention", {}):
-        return peak - evidence["eager_attention"]["peak_saved_bytes"]
-    return None
+    return toggle_peak(toggle, peak, base, details, {f.id: f.evidence for f in findings})
 
 
 def compare_runs(

@@ -10,11 +10,12 @@ its own business. Torch-free.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from swift_nb import vocabulary
+from swift_nb.units import fmt_bytes
 
 # -- optimizer state -----------------------------------------------------------------------
 
@@ -174,3 +175,174 @@ def autocast_weight_copies(fp32_parameter_bytes: float) -> float:
 def sequence_parallel_activations(activations: float, sp_size: int) -> float:
     """Activations per rank when the sequence is split over ``sp_size`` ranks: A / P."""
     return activations / max(1, sp_size)
+
+
+# -- a measured run with one toggle -------------------------------------------------------
+
+
+def toggle_peak(
+    toggle: str,
+    peak: float,
+    categories: Mapping[str, Any],
+    details: Mapping[str, Any],
+    evidence: Mapping[str, Mapping[str, Any]],
+) -> float | None:
+    """The peak tensor bytes a measured run would have with ``toggle`` alone, or None when
+    the numbers do not tell. ``categories``: its ``<category>_bytes`` at the peak;
+    ``details``: what the toggle reported applying it (``ToggleReport.details``);
+    ``evidence``: the run's advisor findings' evidence by finding id (the peak without
+    score-sized tensors, the repeated blocks)."""
+    act = categories.get("activations_bytes") or 0.0
+    if toggle == "galore" and "optimizer_state_bytes_after" in details:
+        return (
+            peak - (categories.get("optimizer_state_bytes") or 0.0) + details["optimizer_state_bytes_after"]
+        )
+    if toggle == "grad_checkpointing" and details.get("checkpointed_blocks"):
+        checkpointed = int(details["checkpointed_blocks"])
+        # the trace's count of blocks where the advisor has one: the toggle may skip some (every_n)
+        blocks = int(evidence.get("activations", {}).get("blocks") or checkpointed)
+        return checkpointed_peak(peak, act, max(blocks, checkpointed), checkpointed)
+    if toggle == "flash_attention" and "peak_saved_bytes" in evidence.get("eager_attention", {}):
+        return peak - evidence["eager_attention"]["peak_saved_bytes"]
+    return None
+
+
+# -- a step that did not fit ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepFix:
+    """A toggle (or two, comma-separated) applied to a step's need: its activations and
+    optimizer-state bytes with it, what it changes in words, and the formula."""
+
+    toggles: str
+    change: str
+    activations: float
+    state: float
+    formula: str
+
+
+def step_fixes(
+    activations: float,
+    scores: float,
+    blocks: int | None,
+    fp32_activations: bool,
+    state: float,
+    parameters: float,
+    optimizer: str | None,
+) -> list[StepFix]:
+    """The toggles that would shrink a step needing ``activations`` (``scores`` of them
+    [.., T, T]) over ``blocks`` repeated blocks and ``state`` optimizer-state bytes for
+    ``parameters`` parameter bytes, each with what it leaves. Checkpointing keeps the
+    blocks' inputs, taken here as one block's activations each (their width is unknown)."""
+    out = []
+    flash = without_scores(activations, scores)
+    if scores > 0:
+        out.append(
+            StepFix(
+                "flash_attention",
+                "FlashAttention (fused attention: no T×T scores kept)",
+                flash,
+                state,
+                f"activations − the [.., T, T] scores ({fmt_bytes(scores)})",
+            )
+        )
+    if blocks:
+        kept = checkpointing(activations, blocks).activations + activations / blocks
+        formula = f"activations × 2/{blocks}: one block's kept, and each block's input"
+        out.append(StepFix("grad_checkpointing", "gradient checkpointing", kept, state, formula))
+        if scores > 0:
+            both = checkpointing(flash, blocks).activations + flash / blocks
+            out.append(
+                StepFix(
+                    "flash_attention,grad_checkpointing",
+                    "FlashAttention and gradient checkpointing",
+                    both,
+                    state,
+                    f"(activations − scores) × 2/{blocks}",
+                )
+            )
+    if fp32_activations:
+        out.append(
+            StepFix(
+                "bf16_autocast",
+                "bf16 autocast",
+                autocast_activations(activations),
+                state,
+                "fp32 activations × ½",
+            )
+        )
+    if state > 0 and optimizer in ADAM_LIKE:  # GaLore replaces Adam and AdamW
+        ratio = galore_square_ratio(parameters / 4)
+        out.append(
+            StepFix(
+                "galore",
+                "GaLore (low-rank optimizer state)",
+                activations,
+                state * ratio,
+                f"optimizer state × {ratio:.2f} (rank {GALORE_RANK} on square d×d weights, d = √parameters)",
+            )
+        )
+    return out
+
+
+# -- a configuration's toggles -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A configuration's toggles (``{id: parameters}``, as ``swift_nb.vocabulary`` parses
+    them) as the memory formulas ask about them. ``measured``: the toggles the measured run
+    had already, whose effect is in its numbers and is not applied twice."""
+
+    toggles: Mapping[str, Mapping[str, Any]]
+    measured: Collection[str] = ()
+
+    def _new(self, toggle_id: str) -> bool:
+        return toggle_id in self.toggles and toggle_id not in self.measured
+
+    @property
+    def fused_attention(self) -> bool:
+        """No [.., T, T] tensors (FlashAttention)."""
+        return "flash_attention" in self.toggles
+
+    @property
+    def galore_rank(self) -> int | None:
+        """GaLore's rank, when it replaces the optimizer."""
+        return int(self.toggles["galore"]["rank"]) if "galore" in self.toggles else None
+
+    @property
+    def checkpointing(self) -> bool:
+        return "grad_checkpointing" in self.toggles
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """Every how many blocks one is checkpointed, when checkpointing is new."""
+        return int(self.toggles["grad_checkpointing"]["every_n"]) if self._new("grad_checkpointing") else None
+
+    @property
+    def autocast(self) -> bool:
+        """Activations in bf16 under autocast (new or measured)."""
+        return "bf16_autocast" in self.toggles
+
+    @property
+    def new_autocast(self) -> bool:
+        return self._new("bf16_autocast")
+
+    @property
+    def sp_size(self) -> int:
+        """Ranks the sequence is split over (1: none)."""
+        return int(self.toggles.get("sequence_parallel", {}).get("sp_size", 1))
+
+    @property
+    def shard_stage(self) -> int:
+        """ZeRO's stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (FSDP:
+        3); 0 when nothing is sharded."""
+        if "fsdp" in self.toggles:
+            return 3
+        return int(self.toggles.get("zero", {}).get("stage", 0))
+
+    def shards(self, world_size: int) -> tuple[int, int, int]:
+        """How many ways parameters, gradients and optimizer state are split."""
+        n, stage = world_size, self.shard_stage
+        return (n if stage >= 3 else 1, n if stage >= 2 else 1, n if stage >= 1 else 1)

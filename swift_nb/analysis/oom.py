@@ -122,57 +122,12 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
             f"; room = ({fmt_bytes(oom.capacity_bytes)} capacity − {fmt_bytes(oom.outside_tensors_bytes or 0)} "
             f"not in tensors) × {1 - MARGIN:g}"
         )
-    candidates: list[tuple[str | None, str, float, str]] = []
-    if square > 0:
-        candidates.append(
-            (
-                "flash_attention",
-                "FlashAttention (fused attention: no T×T scores kept)",
-                need(effects.without_scores(act, square)),
-                f"activations − the [.., T, T] scores ({fmt_bytes(square)})",
-            )
+    candidates: list[tuple[str | None, str, float, str]] = [
+        (fix.toggles, fix.change, need(fix.activations, fix.state), fix.formula)
+        for fix in effects.step_fixes(
+            act, square, oom.blocks, _fp32_activations(oom), full_state, params, optimizer
         )
-    if oom.blocks:
-        # the blocks' inputs, which checkpointing keeps: taken as one block's activations
-        ckpt = effects.checkpointing(act, oom.blocks).activations + act / oom.blocks
-        candidates.append(
-            (
-                "grad_checkpointing",
-                "gradient checkpointing",
-                need(ckpt),
-                f"activations × 2/{oom.blocks}: one block's kept, and each block's input",
-            )
-        )
-        if square > 0:
-            flash = effects.without_scores(act, square)
-            both = effects.checkpointing(flash, oom.blocks).activations + flash / oom.blocks
-            candidates.append(
-                (
-                    "flash_attention,grad_checkpointing",
-                    "FlashAttention and gradient checkpointing",
-                    need(both),
-                    f"(activations − scores) × 2/{oom.blocks}",
-                )
-            )
-    if _fp32_activations(oom):
-        candidates.append(
-            (
-                "bf16_autocast",
-                "bf16 autocast",
-                need(effects.autocast_activations(act)),
-                "fp32 activations × ½",
-            )
-        )
-    if full_state > 0 and optimizer in effects.ADAM_LIKE:  # GaLore replaces Adam and AdamW
-        ratio = effects.galore_square_ratio(params / 4)
-        candidates.append(
-            (
-                "galore",
-                "GaLore (low-rank optimizer state)",
-                need(act, full_state * ratio),
-                f"optimizer state × {ratio:.2f} (rank {effects.GALORE_RANK} on square d×d weights, d = √parameters)",
-            )
-        )
+    ]
     candidates.append((None, "half the batch size", need(act / 2), "activations × ½"))
     fixes = [Fix(t, change, int(n), room is not None and n <= room, f) for t, change, n, f in candidates]
     fixes.sort(key=lambda f: (not f.fits, f.need_bytes))

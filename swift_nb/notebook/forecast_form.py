@@ -11,12 +11,13 @@ from html import escape
 
 import ipywidgets as widgets
 
+from swift_nb import vocabulary
 from swift_nb.analysis.forecast import DEVICES, OPTIMIZERS, Forecast, Measured, forecast, measure
+from swift_nb.devices import DEFAULT_DEVICE
 from swift_nb.errors import ConfigError
 from swift_nb.record import Run
 from swift_nb.render.forecast import forecast_section
 
-TOGGLE_CHOICES = ("flash_attention", "grad_checkpointing", "galore", "bf16_autocast", "sequence_parallel")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -33,7 +34,7 @@ class ForecastForm:
         self._measured: Measured | None = None
         self.forecasts: list[Forecast] = []
         ctx = run.context
-        self.device = widgets.Dropdown(options=list(DEVICES), value="H100-80GB", description="device")
+        self.device = widgets.Dropdown(options=list(DEVICES), value=DEFAULT_DEVICE, description="device")
         # 0: the run's own batch or sequence length (measured from the trace on the first press)
         self.batch = widgets.BoundedIntText(
             value=int(ctx.get("batch_size") or 0), min=0, max=1 << 20, description="batch"
@@ -51,9 +52,9 @@ class ForecastForm:
             value=optimizer if optimizer in OPTIMIZERS else None,
             description="optimizer",
         )
-        self.toggles = widgets.SelectMultiple(
-            options=TOGGLE_CHOICES, rows=len(TOGGLE_CHOICES), description="toggles"
-        )
+        # every toggle of the vocabulary: a forecast prices the sharding ones too
+        choices = tuple(vocabulary.TOGGLES)
+        self.toggles = widgets.SelectMultiple(options=choices, rows=len(choices), description="toggles")
         self.world = widgets.BoundedIntText(value=1, min=1, max=1 << 16, description="ranks")
         self.button = widgets.Button(description="Forecast", button_style="primary")
         self.clear = widgets.Button(description="Clear")

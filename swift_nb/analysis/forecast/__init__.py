@@ -29,9 +29,9 @@ the [.., T, T] tensors are found by ``swift_nb.analysis.scores``; the HTML of a 
 is ``swift_nb.render.forecast``'s.
 """
 
+from swift_nb.analysis.effects import OPTIMIZERS
 from swift_nb.analysis.forecast.measure import PARTS, Measured, ScoreBytes, measure
 from swift_nb.analysis.forecast.predict import forecast
-from swift_nb.analysis.forecast.pricing import OPTIMIZERS
 from swift_nb.analysis.forecast.result import Forecast
 from swift_nb.analysis.forecast.spec import parse_forecast_spec, parse_toggles
 from swift_nb.devices import DEVICES, resolve_device

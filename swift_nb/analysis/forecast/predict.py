@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from swift_nb import vocabulary
+from swift_nb.analysis.effects import OPTIMIZERS, Applied
 from swift_nb.analysis.forecast.growth import growth
 from swift_nb.analysis.forecast.measure import Measured, measure
-from swift_nb.analysis.forecast.pricing import OPTIMIZERS, CategoryPricer
+from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
-from swift_nb.analysis.forecast.spec import ERROR_ADDED_PCT, dtype_name, parse_toggles, toggle_label
+from swift_nb.analysis.forecast.spec import dtype_name, parse_toggles, toggle_label
 from swift_nb.devices import DEFAULT_DEVICE, Device, resolve_device
 from swift_nb.errors import ConfigError
 from swift_nb.record import Run
@@ -25,7 +27,7 @@ from swift_nb.units import fmt_bytes
 #: dtype or optimizer came within 0.5 % of the measured peak in benchmarks/forecast.py
 #: (four models on CPU, 4× the batch, 2× the sequence, bf16, SGD); 5 % leaves room for what a
 #: CPU run does not show (the CUDA allocator's 512-byte rounding, cuBLAS and cuDNN
-#: workspaces). Each toggle adds its ``spec.ERROR_ADDED_PCT``.
+#: workspaces). Each toggle adds its vocabulary entry's ``forecast_error_pct``.
 ERROR_BASE_PCT = 5.0
 ERROR_NO_TRACE_PCT = 10.0  # [.., T, T] tensors unseen: a longer sequence scaled linearly
 ERROR_FAR_PCT = 5.0  # more than 16× the run's tokens per step
@@ -85,14 +87,15 @@ def _config(
     """The configuration to price: the arguments given, the run's own for the rest; checks
     what the toggles need of it."""
     world = world_size or m.world_size
-    if ("zero" in wanted or "fsdp" in wanted) and world < 2:
-        raise ConfigError("world_size", "must be at least 2 to shard with zero or fsdp", world)
-    if "grad_checkpointing" in wanted and m.blocks < 1:
+    applied = Applied(wanted)
+    if applied.shard_stage and world < 2:
+        raise ConfigError("world_size", f"must be at least 2 to shard with {', '.join(wanted)}", world)
+    if applied.checkpointing and m.blocks < 1:
         raise ConfigError(
             "toggles",
-            "grad_checkpointing needs the number of repeated blocks, and the trace shows no attention layers: "
-            "profile with context={'n_layer': L}",
-            "grad_checkpointing",
+            "gradient checkpointing needs the number of repeated blocks, and the trace shows no attention "
+            "layers: profile with context={'n_layer': L}",
+            ",".join(wanted),
         )
     return Config(
         batch_size=batch_size or m.batch_size or 1,
@@ -220,10 +223,19 @@ def _expected_error(m: Measured, cal: Measured | None, cfg: Config) -> tuple[flo
         "allocator's rounding and library workspaces; parameters, gradients and optimizer state are exact, "
         "activations extrapolated."
     )
-    added = {t: ERROR_ADDED_PCT[t] for t in cfg.toggles if t in ERROR_ADDED_PCT and t not in m.toggles}
+    added = {
+        t: vocabulary.TOGGLES[t].forecast_error_pct
+        for t in cfg.toggles
+        if vocabulary.TOGGLES[t].forecast_error_pct and t not in m.toggles
+    }
     b0, t0 = m.shape
     stretch = (cfg.batch_size * (cfg.seq_len if m.seq_len else 1)) / (b0 * t0)
-    if not m.traced and cal is None and (cfg.seq_len != t0 or "flash_attention" in cfg.toggles) and m.seq_len:
+    if (
+        not m.traced
+        and cal is None
+        and (cfg.seq_len != t0 or Applied(cfg.toggles).fused_attention)
+        and m.seq_len
+    ):
         added["no allocations in the trace"] = ERROR_NO_TRACE_PCT
     if stretch > 16:
         added[f"{stretch:.0f}× the run's tokens per step"] = ERROR_FAR_PCT

@@ -7,11 +7,11 @@ by how they grow; then the measured step's timeline scaled point by point for it
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
-from swift_nb.analysis.effects import checkpointed_peak
+from swift_nb.analysis import effects
+from swift_nb.analysis.effects import ADAM_LIKE, OPTIMIZERS, Applied
 from swift_nb.analysis.forecast.growth import Growth
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.result import Config, Peak
@@ -19,28 +19,6 @@ from swift_nb.analysis.forecast.spec import DTYPE_BYTES
 from swift_nb.errors import ConfigError
 from swift_nb.record import MEMORY_CATEGORIES
 from swift_nb.units import fmt_bytes
-
-
-class OptimizerState(NamedTuple):
-    """Per parameter element: ``states`` tensors, each element ``element_bytes`` (None:
-    as the parameters'); ``factored``: Adafactor's row and column second moments."""
-
-    states: int
-    element_bytes: int | None = None
-    factored: bool = False
-
-
-#: Optimizer classes by name (``run.context["optimizer"]``); a run that used SGD says itself
-#: whether it kept momentum (its measured state), any other is taken with momentum.
-OPTIMIZERS: dict[str, OptimizerState] = {
-    **dict.fromkeys(
-        ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "GaLoreAdamW", "Adadelta"), OptimizerState(2)
-    ),
-    **dict.fromkeys(("SGD", "RMSprop", "Adagrad"), OptimizerState(1)),
-    **dict.fromkeys(("Adam8bit", "AdamW8bit", "PagedAdam8bit", "PagedAdamW8bit"), OptimizerState(2, 1)),
-    "Adafactor": OptimizerState(1, None, factored=True),
-}
-ADAM_LIKE = ("Adam", "AdamW", "GaLoreAdamW")
 
 
 def _n(x: float) -> str:
@@ -95,8 +73,9 @@ class CategoryPricer:
         measured = m.categories["optimizer_state"]
         run_states = self._run_states()
         extra = max(0.0, measured - run_states * m.params * self._state_bytes(m.optimizer, m.element_bytes))
-        if "galore" in cfg.toggles:
-            elems, text = self._galore(cfg.toggles["galore"]["rank"])
+        rank = Applied(cfg.toggles).galore_rank
+        if rank is not None:
+            elems, text = self._galore(rank)
         elif name == m.optimizer or name is None:
             ratio = self._state_bytes(name, e) / self._state_bytes(name, m.element_bytes)
             value = measured * ratio / shard
@@ -174,17 +153,16 @@ class CategoryPricer:
         m = self.m
         if (m.optimizer or "Adam") not in ADAM_LIKE:
             raise ConfigError(
-                "toggles", f"galore replaces Adam/AdamW; this run's optimizer is {m.optimizer}", "galore"
+                "toggles",
+                f"galore replaces Adam/AdamW; this run's optimizer is {m.optimizer}",
+                f"galore:rank={rank}",
             )
         shapes, how = self._shapes()
-        projected = {s: k for s, k in shapes.items() if min(s) > rank}
-        in_projected = sum(a * b * k for (a, b), k in projected.items())
-        low_rank = sum((2 * rank * max(a, b) + min(a, b) * rank) * k for (a, b), k in projected.items())
-        full = 2 * (m.params - in_projected)
-        return low_rank + full, (
-            f"optimizer state: GaLore rank {rank} on {sum(projected.values())} weight matrices {how}: "
-            f"Σ (2·r·n + m·r) = {_n(low_rank)} elements instead of 2·m·n = {_n(2 * in_projected)}, "
-            f"+ 2 × {_n(m.params - in_projected)} other parameters = {_n(low_rank + full)} elements"
+        g = effects.galore_state(shapes, m.params, rank)
+        return g.elements, (
+            f"optimizer state: GaLore rank {rank} on {g.projected} weight matrices {how}: "
+            f"Σ (2·r·n + m·r) = {_n(g.low_rank)} elements instead of 2·m·n = {_n(2 * g.projected_params)}, "
+            f"+ 2 × {_n(m.params - g.projected_params)} other parameters = {_n(g.elements)} elements"
         )
 
     # activations and other -----------------------------------------------------------
@@ -196,7 +174,7 @@ class CategoryPricer:
         g, m = self.grow[cat], self.m
         b0, t0 = m.shape
         b, t = cfg.batch_size, (cfg.seq_len if m.seq_len else 1)
-        flash = "flash_attention" in cfg.toggles
+        flash = Applied(cfg.toggles).fused_attention
         per_sample, batch_free = m.scores.of(cat)
         rest = max(0.0, m.categories[cat] - per_sample - batch_free)
         constant, tokens, scores, masks = g.parts(b, t)
@@ -239,15 +217,15 @@ class CategoryPricer:
         if ratio != 1:
             mult *= ratio
             text += f"; × {ratio:g} for {cfg.dtype} tensors"
-        if "bf16_autocast" in cfg.toggles and "bf16_autocast" not in m.toggles and cfg.dtype == "float32":
-            mult *= 0.5
+        applied = Applied(cfg.toggles, m.toggles)
+        if applied.new_autocast and cfg.dtype == "float32":
+            mult = effects.autocast_activations(mult)
             text += (
                 "; × ½ under bf16 autocast (it keeps softmax and norms in fp32 on some devices: expect more)"
             )
-        if "sequence_parallel" in cfg.toggles:
-            sp = cfg.toggles["sequence_parallel"]["sp_size"]
-            mult /= sp
-            text += f"; ÷ {sp} ranks of sequence parallelism"
+        if applied.sp_size > 1:
+            mult = effects.sequence_parallel_activations(mult, applied.sp_size)
+            text += f"; ÷ {applied.sp_size} ranks of sequence parallelism"
         return mult, text
 
     # the step ------------------------------------------------------------------------
@@ -292,22 +270,22 @@ class CategoryPricer:
         of the block backward recomputes (made after backward began, so counted as other),
         and the line."""
         m = self.m
-        if "grad_checkpointing" not in cfg.toggles or "grad_checkpointing" in m.toggles or not act:
+        applied = Applied(cfg.toggles, m.toggles)
+        every = applied.checkpoint_every
+        if every is None or not act:
             return 1.0, 0.0, line
-        every = cfg.toggles["grad_checkpointing"]["every_n"]
         blocks = m.blocks
-        checkpointed = math.ceil(blocks / every)
-        recomputed = act / blocks
-        kept = checkpointed_peak(act, act, blocks, checkpointed) - recomputed
+        checkpointed = effects.every_nth(blocks, every)
+        ckpt = effects.checkpointing(act, blocks, checkpointed)
+        recomputed, kept = ckpt.recomputed, ckpt.kept
         text = (
             f"; {checkpointed} of {blocks} blocks ({m.blocks_from}) checkpointed keep A − A·{checkpointed}/{blocks}"
             f" = {fmt_bytes(kept)}"
         )
         if m.hidden:
-            e = 2 if "bf16_autocast" in cfg.toggles else DTYPE_BYTES[cfg.dtype]
+            e = 2 if applied.autocast else DTYPE_BYTES[cfg.dtype]
             t = cfg.seq_len if m.seq_len else 1
-            sp = cfg.toggles.get("sequence_parallel", {}).get("sp_size", 1)
-            boundary = checkpointed * cfg.batch_size * t * m.hidden * e / sp
+            boundary = checkpointed * cfg.batch_size * t * m.hidden * e / applied.sp_size
             kept += boundary
             text += f" + their inputs ({checkpointed} × B·T·{m.hidden} × {e} B = {fmt_bytes(boundary)})"
         text += (
@@ -326,8 +304,8 @@ class CategoryPricer:
                 f"untracked: the measured peak held {fmt_bytes(m.untracked_bytes)} more than its categories (tensors "
                 "made before the recording began: buffers, caches, the batch), kept as measured"
             )
-        if "bf16_autocast" in cfg.toggles and "bf16_autocast" not in m.toggles and cfg.dtype == "float32":
-            copies = params * cfg.shards[0] / 2
+        if Applied(cfg.toggles, m.toggles).new_autocast and cfg.dtype == "float32":
+            copies = effects.autocast_weight_copies(params * cfg.shards[0])
             extra += copies
             lines.append(
                 f"bf16 autocast: bf16 copies of the weights that matmuls keep for backward, P × 2 B = {fmt_bytes(copies)}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from swift_nb.analysis.effects import Applied
 from swift_nb.record import MEMORY_CATEGORIES
 from swift_nb.units import fmt_bytes
 
@@ -32,9 +33,7 @@ class Config:
     @property
     def shards(self) -> tuple[int, int, int]:
         """How many ways parameters, gradients and optimizer state are split."""
-        n = self.world_size
-        stage = 3 if "fsdp" in self.toggles else self.toggles.get("zero", {}).get("stage", 0)
-        return (n if stage >= 3 else 1, n if stage >= 2 else 1, n if stage >= 1 else 1)
+        return Applied(self.toggles).shards(self.world_size)
 
 
 @dataclass
