@@ -1,0 +1,105 @@
+"""The names of a run folder's files and the columns of its tables: the on-disk contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+DEFAULT_KEEP = 20
+ENV_DIR = "SWIFT_NB_DIR"
+ENV_KEEP = "SWIFT_NB_KEEP"
+RUN_FILE = "run.json"
+STEPS_FILE = "steps.csv"
+SAMPLES_FILE = "samples.csv"
+MEMORY_FILE = "memory.csv"
+TRACE_FILE = "trace.json.gz"
+RANKS_FILE = "ranks.csv"
+RANK_STEPS_FILE = "rank_steps.csv"
+RANK_SAMPLES_FILE = "rank_samples.csv"
+PIN_FILE = "PINNED"
+REPORT_FILE = "report.html"
+COMPARE_FILE = "compare.html"
+TABLES_SUFFIX = ".tables.npz"  # a trace's cached tables, beside it (see tables_path)
+
+
+def rank_trace_file(rank: int) -> str:
+    """The trace of ``rank`` in a job folder (``trace.rank<R>.json.gz``, rank 0 too)."""
+    return f"trace.rank{rank}.json.gz"
+
+
+def rank_folder(job: Path, rank: int) -> Path:
+    """Where ``rank`` of a job keeps its own record, inside the job folder."""
+    return Path(job) / f"rank{rank}"
+
+
+def tables_path(trace_path: Path) -> Path:
+    """Where a trace's tables are cached: ``trace.json.gz`` → ``trace.tables.npz``,
+    ``trace.rank3.json.gz`` → ``trace.rank3.tables.npz``."""
+    trace_path = Path(trace_path)
+    return trace_path.with_name(trace_path.name.removesuffix(".json.gz") + TABLES_SUFFIX)
+
+
+#: ok: ended normally; failed: the code raised; interrupted: Ctrl-C / the kernel's stop;
+#: terminated: SIGTERM or SIGHUP (a scheduler, `timeout`, a shutdown), saved in full;
+#: crashed: the process died while running (SIGKILL, OOM killer, power loss) — the record
+#: holds what was flushed until then; running: still being written by a live process.
+STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "crashed")
+
+# steps.csv columns. Times in seconds from the run's start (perf_counter clock), bytes.
+#   step: 0-based step index; start_s/end_s/duration_s: the step's span;
+#   phase: profiler schedule action for the step (none|wait|warmup|active);
+#   trigger: what ended the step (optimizer|explicit|end; trace: a step imported from a
+#     trace, its profiler's ProfilerStep#N span — swift_nb.importer);
+#   overhead_s: time swift_nb's own step hook took at the boundary that began the step
+#     (not part of duration_s; the profiler's trace export shows up here);
+#   peak_tensor_bytes: peak bytes held by tensors during the step — CUDA: the caching
+#     allocator's max_memory_allocated (every step); CPU: resident optimizer state
+#     (params, grads, optimizer state) at the step's start plus the highest rise of the
+#     profiler's allocation counter within the step (steps the profiler recorded; empty
+#     elsewhere);
+#   reserved_bytes: CUDA allocator reserved bytes at the step's end;
+#   rss_bytes: process resident set size at the step's end;
+#   parameters_bytes … other_bytes (recorded steps, with memory profiling): tensor bytes of
+#     each category at the step's peak (see memory.csv).
+STEP_COLUMNS = [
+    "step",
+    "start_s",
+    "end_s",
+    "duration_s",
+    "phase",
+    "trigger",
+    "overhead_s",
+    "peak_tensor_bytes",
+    "reserved_bytes",
+    "rss_bytes",
+]
+
+# samples.csv columns. t_s: seconds from the run's start; kind: periodic|step;
+# step: the step in progress when sampled; cpu_pct: process CPU % (100 = one core);
+# rss_bytes: process RSS; sys_mem_used_bytes / sys_mem_pct: whole machine;
+# cuda{i}_allocated_bytes / cuda{i}_reserved_bytes: torch's caching allocator;
+# gpu{i}_util_pct, gpu{i}_mem_util_pct (memory controller), gpu{i}_mem_used_bytes,
+# gpu{i}_mem_total_bytes, gpu{i}_sm_clock_mhz, gpu{i}_temp_c, gpu{i}_power_w: NVML.
+SAMPLE_COLUMNS = [
+    "t_s",
+    "kind",
+    "step",
+    "rank",
+    "cpu_pct",
+    "rss_bytes",
+    "sys_mem_used_bytes",
+    "sys_mem_pct",
+]
+
+
+# memory.csv: tensor bytes by category over the recorded steps (see
+# swift_nb.capture.memory_categories): t_s (run clock), step, then one column per category.
+MEMORY_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "other"]
+MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
+
+#: the context's key for the training framework found around the loop (a Trainer or an
+#: Accelerator: ``swift_nb.capture.frameworks.detect``)
+TRAINER_KEY = "trainer"
+#: a Trainer's checkpointing switch, by the name transformers 5 gives it, then the older one
+#: (a deprecated alias since); the context records which the installed one has
+CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")

@@ -1,0 +1,146 @@
+"""Writing a run folder: where it goes, atomic writes, the summary."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.record.layout import (
+    DEFAULT_KEEP,
+    ENV_DIR,
+    ENV_KEEP,
+    MEMORY_FILE,
+    RUN_FILE,
+    SAMPLES_FILE,
+    STEPS_FILE,
+)
+from swift_nb.record.run import RANK_TABLES, Run
+
+
+def default_root() -> Path:
+    """Where run folders go: ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``."""
+    return Path(os.environ.get(ENV_DIR) or "swift_nb_runs")
+
+
+def default_keep() -> int:
+    raw = os.environ.get(ENV_KEEP)
+    if raw is None:
+        return DEFAULT_KEEP
+    try:
+        keep = int(raw)
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise ConfigError(ENV_KEEP, "must be a whole number of runs to keep, at least 1", raw)
+    return keep
+
+
+def ensure_writable(root: Path) -> Path:
+    """Create ``root`` if needed and prove it is writable; raise ``RunDirError`` if not."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise RunDirError(
+            f"swift_nb cannot write run records to {str(root)!r} ({e.strerror or e}). "
+            f"Pass a writable folder (out_dir=... or --out DIR) or set {ENV_DIR}."
+        ) from None
+    return root
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _frame_to_csv(df: pd.DataFrame) -> str:
+    buf = io.StringIO()
+    df.to_csv(buf, index=False)
+    return buf.getvalue()
+
+
+def save(run: Run, path: Path | str | None = None) -> Path:
+    """Write ``run`` into its folder (``path``, else ``run.path``) and return the folder."""
+    folder = Path(path) if path is not None else run.path
+    if folder is None:
+        raise ValueError("save() needs a folder: pass path=... or set run.path")
+    folder.mkdir(parents=True, exist_ok=True)
+    run.path = folder
+    run.files.setdefault("steps", STEPS_FILE)
+    run.files.setdefault("samples", SAMPLES_FILE)
+    atomic_write_text(folder / STEPS_FILE, _frame_to_csv(run.steps))
+    atomic_write_text(folder / SAMPLES_FILE, _frame_to_csv(run.samples))
+    if len(run.memory):
+        run.files.setdefault("memory", MEMORY_FILE)
+        atomic_write_text(folder / MEMORY_FILE, _frame_to_csv(run.memory))
+    for name, file in RANK_TABLES.items():
+        table = getattr(run, name)
+        if len(table):
+            run.files.setdefault(name, file)
+            atomic_write_text(folder / file, _frame_to_csv(table))
+    # run.json last: its presence means the tables it names are complete.
+    return save_meta(run)
+
+
+def save_meta(run: Run) -> Path:
+    """Write only ``run.json`` of a saved run (its tables stay as they are on disk: a
+    report must not rewrite, or invent, the tables it read)."""
+    if run.path is None:
+        raise ValueError("save_meta() needs a saved run (run.path is None)")
+    atomic_write_text(run.path / RUN_FILE, json.dumps(run.meta(), indent=2, default=str))
+    return run.path
+
+
+def _max_or_none(values: pd.Series) -> float | None:
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    return float(values.max()) if len(values) else None
+
+
+def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
+    """Headline metrics of a run from its tables (seconds, bytes, percent)."""
+    out: dict[str, Any] = {"steps": int((steps["trigger"] != "end").sum()) if len(steps) else 0}
+    dur = pd.to_numeric(steps["duration_s"], errors="coerce").dropna()
+    out["step_time_median_s"] = float(dur.median()) if len(dur) else None
+    out["step_time_p90_s"] = float(dur.quantile(0.9)) if len(dur) else None
+    total = float(dur.sum())
+    out["steps_per_s"] = out["steps"] / total if out["steps"] and total > 0 else None
+    out["peak_mem_bytes"] = _max_or_none(steps["peak_tensor_bytes"]) if len(steps) else None
+    rss = [_max_or_none(t["rss_bytes"]) for t in (steps, samples) if "rss_bytes" in t and len(t)]
+    out["peak_rss_bytes"] = max((r for r in rss if r is not None), default=None)
+    gpu_cols = [
+        c for c in samples.columns if c.startswith("gpu") and c.endswith("_util_pct") and "mem" not in c
+    ]
+    if gpu_cols:
+        util = samples[gpu_cols].apply(pd.to_numeric, errors="coerce").mean(axis=1).dropna()
+        out["util_source"] = "gpu"
+    elif "cpu_pct" in samples and len(samples):
+        util = pd.to_numeric(samples["cpu_pct"], errors="coerce").dropna()
+        out["util_source"] = "cpu"
+    else:
+        util = pd.Series(dtype="float64")
+        out["util_source"] = None
+    out["mean_util_pct"] = float(util.mean()) if len(util) else None
+    out["peak_util_pct"] = float(util.max()) if len(util) else None
+    return out
