@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Set up with the test extra, lint, type-check the public API, and run the whole test suite.
+# --fast runs only the tests not marked slow (no kernel, notebook, subprocess, process group,
+# browser or profiled training loop; see tests/README.md). Other arguments go to pytest:
+#   bash scripts/test.sh --fast tests/test_forecast.py -k spec
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+args=()
+for arg in "$@"; do
+  if [ "$arg" = "--fast" ]; then fast=1; else args+=("$arg"); fi
+done
 bash scripts/setup.sh test
 # The report test opens report.html in a real Chromium (Debian's package; Playwright drives
-# it, and Playwright's own browser download is not used).
-if ! command -v chromium >/dev/null 2>&1; then
+# it, and Playwright's own browser download is not used). The fast subset never opens it.
+if [ "$fast" = 0 ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
@@ -16,8 +24,9 @@ fi
 .venv/bin/ruff check swift_nb tests benchmarks
 # the public API's type hints (files listed in pyproject.toml's [tool.mypy])
 .venv/bin/mypy
+if [ "$fast" = 1 ]; then args=(-m "not slow" ${args[@]+"${args[@]}"}); fi
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest ${args[@]+"${args[@]}"}
 rc=$?
 set -e
 # pytest exits 5 when a selection collects no test: not a failure of the suite.

@@ -1,7 +1,10 @@
-"""Shared fixtures: tiny training loops, and one real IPython kernel for notebook tests."""
+"""Shared fixtures: tiny training loops, and one real IPython kernel for notebook tests; and
+the ``slow`` mark for tests that use a fixture starting a kernel, processes or a browser, or
+profiling a run (tests/README.md)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import queue
 import socket
@@ -26,6 +29,32 @@ def train(steps: int, model: torch.nn.Module | None = None, opt=None, batch: int
         opt.step()
         opt.zero_grad()
     return model
+
+
+#: Fixtures (``file::name``) that start a kernel, processes or a browser, or profile a real
+#: training loop: every test that uses one, directly or through another fixture, is slow.
+#: Modules whose tests are all slow say so once instead (``pytestmark = pytest.mark.slow``).
+SLOW_FIXTURES = {
+    "conftest.py::kernel": "a real IPython kernel",
+    "test_parallel_attention.py::pools": "gloo worker processes",
+    "test_report.py::browser": "Chromium",
+    "test_report.py::run": "profiles the demo GPT",
+    "test_analysis.py::gpt_run": "profiles the demo GPT",
+    "test_operators.py::gpt": "profiles the demo GPT",
+    "test_throughput.py::gpt": "profiles the demo GPT",
+    "test_damaged_records.py::recorded": "profiles a training loop",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        for name in item.fixturenames:
+            for fixture in info.name2fixturedefs.get(name, ()):
+                if f"{Path(inspect.getfile(fixture.func)).name}::{name}" in SLOW_FIXTURES:
+                    item.add_marker(pytest.mark.slow)
 
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"

@@ -20,6 +20,8 @@ from swift_nb.analysis.advisor import Thresholds, advise
 from swift_nb.analysis.ranks import per_rank
 from swift_nb.demo import make_model
 
+pytestmark = pytest.mark.slow  # profiles real workloads, DDP jobs over gloo among them
+
 WORKLOADS = Path(__file__).parent / "workloads"
 
 

@@ -3,12 +3,15 @@ model, where fp32 activations halve."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import swift_nb
 from swift_nb import demo
 from swift_nb.toggles import get
 from swift_nb.vocabulary import TOGGLES
+
+pytestmark = pytest.mark.slow  # profiles the demo model
 
 
 def test_applied_for_the_cell_and_undone():

@@ -24,6 +24,8 @@ import psutil
 import pytest
 from conftest import kernel_env, quickstart_steps
 
+pytestmark = pytest.mark.slow  # JupyterLab in Chromium
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "01_quickstart.ipynb"
 DOCS = ROOT / "docs"

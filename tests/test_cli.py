@@ -11,6 +11,8 @@ from conftest import train
 import swift_nb
 from swift_nb.cli import main
 
+pytestmark = pytest.mark.slow  # runs the command line in subprocesses on profiled runs
+
 
 def _cli(*args):
     return subprocess.run(

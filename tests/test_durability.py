@@ -14,6 +14,8 @@ import pytest
 
 import swift_nb
 
+pytestmark = pytest.mark.slow  # real processes and signals
+
 JOB = Path(__file__).parent / "workloads" / "durable_job.py"
 
 

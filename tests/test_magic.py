@@ -9,6 +9,8 @@ import pytest
 
 import swift_nb
 
+pytestmark = pytest.mark.slow  # a real kernel
+
 
 def _newest(root):
     table = swift_nb.runs(root)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import swift_nb
+
+pytestmark = pytest.mark.slow  # profiles a training loop
 
 
 def test_monitor_report(runs_dir):

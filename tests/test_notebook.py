@@ -20,6 +20,8 @@ from nbconvert import HTMLExporter
 
 import swift_nb
 
+pytestmark = pytest.mark.slow  # executes the quickstart notebook
+
 QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
 STEPS = quickstart_steps()  # its --steps hint, equal to its loader's length
 SCHEDULE = {"wait": 1, "warmup": 2, "active": 3}  # the magic's defaults

@@ -21,6 +21,8 @@ from swift_nb.capture.job import _worst
 from swift_nb.record import OutOfMemory, load_run, runs
 from swift_nb.render.oom import oom_text
 
+pytestmark = pytest.mark.slow  # real allocation failures in child processes
+
 WORKLOAD = Path(__file__).parent / "workloads" / "oom_job.py"
 MiB = 1 << 20
 

@@ -15,6 +15,8 @@ import swift_nb
 from swift_nb.capture.session import Session
 from swift_nb.options import ProfileOptions
 
+pytestmark = pytest.mark.slow  # profiles real training loops
+
 
 def test_plain_script_without_ipython(tmp_path):
     script = tmp_path / "train.py"

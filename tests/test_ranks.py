@@ -22,6 +22,8 @@ from swift_nb.analysis.ranks import per_rank
 from swift_nb.analysis.trace import load_trace_file
 from swift_nb.capture.job import RANK_COLUMNS
 
+pytestmark = pytest.mark.slow  # torchrun jobs
+
 WORKLOAD = Path(__file__).parent / "workloads" / "ranks_job.py"
 STEPS = 10
 

@@ -20,6 +20,8 @@ from swift_nb.rerun import RerunBusyError, parse_variants, run_variants
 from swift_nb.rerun.history import prepare
 from swift_nb.rerun.launcher import Worker
 
+pytestmark = pytest.mark.slow  # rerun worker processes and a kernel
+
 SETUP = (
     "import torch\n"
     "from swift_nb.demo import make_model\n"

@@ -12,6 +12,8 @@ import swift_nb
 from swift_nb.capture import sampler as sampler_mod
 from swift_nb.capture.sampler import Sampler
 
+pytestmark = pytest.mark.slow  # profiles training loops
+
 
 def test_nvml_absent_is_noted_once_and_cpu_series_remain(runs_dir):
     with pytest.raises(pynvml.NVMLError_LibraryNotFound):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import swift_nb
 from swift_nb.demo import make_model
+
+pytestmark = pytest.mark.slow  # profiles training loops
 
 
 def test_cpu_step_peak_matches_memtracker(runs_dir):

@@ -7,6 +7,8 @@ import torch
 
 import swift_nb
 
+pytestmark = pytest.mark.slow  # profiles training loops
+
 
 def _loop(optimizer_steps: list[bool], explicit_steps: list[bool]) -> swift_nb.Run:
     """One iteration per entry: forward, backward, then ``opt.step()`` where

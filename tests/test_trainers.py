@@ -18,6 +18,8 @@ from nbclient import NotebookClient
 import swift_nb
 from swift_nb.analysis.trace import load_trace
 
+pytestmark = pytest.mark.slow  # real trainers in a kernel
+
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 

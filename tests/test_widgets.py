@@ -10,12 +10,15 @@ import sys
 import textwrap
 from datetime import datetime
 
+import pytest
 from conftest import train
 
 import swift_nb
 from swift_nb.api import report
 from swift_nb.notebook.live import message_bound
 from swift_nb.notebook.panel import TABS, results_panel
+
+pytestmark = pytest.mark.slow  # a real kernel
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

@@ -1,0 +1,170 @@
+"""Every module of swift_nb has tests a newcomer can find (tests/README.md says how).
+
+A module ``swift_nb.<...>.<name>`` is covered by the first of these that exists:
+
+1. ``tests/test_<name>.py`` (for a package's ``__init__.py``, ``<name>`` is the package's;
+   leading underscores are dropped: ``_comm`` → ``test_comm.py``);
+2. an entry for the module in ``MAPPING`` below;
+3. the same for each package around it, up to the nearest layer in ``LAYERS``: a package is
+   one unit whose tests are ``tests/test_<package>.py``, a ``tests/<package>/`` folder or a
+   ``MAPPING`` entry, so a new file in ``analysis/forecast/`` needs no new line here.
+
+The modules of a layer (``swift_nb`` itself, ``analysis``, ``capture``, ``notebook``,
+``render``) are each their own unit: a new module there needs its own test module or a
+``MAPPING`` line. A layer's ``__init__.py`` that only imports needs neither.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "swift_nb"
+TESTS = ROOT / "tests"
+
+#: Packages whose modules are tested one by one: the layers of the flow capture → record →
+#: analysis → render → front, and the package root. Any other package is one unit.
+LAYERS = ("swift_nb", "swift_nb.analysis", "swift_nb.capture", "swift_nb.notebook", "swift_nb.render")
+
+#: Modules and packages whose tests are not named after them → the test modules that cover
+#: them. Keep in step with the table in tests/README.md (a test below checks the keys).
+MAPPING: dict[str, tuple[str, ...]] = {
+    "swift_nb": ("test_magic.py", "test_notebook.py"),
+    "swift_nb.api": ("test_profile.py", "test_report.py", "test_widgets.py"),
+    "swift_nb.demo": ("test_toggles.py", "test_advisor.py"),
+    "swift_nb.errors": ("test_options.py", "test_damaged_records.py"),
+    "swift_nb.importer": ("test_import.py", "test_gpu_traces.py"),
+    "swift_nb.units": ("test_report.py", "test_forecast.py"),
+    "swift_nb.analysis.breakdown": ("test_analysis.py", "test_analysis_pure.py"),
+    "swift_nb.analysis.comm": ("test_analysis_pure.py", "test_gpu_traces.py", "test_ranks.py"),
+    "swift_nb.analysis.compare": ("test_rerun.py",),
+    "swift_nb.analysis.device": ("test_gpu_traces.py",),
+    "swift_nb.analysis.findings": ("test_advisor.py", "test_report.py"),
+    "swift_nb.analysis.memory": ("test_analysis.py", "test_step_memory.py"),
+    "swift_nb.analysis.shapes": ("test_throughput.py",),
+    "swift_nb.analysis.trace": ("test_analysis_pure.py", "test_analysis.py"),
+    "swift_nb.capture.dist": ("test_ranks.py",),
+    "swift_nb.capture.frameworks": ("test_trainers.py", "test_advisor.py"),
+    "swift_nb.capture.job": ("test_ranks.py",),
+    "swift_nb.capture.journal": ("test_durability.py",),
+    "swift_nb.capture.memory_categories": ("test_analysis.py", "test_cost_equivalence.py"),
+    "swift_nb.capture.rss": ("test_sampler.py", "test_profile.py"),
+    "swift_nb.capture.session": ("test_profile.py",),
+    "swift_nb.capture.signals": ("test_durability.py",),
+    "swift_nb.capture.torch_profiler": ("test_profile.py", "test_steps.py"),
+    "swift_nb.notebook.compare_view": ("test_rerun.py",),
+    "swift_nb.notebook.forecast_form": ("test_forecast.py",),
+    "swift_nb.notebook.live": ("test_widgets.py",),
+    "swift_nb.notebook.panel": ("test_widgets.py",),
+    "swift_nb.notebook.rerun_panel": ("test_rerun.py",),
+    "swift_nb.parallel": ("test_parallel_attention.py", "test_sequence_parallel.py"),
+    "swift_nb.render.compare": ("test_rerun.py",),
+    "swift_nb.render.figures": ("test_report.py",),
+    "swift_nb.render.tables": ("test_report.py", "test_cli.py"),
+}
+
+
+def modules() -> list[str]:
+    """Every module of the package, dotted; a package's ``__init__.py`` as the package."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def is_package(module: str) -> bool:
+    return (ROOT / module.replace(".", "/") / "__init__.py").is_file()
+
+
+def only_imports(module: str) -> bool:
+    """A package's ``__init__.py`` with nothing but a docstring, imports and ``__all__``."""
+    tree = ast.parse((ROOT / module.replace(".", "/") / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            continue
+        return False
+    return True
+
+
+def units(module: str) -> list[str]:
+    """The module, then each package around it up to (not including) the nearest layer."""
+    out = [module]
+    parts = module.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        package = ".".join(parts[:i])
+        if package in LAYERS:
+            break
+        out.append(package)
+    return out
+
+
+def covering_tests(unit: str) -> list[str]:
+    """Test modules that cover ``unit`` by name or by MAPPING (paths relative to tests/)."""
+    name = unit.rsplit(".", 1)[-1].lstrip("_")
+    found = [p.relative_to(TESTS).as_posix() for p in TESTS.rglob(f"test_{name}.py")]
+    if is_package(unit) and unit not in LAYERS and (TESTS / name).is_dir():
+        found += [p.relative_to(TESTS).as_posix() for p in (TESTS / name).rglob("test_*.py")]
+    return found + list(MAPPING.get(unit, ()))
+
+
+def untested() -> list[str]:
+    out = []
+    for module in modules():
+        if module in LAYERS and is_package(module) and only_imports(module):
+            continue
+        if not any(covering_tests(unit) for unit in units(module)):
+            out.append(module)
+    return out
+
+
+def test_every_module_has_a_test_module_named_after_it_or_a_mapping_entry():
+    missing = untested()
+    assert not missing, (
+        "modules without tests a newcomer can find: "
+        + ", ".join(missing)
+        + ". Add tests/test_<module>.py (for a package: tests/test_<package>.py or tests/<package>/), "
+        "or name the test modules that cover it in MAPPING in tests/test_layout.py and in tests/README.md"
+    )
+
+
+def test_the_mapping_names_modules_and_test_files_that_exist():
+    known = set(modules())
+    stale = [m for m in MAPPING if m not in known]
+    assert not stale, f"MAPPING names modules that do not exist: {stale}"
+    gone = sorted({t for tests in MAPPING.values() for t in tests if not (TESTS / t).is_file()})
+    assert not gone, f"MAPPING names test files that do not exist: {gone}"
+
+
+def test_the_readme_lists_every_mapping_entry():
+    readme = (TESTS / "README.md").read_text()
+    listed = set(re.findall(r"`(swift_nb(?:\.\w+)*)`", readme))
+    missing = [m for m in MAPPING if m not in listed]
+    assert not missing, f"tests/README.md does not list {missing}"
+
+
+def test_the_slow_fixtures_of_conftest_exist():
+    """A renamed fixture would silently move its tests into the fast subset."""
+    from conftest import SLOW_FIXTURES
+
+    for key in SLOW_FIXTURES:
+        file, name = key.split("::")
+        assert re.search(rf"^def {name}\(", (TESTS / file).read_text(), re.MULTILINE), (
+            f"conftest.SLOW_FIXTURES names {key}, which {file} does not define"
+        )
+
+
+def test_a_new_file_in_a_package_is_covered_by_the_packages_tests():
+    assert units("swift_nb.analysis.forecast.growth") == [
+        "swift_nb.analysis.forecast.growth",
+        "swift_nb.analysis.forecast",
+    ]
+    assert "test_forecast.py" in covering_tests("swift_nb.analysis.forecast")
+    assert units("swift_nb.parallel._comm") == ["swift_nb.parallel._comm", "swift_nb.parallel"]
+    assert units("swift_nb.analysis.effects") == ["swift_nb.analysis.effects"]
