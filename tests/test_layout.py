@@ -34,6 +34,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb": ("test_magic.py", "test_notebook.py"),
     "swift_nb.api": ("test_profile.py", "test_report.py", "test_widgets.py"),
     "swift_nb.demo": ("test_toggles.py", "test_advisor.py"),
+    "swift_nb.devices": ("test_forecast.py", "test_throughput.py"),
     "swift_nb.errors": ("test_options.py", "test_damaged_records.py"),
     "swift_nb.importer": ("test_import.py", "test_gpu_traces.py"),
     "swift_nb.units": ("test_report.py", "test_forecast.py"),
