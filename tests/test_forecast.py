@@ -380,6 +380,7 @@ def _profile(tmp_path, batch: int, seq: int):
     return swift_nb.load_run(run.path)
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_a_profiled_eager_attention_run_forecasts_a_longer_sequence(tmp_path):
     base = measure(_profile(tmp_path, 2, 128))
     assert base.batch_size == 2 and base.seq_len == 128 and base.blocks == 2 and base.hidden == 32
@@ -417,6 +418,7 @@ def _tiny_loop(**options):
     return run
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_a_run_asked_for_forecasts_reports_them(tmp_path):
     run = _tiny_loop(
         out_dir=tmp_path, forecast=["T4-16GB batch=64 seq=512", "80GB batch=2 toggles=flash_attention"]
@@ -446,6 +448,7 @@ def test_a_bad_forecast_is_refused_before_the_run(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_a_run_without_memory_says_why_it_has_no_forecast(tmp_path):
     run = _tiny_loop(out_dir=tmp_path, forecast=["T4-16GB batch=8"], profile_memory=False)
     text = _page_text(run.path / "report.html")
@@ -461,6 +464,7 @@ def test_the_magic_shows_will_it_fit(kernel, tmp_path):
     assert f"<h4>{TITLE}</h4>" in shown and "On T4-16GB (batch 64" in shown
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_the_panel_form_forecasts_without_rerunning(tmp_path):
     from swift_nb.notebook.forecast_form import ForecastForm
     from swift_nb.notebook.panel import TABS, results_panel

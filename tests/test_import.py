@@ -147,6 +147,7 @@ def test_bad_input_is_refused_before_any_folder_is_made(tmp_path):
     assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_cli_import(tmp_path, capsys):
     assert cli.main(["import", str(NCCL_RANK0), "-o", str(tmp_path), "--label", "nccl"]) == cli.OK
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ import sys
 
 import pandas as pd
 import pandas.testing as pdt
+import pytest
 from conftest import train
 
 import swift_nb
@@ -27,6 +28,7 @@ def _fake_run(root, i: int, status: str = "ok") -> Run:
     return run
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_load_round_trips_a_real_run(runs_dir):
     with swift_nb.profile(out_dir=runs_dir, label="rt", context={"seq_len": 32}) as run:
         train(6)
@@ -88,6 +90,7 @@ def _overlapping(runs_dir, label, sleep_s) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_two_processes_sharing_a_folder_leave_keep_finished_runs(runs_dir):
     slow = _overlapping(runs_dir, "slow", 30)
     assert slow.stdout is not None and slow.stdout.readline().strip() == "inside"
@@ -114,6 +117,7 @@ def test_prune_keeps_finished_runs_beside_a_live_one(runs_dir):
     assert sorted(swift_nb.runs(runs_dir)["label"]) == ["r1", "r2", "r5"]
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_profile_applies_retention(runs_dir):
     for _ in range(3):
         with swift_nb.profile(out_dir=runs_dir, keep=2, wait=0, warmup=0, active=1):
@@ -141,6 +145,7 @@ def test_dead_running_record_shows_as_crashed(runs_dir):
     assert swift_nb.runs(runs_dir)["status"].tolist() == ["crashed"]
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_records_hold_no_tensor_contents(runs_dir):
     with swift_nb.profile(out_dir=runs_dir) as run:
         train(5)

@@ -403,6 +403,7 @@ def test_bad_parameters_are_refused_with_a_clear_message(tid, params, message):
     assert message in str(e.value)
 
 
+@pytest.mark.slow  # profiles a real loop
 def test_profile_api_applies_and_records_toggles(runs_dir):
     model = make("demo")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
