@@ -15,7 +15,6 @@ from typing import Any
 from swift_nb.analysis import Analysis, analyze, derive_ahead
 from swift_nb.analysis.compare import compare_runs
 from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
-from swift_nb.capture import torch_profiler
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordError
 from swift_nb.options import ProfileOptions
@@ -46,26 +45,33 @@ class Reported:
     sections: list[Section]
 
 
-def _prepare_report(events: list[dict], trace_path: Path, written: Path) -> Trace:
-    """The trace's tables, built while the cell still runs (see ``torch_profiler.tables_builder``)
-    and kept beside the trace, with the figures that the trace alone determines drawn
-    ahead (``draw_ahead``)."""
-    trace = parse_events(events)
-    save_tables(trace, tables_path(trace_path), source=written)
-    try:
-        derive_ahead(trace)
-        draw_ahead(trace, _drawn_ahead)
-    except Exception:  # derived and drawn again, and any failure reported, after the cell
-        pass
-    return trace
+class ReportAhead:
+    """What a profiled run does with its finished trace while the cell still runs (the
+    ``on_trace`` this layer hands its Session): the trace's tables, built and kept beside
+    the trace, the analyses that need only them derived, and the figures the trace alone
+    determines drawn into ``figures``, this run's cache, which its report takes (``finish``)."""
 
+    def __init__(self) -> None:
+        self.figures = FigureCache()
 
-_drawn_ahead = FigureCache()
-torch_profiler.tables_builder = _prepare_report
+    def __call__(self, events: list[dict], trace_path: Path, written: Path) -> Trace:
+        """The trace's tables (``written``: the file holding the trace until it is named
+        ``trace_path``)."""
+        trace = parse_events(events)
+        save_tables(trace, tables_path(trace_path), source=written)
+        try:
+            derive_ahead(trace)
+            draw_ahead(trace, self.figures)
+        except Exception:  # derived and drawn again, and any failure reported, after the cell
+            pass
+        return trace
 
 
 def report(
-    run: Run | Path | str, trace_events: list[dict] | None = None, trace_tables: Trace | None = None
+    run: Run | Path | str,
+    trace_events: list[dict] | None = None,
+    trace_tables: Trace | None = None,
+    figures: FigureCache | None = None,
 ) -> Reported:
     """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
@@ -73,7 +79,8 @@ def report(
     lost to it. Only run.json is rewritten (the report's name in ``files``), never the
     tables read. ``trace_events``: the trace's events when the caller holds them already
     (saves reading the file); ``trace_tables``: their tables, when built already (saves
-    building them)."""
+    building them); ``figures``: figures drawn already (``ReportAhead.figures``). Figures
+    of the report this one replaces that show the same are not drawn again either."""
     run = run if isinstance(run, Run) else load_run(run)
     analysis, failure = None, None
     if steps_missing(run):
@@ -96,7 +103,7 @@ def report(
         run.problems.append(failure)
         if failure not in run.notes:
             run.notes.append(failure)
-    figures = _drawn_ahead
+    figures = figures if figures is not None else FigureCache()
     _reuse_earlier_figures(run, figures)
     sections = report_sections(run, figures, **analysis_fields(analysis), not_analysed=failure)
     write_report(run, document_html(run, sections))
@@ -118,12 +125,13 @@ def _reuse_earlier_figures(run: Run, figures: FigureCache) -> None:
 def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
     """Stop a session, save its record, then (its options' ``report``) analyse it and
     write the report; without, the record is complete and ``swift-nb report`` analyses it
-    later."""
+    later. A session made with a ``ReportAhead`` hands its figures to the report."""
     run = session.finish(status, error)
     events, tables = session.take_trace_events(), session.take_trace_tables()
     if not session.options.report:
         return Reported(run, None, [])
-    return report(run, events, tables)
+    ahead = session.on_trace
+    return report(run, events, tables, ahead.figures if isinstance(ahead, ReportAhead) else None)
 
 
 def apply_toggles(session: Session, toggles: Sequence[Toggle], namespace: Mapping[str, Any]) -> None:
@@ -200,7 +208,7 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         self.options = opts if opts is not None else ProfileOptions()
         self.toggles = build(toggles)
         self.namespace = namespace
-        self.session = Session(self.options, context=context, source=source)
+        self.session = Session(self.options, context=context, source=source, on_trace=ReportAhead())
         self.analysis: Analysis | None = None
 
     @property

@@ -141,8 +141,8 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     (after the profiler's last cycle) equal those made from the same events after it."""
     import torch
 
-    from swift_nb import api
     from swift_nb.analysis.trace import parse_events
+    from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
     from swift_nb.demo import make_model
     from swift_nb.options import ProfileOptions
@@ -152,7 +152,8 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     model = make_model(seq_len=32, n_layer=2, d_model=64, n_head=2, vocab_size=128)
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randint(0, 128, (2, 32))
-    session = Session(ProfileOptions(out_dir=tmp_path))
+    ahead = ReportAhead()
+    session = Session(ProfileOptions(out_dir=tmp_path), on_trace=ahead)
     session.start()
     for _ in range(9):  # the schedule's 6 steps, then steps the profiler does not record
         model(x, x).backward()
@@ -161,11 +162,11 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     run = session.finish()
     events, tables = session.take_trace_events(), session.take_trace_tables()
     assert tables is not None, "the tables were not built while the cell ran"
-    drawn = set(api._drawn_ahead)
+    drawn = set(ahead.figures)
     fresh = parse_events(events)
     for name in ("events", "memory", "steps"):
         pd.testing.assert_frame_equal(getattr(tables, name), getattr(fresh, name))
-    per_step = memcat.step_memory(events, session._snapshots, 0)
+    per_step = memcat.step_memory(events, session._memory.snapshots, 0)
     assert sorted(per_step) == [3, 4, 5]
     for k, m in per_step.items():
         row = run.steps.loc[run.steps["step"] == k].iloc[0]
@@ -182,16 +183,16 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     assert any(k.startswith("comm_per_step/") for k in ahead_keys)
 
     # The figures drawn ahead are the report's: the same PNG as drawing them now.
-    reported = report(run, events, tables)
-    ahead = [p for s in reported.sections for p in s.parts if getattr(p, "key", None) in drawn]
+    reported = report(run, events, tables, ahead.figures)
+    kept = [p for s in reported.sections for p in s.parts if getattr(p, "key", None) in drawn]
     # the step breakdown and the two operator figures
-    assert [p.alt for p in ahead] == [
+    assert [p.alt for p in kept] == [
         "Stacked bars of step time by part",
         "Top operators by self time",
         "Top operators by memory allocated",
     ]
-    for part in ahead:
-        assert part.key not in api._drawn_ahead  # taken from the figures drawn ahead
+    for part in kept:
+        assert part.key not in ahead.figures  # taken from the figures drawn ahead
         assert part.png == figure_png(part.figure)
 
 
@@ -213,7 +214,7 @@ def _make_fixture() -> None:
                 model(x, x).backward()
                 opt.step()
                 opt.zero_grad()
-        snaps = prof.session._snapshots
+        snaps = prof.session._memory.snapshots
         shutil.rmtree(RUN_DIR, ignore_errors=True)
         RUN_DIR.mkdir(parents=True)
         for name in ("run.json", "steps.csv", "samples.csv", "memory.csv", "trace.json.gz"):
@@ -239,6 +240,7 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
     import matplotlib.pyplot as plt
     import torch
 
+    from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
     from swift_nb.demo import make_model
     from swift_nb.options import ProfileOptions
@@ -261,7 +263,8 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
     model = make_model(seq_len=32, n_layer=2, d_model=64, n_head=2, vocab_size=128)
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randint(0, 128, (2, 32))
-    session = Session(ProfileOptions(out_dir=tmp_path, wait=0, warmup=1, active=2))
+    ahead = ReportAhead()
+    session = Session(ProfileOptions(out_dir=tmp_path, wait=0, warmup=1, active=2), on_trace=ahead)
     session.start()
     for _ in range(3):
         model(x, x).backward()
@@ -272,7 +275,7 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
     while digest._thread.is_alive() and len(drawn_alongside) < 500:
         drawn_alongside.append(user_png())
     run = session.finish()
-    reported = report(run, session.take_trace_events(), session.take_trace_tables())
+    reported = report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
     assert drawn_alongside, "the background work ended before the cell could draw"
     assert all(png == reference for png in drawn_alongside)
     figures = [p for s in reported.sections for p in s.parts if getattr(p, "key", None)]

@@ -67,19 +67,21 @@ class ProfilerConfig:
         return "warmup" if pos < self.wait + self.warmup else "active"
 
 
-#: Builds the analyses' tables from a finished trace's events (``swift_nb.api`` sets it:
-#: the analysis layer is above this one). Called off the training thread as soon as the
-#: profiler's last cycle is exported, so that the tables are ready when the cell ends, as
-#: ``tables_builder(events, trace_path, written)``: ``trace_path`` is the name the trace
-#: will have, ``written`` the file holding it until then (its bytes already final).
-tables_builder: Callable[[list[dict[str, Any]], Path, Path], Any] | None = None
+#: What the layers above do with a finished trace while the cell still runs (for
+#: ``swift_nb.api``: build the analyses' tables, draw the figures the trace alone
+#: determines), handed to ``TraceRecorder`` by whoever starts the capture. Called off the
+#: training thread as soon as the profiler's last cycle is exported, as
+#: ``on_trace(events, trace_path, written)``: ``trace_path`` is the name the trace will
+#: have, ``written`` the file holding it until then (its bytes already final). What it
+#: returns is ``TraceResult.tables``.
+OnTrace = Callable[[list[dict[str, Any]], Path, Path], Any]
 
 
 @dataclass
 class TraceResult:
     """The merged trace file, its events (for the memory replay), the recorded steps, and
-    what was derived from the events while the cell ran (None: not derived): the
-    analyses' tables (``tables_builder``) and the memory replay (``TraceRecorder.digest``)."""
+    what was derived from the events while the cell ran (None: not derived): what
+    ``on_trace`` returned (``tables``) and the memory replay (``TraceRecorder.digest``)."""
 
     path: Path | None
     events: list[dict[str, Any]]
@@ -90,12 +92,12 @@ class TraceResult:
 
 class _Digest:
     """One exported cycle, worked on in a background thread while the training goes on:
-    gzipped into ``gz`` (when it is the trace's only cycle), decoded, turned into tables
-    (``build``) and replayed for memory (``memory``). ``result()`` waits for it; an error
+    gzipped into ``gz`` (when it is the trace's only cycle), decoded, handed to ``build``
+    (``OnTrace``) and replayed for memory (``memory``). ``result()`` waits for it; an error
     in reading or writing the trace is raised there, on the caller's thread."""
 
     def __init__(
-        self, part: Path, gz: Path | None, build: Callable | None, memory: Callable | None, out: Path
+        self, part: Path, gz: Path | None, build: OnTrace | None, memory: Callable | None, out: Path
     ) -> None:
         self.part, self.gz = part, gz
         self._jobs: dict[str, Callable[[list[dict[str, Any]]], Any] | None] = {
@@ -142,18 +144,24 @@ class _Digest:
 
 
 class TraceRecorder:
-    """Owns one scheduled torch profiler for a run."""
+    """Owns one scheduled torch profiler for a run. ``on_trace``: called with the trace of
+    a one-cycle schedule once it is exported (``OnTrace``); None: nothing is."""
 
     def __init__(
-        self, cfg: ProfilerConfig, folder: Path, note: Callable[[str], None], name: str = TRACE_FILE
+        self,
+        cfg: ProfilerConfig,
+        folder: Path,
+        note: Callable[[str], None],
+        name: str = TRACE_FILE,
+        on_trace: OnTrace | None = None,
     ) -> None:
         self.cfg = cfg
         self._folder = folder
         self._name = name
         self._note = note
+        self._on_trace = on_trace
         self._parts: list[Path] = []
         self._digests: list[_Digest] = []
-        self.build_tables = True  # build the analyses' tables in the background (tables_builder)
         self._steps = 0  # step() calls so far
         self._stopped = False
         with warnings.catch_warnings():
@@ -217,11 +225,11 @@ class TraceRecorder:
     def digest(self, memory: Callable[[list[dict[str, Any]]], Any] | None = None) -> None:
         """Start working on the exported cycles in the background, while the cell goes on.
         With one cycle (the default) its part is the whole trace: it is gzipped, decoded,
-        turned into the analyses' tables and replayed for memory (``memory``) there,
-        instead of after the cell's last step."""
+        handed to ``on_trace`` and replayed for memory (``memory``) there, instead of
+        after the cell's last step."""
         only = self.cfg.repeat == 1
         for part in self._parts[len(self._digests) :]:
-            build = tables_builder if only and self.build_tables else None
+            build = self._on_trace if only else None
             self._digests.append(
                 _Digest(part, self._gz_tmp if only else None, build, memory if only else None, self._out)
             )

@@ -20,7 +20,7 @@ from IPython.display import display
 
 from swift_nb import toggles as toggle_registry
 from swift_nb import vocabulary
-from swift_nb.api import apply_toggles, finish, report, undo_toggles
+from swift_nb.api import ReportAhead, apply_toggles, finish, report, undo_toggles
 from swift_nb.capture.session import Session, cell_source
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
@@ -201,7 +201,9 @@ class SwiftMagics(Magics):
         except MissingDependencyError as e:
             raise UsageError(str(e)) from None
         try:
-            session = Session(ProfileOptions.from_args(args), source=cell_source(cell))
+            session = Session(
+                ProfileOptions.from_args(args), source=cell_source(cell), on_trace=ReportAhead()
+            )
         except ConfigError as e:
             raise UsageError(e.message(flag_of)) from None
         except RunDirError as e:

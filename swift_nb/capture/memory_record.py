@@ -1,0 +1,85 @@
+"""What a run records of tensor memory by category: the optimizers' storages snapshotted
+at both edges of every step the profiler records, replayed against the trace
+(``memory_categories``), and the result written into the record: bytes by category at
+each recorded step's peak (steps.csv) and over time (memory.csv)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+
+from swift_nb.capture import memory_categories as memcat
+from swift_nb.capture.torch_profiler import ProfilerConfig, TraceResult
+from swift_nb.record import Run
+
+
+class MemoryRecorder:
+    """Snapshots for one run. ``optimizers``: a live view of the optimizers seen so far;
+    ``note``: where a problem is told (the run's notes). Inactive (records nothing)
+    without a profiler recording memory."""
+
+    def __init__(
+        self, cfg: ProfilerConfig | None, optimizers: Iterable[Any], note: Callable[[str], None]
+    ) -> None:
+        self.cfg = cfg
+        self._optimizers = optimizers
+        self._note = note
+        self.snapshots: dict[int, memcat.Snapshot] = {}
+        self.failed = False  # the parameters could not be snapshotted: no categories
+
+    @property
+    def active(self) -> bool:
+        return self.cfg is not None and self.cfg.profile_memory and not self.failed
+
+    def at_boundary(self, k: int) -> None:
+        """At both edges of every step the profiler records (with memory), note what the
+        optimizers hold; the replay needs them. Costs O(parameters), so only there."""
+        cfg = self.cfg
+        if cfg is None or not self.active:
+            return
+        if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
+            try:
+                self.snapshots[k] = memcat.snapshot(self._optimizers)
+            except RuntimeError as e:  # e.g. FSDP2's sharded parameters between steps
+                self._note(f"memory by category is not available for these parameters ({e})")
+                self.failed = True
+
+    def replay_job(self) -> Callable[[list[dict[str, Any]]], Any] | None:
+        """The replay of a finished cycle's events with the snapshots taken so far (a
+        function for the trace's background work), or None when there is none to do."""
+        if not self.active:
+            return None
+        snapshots = dict(self.snapshots)
+        device = memcat.device_type_code(self._optimizers)
+        return lambda events: memcat.step_memory(events, snapshots, device)
+
+    def add_to(self, run: Run, steps: pd.DataFrame, trace: TraceResult, cuda: bool) -> None:
+        """Per recorded step: category bytes at the step's peak (``steps``) and the
+        category timeline (``run.memory``). On CPU (not ``cuda``) the replay's peak is the
+        step's peak tensor memory; on CUDA the allocator's own peak stays authoritative."""
+        if self.failed:
+            return
+        per_step = trace.memory
+        if per_step is None:
+            device = memcat.device_type_code(self._optimizers)
+            per_step = memcat.step_memory(trace.events, self.snapshots, device)
+        if not per_step:
+            return
+        for c in memcat.CATEGORIES:
+            steps[f"{c}_bytes"] = steps["step"].map({k: m.at_peak[c] for k, m in per_step.items()})
+        if not cuda:
+            steps["peak_tensor_bytes"] = steps["step"].map({k: m.peak for k, m in per_step.items()})
+        frames = []
+        for k, m in per_step.items():
+            tl = pd.DataFrame(m.timeline, columns=["ts_us", *(f"{c}_bytes" for c in memcat.CATEGORIES)])
+            start_s = steps.loc[steps["step"] == k, "start_s"].iloc[0]
+            # trace clock (µs) -> run clock (s): the profiler's span of step k begins where step k does
+            tl.insert(0, "step", k)
+            tl.insert(0, "t_s", start_s + (tl.pop("ts_us") - m.start_us) / 1e6)
+            frames.append(tl)
+        run.memory = pd.concat(frames, ignore_index=True)
+        run.summary["memory_categories_at_peak"] = {
+            c: float(pd.Series([m.at_peak[c] for m in per_step.values()]).median()) for c in memcat.CATEGORIES
+        }
