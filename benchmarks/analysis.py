@@ -21,12 +21,12 @@ import torch
 
 from swift_nb.analysis import analyze
 from swift_nb.analysis.trace import load_trace
-from swift_nb.api import report
+from swift_nb.api import ReportAhead, report
 from swift_nb.capture.session import Session
 from swift_nb.demo import GPT, GPTConfig
 from swift_nb.options import ProfileOptions
 from swift_nb.record import tables_path
-from swift_nb.render.report import render_report
+from swift_nb.render.document import analysis_fields, report_html
 
 
 def main() -> None:
@@ -41,15 +41,18 @@ def main() -> None:
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len))
-    session = Session(ProfileOptions(wait=0, warmup=1, active=args.active, out_dir=tempfile.mkdtemp()))
+    ahead = ReportAhead()
+    session = Session(
+        ProfileOptions(wait=0, warmup=1, active=args.active, out_dir=tempfile.mkdtemp()), on_trace=ahead
+    )
     session.start()
     for _ in range(args.active + 1):
         model(x, x).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    run = session.finish()
+    run = session.stop()
     t = time.perf_counter()
-    report(run, session.take_trace_events(), session.take_trace_tables())
+    report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
     in_session = time.perf_counter() - t
     with gzip.open(run.trace_path, "rb") as f:
         size_mb = len(f.read()) / 2**20
@@ -65,7 +68,7 @@ def main() -> None:
         t2 = time.perf_counter()
         result = analyze(run)  # loads the tables again: analyze is what a user calls
         t3 = time.perf_counter()
-        render_report(run, result)
+        report_html(run, **analysis_fields(result))
         t4 = time.perf_counter()
         cold.append(t1 - t0)
         parse.append(t2 - t1)

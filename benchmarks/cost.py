@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from swift_nb.api import finish, report
+from swift_nb.api import ReportAhead, finish, report
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.session import Session
 from swift_nb.demo import GPT, GPTConfig
@@ -105,17 +105,18 @@ def big_trace(layers: int, active: int, after: int, hta: bool, root: str) -> dic
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len))
-    session = Session(ProfileOptions(wait=0, warmup=1, active=active, out_dir=root))
+    ahead = ReportAhead()  # what the API hands a profiled run: tables and figures while it runs
+    session = Session(ProfileOptions(wait=0, warmup=1, active=active, out_dir=root), on_trace=ahead)
     session.start()
     for _ in range(active + 1 + after):
         model(x, x).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     t = time.perf_counter()
-    run = session.finish()
+    run = session.stop()
     out = {"finish_s": time.perf_counter() - t}
     t = time.perf_counter()
-    reported = report(run, session.take_trace_events(), session.take_trace_tables())
+    reported = report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
     show(reported)
     out["warm_s"] = time.perf_counter() - t
     run = reported.run
@@ -217,12 +218,12 @@ def main() -> None:
         try:
             return cell(model, opt, batches)
         finally:
-            run = s.finish()
+            run = s.stop()
             hooks = run.steps["overhead_s"].iloc[SCHEDULE_STEPS + 2 :]
             hook_s.extend(hooks.tolist())
 
     def full():
-        s = Session(ProfileOptions(out_dir=root))
+        s = Session(ProfileOptions(out_dir=root), on_trace=ReportAhead())
         s.start()
         try:
             return cell(model, opt, batches)

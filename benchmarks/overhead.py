@@ -22,7 +22,7 @@ import time
 import psutil
 import torch
 
-from swift_nb.api import report
+from swift_nb.api import ReportAhead, report
 from swift_nb.capture.session import Session
 from swift_nb.demo import GPT, GPTConfig
 from swift_nb.options import ProfileOptions
@@ -69,19 +69,20 @@ def main() -> None:
         try:
             return cell(model, opt, batches)
         finally:
-            s.finish()
+            s.stop()
 
     report_s: list[float] = []
 
     def profile():
-        session = Session(ProfileOptions(out_dir=out))
+        ahead = ReportAhead()
+        session = Session(ProfileOptions(out_dir=out), on_trace=ahead)
         session.start()
         try:
             return cell(model, opt, batches)
         finally:
-            session.finish()
+            session.stop()
             t = time.perf_counter()  # after the cell: analysis, figures, report.html
-            report(session.run, session.take_trace_events(), session.take_trace_tables())
+            report(session.run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
             report_s.append(time.perf_counter() - t)
 
     modes = {"bare": bare, "sampler": sampler, "profile": profile}

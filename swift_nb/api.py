@@ -29,7 +29,7 @@ from swift_nb.record import (
     tables_path,
 )
 from swift_nb.render.compare import write_compare
-from swift_nb.render.report import analysis_fields, document_html, draw_ahead, report_sections, write_report
+from swift_nb.render.document import analysis_fields, document_html, draw_ahead, report_sections, write_report
 from swift_nb.render.sections import Section
 from swift_nb.render.sections.figure_cache import FigureCache
 from swift_nb.toggles import Toggle, ToggleReport, build
@@ -126,7 +126,7 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
     """Stop a session, save its record, then (its options' ``report``) analyse it and
     write the report; without, the record is complete and ``swift-nb report`` analyses it
     later. A session made with a ``ReportAhead`` hands its figures to the report."""
-    run = session.finish(status, error)
+    run = session.stop(status, error)
     events, tables = session.take_trace_events(), session.take_trace_tables()
     if not session.options.report:
         return Reported(run, None, [])
@@ -166,7 +166,8 @@ def undo_toggles(session: Session, toggles: Sequence[Toggle]) -> list[ToggleRepo
     return reports
 
 
-def status_of(exc_type: type[BaseException] | None) -> str:
+def exit_status(exc_type: type[BaseException] | None) -> str:
+    """The status of a run whose block ended raising ``exc_type`` (None: it ended normally)."""
     if exc_type is None:
         return "ok"
     return "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
@@ -230,7 +231,7 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
 
     def __exit__(self, exc_type, exc, tb) -> None:
         undo_toggles(self.session, self.toggles)
-        self.analysis = finish(self.session, status_of(exc_type), exc).analysis
+        self.analysis = finish(self.session, exit_status(exc_type), exc).analysis
 
 
 def findings_of(run: Run | None) -> list:

@@ -143,9 +143,9 @@ def import_trace(
     run.id, run.label, run.path = folder.name, label, folder
     save(run)
     if report:
-        from swift_nb.api import report as write_report  # the API composes the layers above
+        from swift_nb import api  # the API composes the layers above
 
-        return write_report(run).run
+        return api.report(run).run
     return run
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swift_nb.api import finish, status_of
+from swift_nb.api import exit_status, finish
 from swift_nb.capture.session import Session
 from swift_nb.options import ProfileOptions
 from swift_nb.record import Run
@@ -96,4 +96,4 @@ class ResourceMonitor:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._report is None:
-            self._report = Report(finish(self._session, status_of(exc_type), exc).run)
+            self._report = Report(finish(self._session, exit_status(exc_type), exc).run)

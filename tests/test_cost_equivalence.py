@@ -159,7 +159,7 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
         model(x, x).backward()
         opt.step()
         opt.zero_grad()
-    run = session.finish()
+    run = session.stop()
     events, tables = session.take_trace_events(), session.take_trace_tables()
     assert tables is not None, "the tables were not built while the cell ran"
     drawn = set(ahead.figures)
@@ -270,11 +270,11 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
         model(x, x).backward()
         opt.step()
         opt.zero_grad()
-    (digest,) = session._trace._digests
+    (digest,) = session._trace._cycles
     drawn_alongside = []
     while digest._thread.is_alive() and len(drawn_alongside) < 500:
         drawn_alongside.append(user_png())
-    run = session.finish()
+    run = session.stop()
     reported = report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
     assert drawn_alongside, "the background work ended before the cell could draw"
     assert all(png == reference for png in drawn_alongside)

@@ -17,7 +17,7 @@ from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.trace import Trace, load_trace_file, parse_events
 from swift_nb.importer import import_trace
 from swift_nb.record import Run
-from swift_nb.render.report import report_html
+from swift_nb.render.document import report_html
 
 DATA = Path(__file__).parent / "data" / "gpu"
 NAMES = ["gpu_1rank_5steps", "gpu_nccl_2ranks_rank0", "gpu_128ranks_rank0", "gpu_128ranks_rank1"]

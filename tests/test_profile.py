@@ -179,7 +179,7 @@ def test_resource_only_session_records_samples_and_steps(runs_dir):
     session = Session(ProfileOptions(interval_ms=10, out_dir=runs_dir), trace=False)
     session.start()
     train(3)
-    run = session.finish()
+    run = session.stop()
     assert run.summary["steps"] == 3
     assert run.trace_path is None
     assert {"cpu_pct", "rss_bytes", "sys_mem_used_bytes"} <= set(run.samples.columns)
@@ -201,7 +201,7 @@ def test_steps_after_the_schedule_pay_no_profiler(runs_dir):
     prof = session._trace._prof
     # torch's profiler saw the schedule's steps only: no ProfilerStep span opened after it
     assert (prof.step_num, prof.step_rec_fn) == (3, None)
-    run = session.finish()
+    run = session.stop()
     assert enabled == [True, True, False, False, False, False]
     assert run.status == "ok" and run.summary["recorded_steps"] == [1, 2]
     assert len(run.steps) == 6 and run.steps["rss_bytes"].gt(0).all()

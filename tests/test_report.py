@@ -21,6 +21,7 @@ from swift_nb.analysis.memory import memory_footprint, memory_timeline
 from swift_nb.demo import make_model
 from swift_nb.record import MEMORY_CATEGORIES, MEMORY_COLUMNS, Run
 from swift_nb.render.compare import compare_html
+from swift_nb.render.document import REPORT_FILE, report_html, write_report
 from swift_nb.render.figures import (
     breakdown_figure,
     figure_png,
@@ -28,7 +29,6 @@ from swift_nb.render.figures import (
     operators_figure,
     short_name,
 )
-from swift_nb.render.report import REPORT_FILE, report_html, write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -207,7 +207,7 @@ def test_a_registered_section_reaches_the_report_the_panel_and_the_static_output
     from swift_nb.notebook import panel
     from swift_nb.record import Run
     from swift_nb.render import sections
-    from swift_nb.render.report import report_html, report_sections
+    from swift_nb.render.document import report_html, report_sections
     from swift_nb.render.sections import SectionKind
 
     extra = SectionKind(

@@ -51,7 +51,7 @@ from swift_nb.record import (
 
 
 class Session:
-    """Captures one run. ``start()``, then step boundaries arrive, then ``finish()``.
+    """Captures one run. ``start()``, then step boundaries arrive, then ``stop()``.
 
     options: what to capture and where (``ProfileOptions``; validated there).
     trace: run the scheduled torch profiler (False: resources and steps only).
@@ -164,7 +164,7 @@ class Session:
             if self._flops is not None:
                 self._flops.at_boundary(self._step, run.summary)
         except BaseException:
-            self.finish("failed")
+            self.stop("failed")
             raise
         return run
 
@@ -208,7 +208,7 @@ class Session:
         if msg not in self.run.notes:
             self.run.notes.append(msg)
 
-    def finish(self, status: str = "ok", error: BaseException | None = None) -> Run:
+    def stop(self, status: str = "ok", error: BaseException | None = None) -> Run:
         """Stop everything, write the record and return it. Each part is stopped even if
         another fails, and a second Ctrl-C waits until the record is saved, so nothing
         already measured is lost."""
@@ -227,7 +227,7 @@ class Session:
         self.note(
             f"terminated by {signals.name(signum)}: the run was saved, then the signal took its usual course"
         )
-        self.finish("terminated")
+        self.stop("terminated")
 
     def _finish(self, status: str, error: BaseException | None) -> Run:
         run = self.run

@@ -90,7 +90,7 @@ class TraceResult:
     memory: Any = None
 
 
-class _Digest:
+class _ExportedCycle:
     """One exported cycle, worked on in a background thread while the training goes on:
     gzipped into ``gz`` (when it is the trace's only cycle), decoded, handed to ``build``
     (``OnTrace``) and replayed for memory (``memory``). ``result()`` waits for it; an error
@@ -161,7 +161,7 @@ class TraceRecorder:
         self._note = note
         self._on_trace = on_trace
         self._parts: list[Path] = []
-        self._digests: list[_Digest] = []
+        self._cycles: list[_ExportedCycle] = []
         self._steps = 0  # step() calls so far
         self._stopped = False
         with warnings.catch_warnings():
@@ -220,7 +220,7 @@ class TraceRecorder:
     @property
     def undigested(self) -> bool:
         """Whether a cycle was exported that ``digest`` has not been started on."""
-        return len(self._digests) < len(self._parts)
+        return len(self._cycles) < len(self._parts)
 
     def digest(self, memory: Callable[[list[dict[str, Any]]], Any] | None = None) -> None:
         """Start working on the exported cycles in the background, while the cell goes on.
@@ -228,10 +228,12 @@ class TraceRecorder:
         handed to ``on_trace`` and replayed for memory (``memory``) there, instead of
         after the cell's last step."""
         only = self.cfg.repeat == 1
-        for part in self._parts[len(self._digests) :]:
+        for part in self._parts[len(self._cycles) :]:
             build = self._on_trace if only else None
-            self._digests.append(
-                _Digest(part, self._gz_tmp if only else None, build, memory if only else None, self._out)
+            self._cycles.append(
+                _ExportedCycle(
+                    part, self._gz_tmp if only else None, build, memory if only else None, self._out
+                )
             )
 
     @property
@@ -246,7 +248,7 @@ class TraceRecorder:
         """Merge the exported cycles into the gzipped trace (complete once it has its
         name) and read the step memory."""
         self.digest()
-        digests = [d for d in self._digests if d.part.exists()]
+        digests = [d for d in self._cycles if d.part.exists()]
         if not digests:
             return TraceResult(None, [], [])
         out, tmp = self._out, self._gz_tmp
@@ -262,7 +264,7 @@ class TraceRecorder:
                     dst.write(orjson.dumps(doc))
             os.replace(tmp, out)
         finally:
-            for d in self._digests:
+            for d in self._cycles:
                 d.wait()
                 d.part.unlink(missing_ok=True)
             tmp.unlink(missing_ok=True)

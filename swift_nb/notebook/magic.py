@@ -181,7 +181,7 @@ class SwiftMagics(Magics):
             for report in undo_toggles(session, toggles):
                 print(report)
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
-            reported = finish(session, _status(result, err), err)
+            reported = finish(session, _cell_status(result, err), err)
             run = reported.run
             actions = None
             if live is not None:
@@ -277,7 +277,7 @@ def _rerun_controls(shell, options: ProfileOptions, cell: str, run: Run, reporte
     return controls.widget()
 
 
-def _status(result, err: BaseException | None) -> str:
+def _cell_status(result, err: BaseException | None) -> str:
     """The run's status from the inner cell's result (None: it never returned)."""
     if result is None or isinstance(err, KeyboardInterrupt):
         return "interrupted"

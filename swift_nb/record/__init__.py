@@ -7,7 +7,7 @@ A run folder holds
 - ``memory.csv``: tensor bytes by category over the recorded steps (``MEMORY_COLUMNS``);
 - ``trace.json.gz``: the profiler's Chrome/Perfetto trace (written by the capture layer),
   and ``trace.tables.npz``, its parsed tables cached by the analysis (``tables_path``);
-- ``report.html``: the report (``swift_nb.render.report``); ``compare.html``: a
+- ``report.html``: the report (``swift_nb.render.document``); ``compare.html``: a
   comparison whose baseline this run is;
 - ``PINNED``: present when the run is exempt from retention.
 

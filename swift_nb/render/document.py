@@ -30,7 +30,6 @@ __all__ = [
     "analysis_fields",
     "document_html",
     "draw_ahead",
-    "render_report",
     "report_html",
     "report_sections",
     "write_report",
@@ -111,11 +110,6 @@ def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:
         forecasts=analysis.forecasts,
         forecast_problem=analysis.forecast_problem,
     )
-
-
-def render_report(run: Run, analysis: Analysis | None) -> str:
-    """``report_html`` of everything ``swift_nb.analysis.analyze(run)`` returned."""
-    return report_html(run, **analysis_fields(analysis))
 
 
 def write_report(run: Run, html: str) -> Path:
