@@ -102,31 +102,8 @@ def replay(
     under gradient accumulation each micro-batch's forward keeps its own for its backward.
     """
     spans = _spans(backward)
-    # A storage from the step's start whose free the profiler did not see (it was
-    # allocated before memory profiling began, e.g. during warmup) is gone if the step
-    # allocates at its address or if the optimizer no longer holds it at the end. It is
-    # taken as freed when the step began: that is where zero_grad() runs in both usual loop
-    # orders, and gradients are what such storages are.
-    first_touch: dict[int, int] = {}
-    for _, nbytes, addr in events:
-        first_touch.setdefault(addr, nbytes)
-    levels = np.zeros(len(CATEGORIES), dtype=np.int64)
-    start_live: dict[int, tuple[str, int]] = {}
-    for addr, (category, nbytes) in start.items():
-        touch = first_touch.get(addr)
-        if (touch is not None and touch < 0) or (touch is None and addr in end):
-            levels[_INDEX[category]] += nbytes
-            start_live[addr] = (category, nbytes)
-
-    # Which allocations survive into backward: pair each allocation with its free.
-    freed_at: dict[int, float] = {}
-    open_allocs: dict[int, int] = {}
-    for i, (ts, nbytes, addr) in enumerate(events):
-        if nbytes > 0:
-            open_allocs[addr] = i
-        elif addr in open_allocs:
-            freed_at[open_allocs.pop(addr)] = ts
-
+    levels, start_live = _live_at_start(events, start, end)
+    freed_at = _free_times(events)
     live: dict[int, int] = {}  # addr -> category index of allocations made in this step
     points = [(events[0][0] if events else 0.0, *levels)]
     peak_total, at_peak, maxima = int(levels.sum()), levels.copy(), levels.copy()
@@ -157,21 +134,60 @@ def replay(
     timeline[:, other] += untracked
     at_peak[_INDEX["other"]] += int(untracked)
     maxima[_INDEX["other"]] += int(untracked)
-    if len(timeline) > MAX_TIMELINE_POINTS:
-        keep = np.unique(
-            np.concatenate(
-                [
-                    np.linspace(0, len(timeline) - 1, MAX_TIMELINE_POINTS).astype(int),
-                    [int(np.argmax(timeline[:, 1:].sum(axis=1)))],
-                ]
-            )
-        )
-        timeline = timeline[keep]
     return StepMemory(
         at_peak={c: int(at_peak[i]) for i, c in enumerate(CATEGORIES)},
         maxima={c: int(maxima[i]) for i, c in enumerate(CATEGORIES)},
-        timeline=timeline,
+        timeline=_decimated(timeline),
     )
+
+
+def _live_at_start(
+    events: list[tuple[float, int, int]], start: Snapshot, end: Snapshot
+) -> tuple[np.ndarray, dict[int, tuple[str, int]]]:
+    """Bytes by category of the storages from the step's start still live when it began,
+    and those storages. One whose free the profiler did not see (it was allocated before
+    memory profiling began, e.g. during warmup) is gone if the step allocates at its
+    address or if the optimizer no longer holds it at the end. It is taken as freed when
+    the step began: that is where zero_grad() runs in both usual loop orders, and gradients
+    are what such storages are."""
+    first_touch: dict[int, int] = {}
+    for _, nbytes, addr in events:
+        first_touch.setdefault(addr, nbytes)
+    levels = np.zeros(len(CATEGORIES), dtype=np.int64)
+    start_live: dict[int, tuple[str, int]] = {}
+    for addr, (category, nbytes) in start.items():
+        touch = first_touch.get(addr)
+        if (touch is not None and touch < 0) or (touch is None and addr in end):
+            levels[_INDEX[category]] += nbytes
+            start_live[addr] = (category, nbytes)
+    return levels, start_live
+
+
+def _free_times(events: list[tuple[float, int, int]]) -> dict[int, float]:
+    """When each allocation (by its index in ``events``) is freed: which survive into backward."""
+    freed_at: dict[int, float] = {}
+    open_allocs: dict[int, int] = {}
+    for i, (ts, nbytes, addr) in enumerate(events):
+        if nbytes > 0:
+            open_allocs[addr] = i
+        elif addr in open_allocs:
+            freed_at[open_allocs.pop(addr)] = ts
+    return freed_at
+
+
+def _decimated(timeline: np.ndarray) -> np.ndarray:
+    """At most ``MAX_TIMELINE_POINTS`` rows, evenly spread, the peak's row kept."""
+    if len(timeline) <= MAX_TIMELINE_POINTS:
+        return timeline
+    keep = np.unique(
+        np.concatenate(
+            [
+                np.linspace(0, len(timeline) - 1, MAX_TIMELINE_POINTS).astype(int),
+                [int(np.argmax(timeline[:, 1:].sum(axis=1)))],
+            ]
+        )
+    )
+    return timeline[keep]
 
 
 def _spans(backward: np.ndarray | float) -> np.ndarray:
