@@ -7,6 +7,8 @@ swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere
 swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the measured memory
 """
 
+import sys
+
 from swift_nb.analysis.forecast import forecast
 from swift_nb.api import compare, profile, report
 from swift_nb.capture.steps import step
@@ -42,6 +44,21 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+def _forecasts_as_html() -> None:
+    """In IPython, a Forecast displays as the render layer's HTML (the analysis layer
+    holds no markup): registered with the shell's HTML formatter when there is one."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        from swift_nb.analysis.forecast import Forecast
+        from swift_nb.render.forecast import forecast_html
+
+        shell.display_formatter.formatters["text/html"].for_type(Forecast, forecast_html)
+
+
+_forecasts_as_html()
+
+
 def load_ipython_extension(ip) -> None:
     """``%load_ext swift_nb``: registers ``%%swift_profile`` and ``%swift_runs``."""
     from swift_nb.notebook.magic import load_ipython_extension as load
@@ -49,3 +66,4 @@ def load_ipython_extension(ip) -> None:
 
     load(ip)
     install(ip)  # reruns replay the session's cells that succeeded
+    _forecasts_as_html()

@@ -27,7 +27,7 @@ from swift_nb.analysis.forecast import (
 from swift_nb.demo import make_model
 from swift_nb.errors import ConfigError
 from swift_nb.record import MEMORY_CATEGORIES, Run
-from swift_nb.render.forecast import TITLE, forecast_figure, forecast_section, forecast_text
+from swift_nb.render.forecast import TITLE, forecast_figure, forecast_html, forecast_section, forecast_text
 from swift_nb.units import fmt_bytes
 
 MIB = 1 << 20
@@ -356,7 +356,7 @@ def test_text_html_and_table_say_the_numbers(adam):
     )
     assert "H100-80GB · batch 16 × 512" in html and "How each number is found" in html
     assert "<script" not in html
-    assert "<table>" in fits._repr_html_() and "It fits" in fits._repr_html_()
+    assert "<table>" in forecast_html(fits) and "It fits" in forecast_html(fits)
     words = forecast_text([fits])
     assert words.startswith(TITLE) and "By category" in words
     assert forecast_section([]) == "<p class='empty'>No forecast was asked for.</p>"
@@ -486,3 +486,17 @@ def test_the_panel_form_forecasts_without_rerunning(tmp_path):
     panel = results_panel(run, [])
     memory_tab = panel.children[1].children[TABS.index("Memory")]
     assert any("swift-nb-forecast" in w._dom_classes for w in memory_tab.children)
+
+
+def test_a_notebook_shows_a_forecast_as_html(adam):
+    """The analysis layer holds no markup: swift_nb registers the render layer's with
+    IPython's HTML formatter, so a forecast on a cell's last line still shows as HTML."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import swift_nb
+
+    shell = InteractiveShell.instance()
+    swift_nb._forecasts_as_html()
+    f = forecast(adam, "H100-80GB", batch_size=16)
+    data, _ = shell.display_formatter.format(f)
+    assert data["text/html"] == forecast_html(f)

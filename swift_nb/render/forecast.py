@@ -6,7 +6,7 @@ and one stacked bar per configuration against the device's room.
 ``forecast_section(forecasts)`` is the section's HTML body (the caller adds the ``TITLE``
 heading, as for every section); ``forecast_text(forecasts)`` the same for a terminal;
 ``forecast_figure(forecasts)`` the bars alone; ``forecast_html(forecast)`` one forecast as a
-notebook shows it (``Forecast._repr_html_``). ``parse_forecast_spec`` reads the magic's
+notebook shows it (registered with IPython's HTML formatter by ``swift_nb``). ``parse_forecast_spec`` reads the magic's
 ``--forecast "H100-80GB batch=32 seq=4096 dtype=bf16"`` into ``forecast()``'s keywords.
 Every string that comes from the user or the record is escaped.
 """

@@ -153,13 +153,6 @@ class Forecast:
         lines += ["", "How:", *(f"  {d}" for d in self.derivation)]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        # Jupyter asks the object itself; the markup is the render layer's, imported when
-        # a notebook displays one (that layer imports this module).
-        from swift_nb.render.forecast import forecast_html
-
-        return forecast_html(self)
-
 
 def _limit(value: int | None, unit: str = "") -> str:
     if value is None:
