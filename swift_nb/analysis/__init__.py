@@ -1,7 +1,9 @@
 """Analysis layer: pure functions over Run records, returning DataFrames or dataclasses.
 
-``analyze(run)`` runs them all over one parse of the trace (for a job of several ranks:
-rank 0's trace, plus every rank's for the collectives and the findings across ranks).
+``analyze(run)`` runs each of them once over the run's data read once (``RunData``: one
+parse of the trace and the intermediates several analyses share; for a job of several
+ranks, rank 0's trace, plus every rank's for the collectives and the findings across
+ranks).
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
-from swift_nb.analysis.breakdown import device_busy, step_breakdown, trace_breakdown
+from swift_nb.analysis.breakdown import device_busy, trace_breakdown
 from swift_nb.analysis.comm import collectives, comm_per_step, job_collectives
 from swift_nb.analysis.device import device_steps, device_summary, device_work, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
-from swift_nb.analysis.memory import memory_footprint, memory_timeline
+from swift_nb.analysis.memory import memory_timeline
 from swift_nb.analysis.operators import by_memory, top_operators
+from swift_nb.analysis.run_data import run_data
 from swift_nb.analysis.throughput import Throughput, throughput
-from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.analysis.trace import Trace
 from swift_nb.errors import ConfigError
 from swift_nb.record import Run
 
@@ -66,12 +69,12 @@ def forecasts_of(run: Run, trace: Trace | None = None) -> tuple[list[Forecast], 
 def analyze(
     run: Run, thresholds: Thresholds | None = None, top_n: int = 15, trace: Trace | None = None
 ) -> Analysis:
-    """All analyses of ``run``; ``trace`` saves reading the trace file when the caller
-    already holds it."""
-    trace = trace if trace is not None else load_trace(run)
-    breakdown = step_breakdown(run, trace)
-    evidence, verdict, findings = advise_with_evidence(run, trace, thresholds, breakdown)
-    ops = top_operators(run, by="self_time", n=None, trace=trace)  # nesting computed once
+    """All analyses of ``run``, each once, over its data read once (``run_data``);
+    ``trace`` saves reading the trace file when the caller already holds it."""
+    data = run_data(run, trace)
+    trace = data.trace
+    evidence, verdict, findings = advise_with_evidence(run, thresholds=thresholds, data=data)
+    ops = top_operators(None, by="self_time", n=None, trace=trace, nesting=data.nesting)
     per_rank = rank_analysis.per_rank(run)
     if rank_analysis.is_job(run):
         comm = job_collectives(run, {0: trace})
@@ -79,27 +82,30 @@ def analyze(
         straggler = rank_analysis.straggler_finding(per_rank, comm)
         if straggler is not None:
             findings.append(straggler)
-    else:
-        comm = collectives(trace, 1, int(run.environment.get("rank", 0)))
+    elif data.world_size == 1:
+        comm = data.collectives
+    else:  # a rank's own record: its collectives as a single process's
+        comm = collectives(trace, 1, data.rank)
+    work = device_work(trace)
     forecasts, forecast_problem = forecasts_of(run, trace)
     return Analysis(
         forecasts=forecasts,
         forecast_problem=forecast_problem,
-        breakdown=breakdown,
+        breakdown=data.breakdown,
         device_busy=device_busy(run, trace),
-        footprint=memory_footprint(run),
+        footprint=data.footprint,
         timeline=memory_timeline(run),
         operators_time=ops.head(top_n).reset_index(drop=True),
         operators_memory=by_memory(ops).head(top_n).reset_index(drop=True),
-        throughput=throughput(run, trace),
+        throughput=throughput(run, trace, data.traced_batch_and_seq),
         verdict=verdict,
         findings=findings,
         per_rank=per_rank,
         collectives=comm,
-        device=device_summary(trace),
-        device_steps=device_steps(trace),
-        kernel_kinds=kernels_by_kind(trace),
-        idle_causes=idle_by_cause(trace),
+        device=device_summary(trace, work=work),
+        device_steps=device_steps(trace, work=work),
+        kernel_kinds=kernels_by_kind(trace, work=work),
+        idle_causes=idle_by_cause(trace, work=work),
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, load_trace, per_value
+from swift_nb.analysis.trace import Trace, derived, load_trace, per_name
 from swift_nb.record import Run
 
 PARTS = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "h2d_s", "other_s", "untraced_s"]
@@ -52,7 +52,7 @@ def _trace_breakdown(trace: Trace) -> pd.DataFrame:
         "own": tn.OWN,
     }
     flags = pd.DataFrame(
-        {k: per_value(ev["name"], lambda n, rx=rx: rx.search(n) is not None) for k, rx in kinds.items()}
+        {k: per_name(trace, lambda n, rx=rx: rx.search(n) is not None) for k, rx in kinds.items()}
     )
     flags["host"] = ~ev["cat"].isin(tn.DEVICE_CATEGORIES)
     rows = []

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, load_trace_file, per_value
+from swift_nb.analysis.trace import Trace, derived, load_trace_file, per_name, per_value
 from swift_nb.record import Run
 
 DTYPE_BYTES = {
@@ -185,8 +185,9 @@ def _comm_per_step(trace: Trace) -> pd.DataFrame:
     ev, steps = trace.events, trace.steps
     spans = ev[["ts_us", "end_us"]].to_numpy(dtype=float)
     step_spans = steps[["start_us", "end_us"]].to_numpy(dtype=float)
-    coll = spans[_collective_mask(ev)]
-    compute = spans[_compute_mask(ev)]
+    named = per_name(trace, tn.is_collective)
+    coll = spans[tn.collective_mask(named, ev["cat"])]
+    compute = spans[tn.compute_mask(named, ev["cat"])]
     return pd.DataFrame(
         {
             "step": steps["step"].to_numpy(),
@@ -208,14 +209,6 @@ def comm_shares(per_step: pd.DataFrame) -> tuple[float, float]:
     return float(per_step["collective_s"].sum()) / total, float(per_step["exposed_comm_s"].sum()) / total
 
 
-def _collective_mask(ev: pd.DataFrame) -> np.ndarray:
-    return tn.collective_mask(per_value(ev["name"], tn.is_collective), ev["cat"])
-
-
-def _compute_mask(ev: pd.DataFrame) -> np.ndarray:
-    return tn.compute_mask(per_value(ev["name"], tn.is_collective), ev["cat"])
-
-
 def collectives(trace: Trace, world: int = 1, rank: int = 0) -> pd.DataFrame:
     """One row per collective kind in ``trace``'s recorded steps (see the module's
     docstring): calls, bytes, wire bytes and seconds per step, bus bandwidth (bytes/s)
@@ -231,15 +224,20 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
     n_steps = len(trace.steps)
     if ev.empty or not n_steps:
         return pd.DataFrame(columns=COLUMNS)
-    ev = ev[ev["step"] >= 0]
-    issued = ev[ev["cat"] == "cpu_op"].copy()
-    issued["kind"] = per_value(issued["name"], tn.collective_kind, object, None)
+    in_steps = (ev["step"] >= 0).to_numpy()
+    ev = ev[in_steps]
+
+    def per_step_name(fn, dtype=bool, missing=False) -> np.ndarray:
+        return per_name(trace, fn, dtype, missing)[in_steps]
+
+    is_cpu = (ev["cat"] == "cpu_op").to_numpy()
+    issued = ev[is_cpu].copy()
+    issued["kind"] = per_step_name(tn.collective_kind, object, None)[is_cpu]
     issued = issued.dropna(subset=["kind"]).sort_values("ts_us", kind="stable")
     if issued.empty:
         return pd.DataFrame(columns=COLUMNS)
     transfers = ev[
-        per_value(ev["name"], lambda n: bool(tn.TRANSFER.match(n)))
-        & ev["cat"].isin(["user_annotation", "kernel"])
+        per_step_name(lambda n: bool(tn.TRANSFER.match(n))) & ev["cat"].isin(["user_annotation", "kernel"])
     ]
     transfers = transfers.sort_values("ts_us", kind="stable")
     if len(transfers) == len(issued):
@@ -250,9 +248,9 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
         issued["time_us"] = issued["dur_us"]
         issued["t0_us"] = issued["ts_us"]
         source = "issuing op"
-    optim = ev[per_value(ev["name"], lambda n: bool(tn.OPTIMIZER_STEP.match(n)))]
+    optim = ev[per_step_name(lambda n: bool(tn.OPTIMIZER_STEP.match(n)))]
     optim_iv = tn.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
-    compute = ev[_compute_mask(ev)]
+    compute = ev[tn.compute_mask(per_step_name(tn.is_collective), ev["cat"])]
     compute_iv = tn.union(compute["ts_us"].to_numpy(), compute["end_us"].to_numpy())
     issued["bytes"] = [
         _payload_bytes(n, k, d, t, world)

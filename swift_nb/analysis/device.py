@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, per_value, steps_of
+from swift_nb.analysis.trace import Trace, derived, per_name, steps_of
 
 SHARES = ["idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct"]
 SUMMARY_KEYS = [
@@ -74,19 +74,19 @@ def device_work(trace: Trace) -> pd.DataFrame:
 def _device_work(trace: Trace) -> pd.DataFrame:
     ev = trace.events
     origin = _origin(trace)
-    work = ev[ev["cat"].isin(tn.DEVICE_WORK)]
+    is_work = ev["cat"].isin(tn.DEVICE_WORK).to_numpy()
+    work = ev[is_work]
     calls = ev[ev["cat"].isin(tn.LAUNCH_CATEGORIES) & (ev["correlation"] >= 0)]
     launch_at = calls.drop_duplicates("correlation").set_index("correlation")["ts_us"]
     launch = work["correlation"].map(launch_at).to_numpy(dtype=float)
-    names = work["name"]
     start, end = _spans(work, origin)
     return (
         pd.DataFrame(
             {
-                "name": names.to_numpy(),
-                "kind": per_value(names, tn.kernel_kind, object, None),
-                "compute": per_value(names, tn.is_compute),
-                "comm": per_value(names, lambda n: tn.COMM_KERNEL.match(n) is not None),
+                "name": work["name"].to_numpy(),
+                "kind": per_name(trace, tn.kernel_kind, object, None)[is_work],
+                "compute": per_name(trace, tn.is_compute)[is_work],
+                "comm": per_name(trace, lambda n: tn.COMM_KERNEL.match(n) is not None)[is_work],
                 "ts_us": start,
                 "end_us": end,
                 "launch_us": launch - origin,
@@ -140,13 +140,14 @@ def _whole_window(work: pd.DataFrame) -> np.ndarray:
     return np.array([[work["ts_us"].min(), work["end_us"].max()]])
 
 
-def device_summary(trace: Trace, include_last_step: bool = False) -> dict:
+def device_summary(trace: Trace, include_last_step: bool = False, work: pd.DataFrame | None = None) -> dict:
     """HTA's temporal breakdown and communication/compute overlap of the whole trace's
     window: ``device_idle_pct``, ``device_compute_pct``, ``device_non_compute_pct``,
     ``comm_compute_overlap_pct`` (percent), ``window_s`` (seconds) and
     ``last_step_left_out`` (whether the window leaves the last step's work out); every
-    value None without device work, the overlap None without communication kernels."""
-    work = _in_window(device_work(trace), trace, include_last_step)
+    value None without device work, the overlap None without communication kernels.
+    ``work``: ``device_work(trace)`` when the caller holds it."""
+    work = _in_window(work if work is not None else device_work(trace), trace, include_last_step)
     if work.empty:
         return dict.fromkeys(SUMMARY_KEYS)
     row = _shares(_whole_window(work), work).iloc[0]
@@ -170,13 +171,14 @@ def _step_windows(work: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return first.index.to_numpy(), np.column_stack([starts, np.maximum(ends, starts)])
 
 
-def device_steps(trace: Trace) -> pd.DataFrame:
+def device_steps(trace: Trace, work: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per profiler step that launched device work: ``step``, its window
     (``window_s``), HTA's shares of it (``idle_pct``, ``compute_pct``, ``non_compute_pct``,
     ``comm_compute_overlap_pct``; percent, the overlap NaN without communication) and its
     idle seconds by cause (``idle_s`` = ``comm_wait_s`` + ``host_bound_s`` + ``other_s``, see
-    ``idle_by_cause``). Empty without device work or steps."""
-    work = device_work(trace)
+    ``idle_by_cause``). Empty without device work or steps. ``work``: ``device_work(trace)``
+    when the caller holds it."""
+    work = work if work is not None else device_work(trace)
     steps, windows = _step_windows(work)
     if not len(steps):
         return pd.DataFrame(columns=STEP_COLUMNS)
@@ -187,13 +189,16 @@ def device_steps(trace: Trace) -> pd.DataFrame:
     ]
 
 
-def kernels_by_kind(trace: Trace, by_step: bool = False, include_last_step: bool = False) -> pd.DataFrame:
+def kernels_by_kind(
+    trace: Trace, by_step: bool = False, include_last_step: bool = False, work: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Device time by kind of work (``trace_names.KERNEL_KIND_NAMES``): ``kind``,
     ``count``, ``time_s`` (summed durations, seconds; overlapping work counts in full) and
     ``time_pct`` (share of the summed device time, percent), longest first, over the
     whole trace's window; ``by_step``: the same per profiler step that launched the work,
-    with a ``step`` column. Empty without device work."""
-    work = device_work(trace)
+    with a ``step`` column. Empty without device work. ``work``: ``device_work(trace)``
+    when the caller holds it."""
+    work = work if work is not None else device_work(trace)
     if by_step:
         work, keys = work[work["step"] >= 0], ["step", "kind"]
     else:
@@ -224,11 +229,11 @@ def _host_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 def _host_spans_of(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     ev = trace.events
-    host = ev[~ev["cat"].isin(tn.DEVICE_CATEGORIES)]
-    names = host["name"]
-    comm = per_value(names, lambda n: tn.is_collective(n) or tn.WAIT.search(n) is not None)
+    is_host = ~ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
+    host = ev[is_host]
+    comm = per_name(trace, lambda n: tn.is_collective(n) or tn.WAIT.search(n) is not None)[is_host]
     comm &= host["cat"].isin(tn.COLLECTIVE_CATEGORIES).to_numpy()
-    data = per_value(names, lambda n: tn.DATA.match(n) is not None)
+    data = per_name(trace, lambda n: tn.DATA.match(n) is not None)[is_host]
     busy = host["cat"].isin(tn.HOST_WORK).to_numpy() | data
     ts, te = _spans(host, _origin(trace))
     return tn.union(ts[comm], te[comm]), tn.union(ts[busy], te[busy])
@@ -262,7 +267,9 @@ def _idle_causes(trace: Trace, work: pd.DataFrame, windows: np.ndarray, busy=Non
     )
 
 
-def idle_by_cause(trace: Trace, by_step: bool = False, include_last_step: bool = False) -> pd.DataFrame:
+def idle_by_cause(
+    trace: Trace, by_step: bool = False, include_last_step: bool = False, work: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The device's idle seconds by cause, over the whole trace's window (one row) or,
     ``by_step``, per profiler step (a ``step`` column): ``window_s``, ``idle_s`` and its
     parts ``comm_wait_s`` + ``host_bound_s`` + ``other_s``. Empty without device work.
@@ -280,8 +287,10 @@ def idle_by_cause(trace: Trace, by_step: bool = False, include_last_step: bool =
        the device, sets the pace;
     3. ``other_s``: none of these: the host is between traced operators (Python, untraced
        waits and sleeps).
+
+    ``work``: ``device_work(trace)`` when the caller holds it.
     """
-    work = device_work(trace)
+    work = work if work is not None else device_work(trace)
     if by_step:
         steps, windows = _step_windows(work)
         if not len(steps):

@@ -10,6 +10,8 @@ user annotations (the profiler's step spans, ``Optimizer.step``, ``enumerate(Dat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -21,7 +23,11 @@ COLUMNS = ["name", "calls", "self_time_s", "total_time_s", "self_pct", "alloc_by
 
 
 def top_operators(
-    run: Run, by: str = "self_time", n: int | None = 15, trace: Trace | None = None
+    run: Run | None,
+    by: str = "self_time",
+    n: int | None = 15,
+    trace: Trace | None = None,
+    nesting: Nesting | None = None,
 ) -> pd.DataFrame:
     """The ``n`` heaviest operators of the profiled steps (all of them when ``n`` is None).
 
@@ -31,21 +37,30 @@ def top_operators(
     operators and GPU kernels together); ``alloc_bytes``, bytes allocated on any device
     while it was the innermost operator; ``input_shapes``, its most common input shapes
     (JSON text, empty for kernels). ``by`` is ``"self_time"`` or ``"memory"``
-    (``alloc_bytes``), largest first.
+    (``alloc_bytes``), largest first. ``trace``: the run's trace when the caller holds
+    it (``run`` is then not read); ``nesting``: ``op_nesting`` of its events, likewise.
     """
     if by not in SORT_COLUMNS:
         raise ValueError(f"by must be one of {', '.join(map(repr, SORT_COLUMNS))}; got {by!r}")
-    trace = trace if trace is not None else load_trace(run)
+    if trace is None:
+        if run is None:
+            raise ValueError("top_operators needs a run or its trace")
+        trace = load_trace(run)
     key = f"operators/{by}/{id(trace.memory)}/{id(trace.steps)}"
-    out = derived(trace.events, key, lambda: _operators(trace, by)).copy()
+    held = trace
+    out = derived(
+        trace.events,
+        key,
+        lambda: _operators(held, by, nesting if nesting is not None else op_nesting(held.events)),
+    ).copy()
     return out if n is None else out.head(n).reset_index(drop=True)
 
 
-def _operators(trace: Trace, by: str) -> pd.DataFrame:
-    ops, nesting = _ops_and_self_times(trace.events)
+def _operators(trace: Trace, by: str, nesting: Nesting) -> pd.DataFrame:
+    ops = nesting.ops
     if ops.empty:
         return pd.DataFrame(columns=COLUMNS)
-    thread, idx, parent, self_us = nesting
+    thread, idx, parent, self_us = nesting.thread, nesting.order, nesting.parent, nesting.self_us
 
     start, dur = ops["ts_us"].to_numpy(float), ops["dur_us"].to_numpy(float)
 
@@ -84,24 +99,52 @@ def _sorted(table: pd.DataFrame, key: str) -> pd.DataFrame:
     return table.sort_values([key, *others, "name"], ascending=[False, False, True], ignore_index=True)
 
 
-def op_self_times_us(events: pd.DataFrame) -> pd.Series:
+@dataclass(frozen=True)
+class Nesting:
+    """The profiled steps' operator events and how they nest, derived once per events
+    table (``op_nesting``; the operators table and the advisor both read it).
+
+    ops: the operator events of the profiled steps (``cpu_op`` events in a step, and the
+    kernels they launched), numbered 0..n-1; events_index: each one's index in the events
+    table; thread: a number per (pid, tid); order: the positions of the events with a
+    duration, by (thread, start, longest first); parent: in that order, each one's
+    innermost enclosing event on its thread (-1: none); self_us: each op's self time (µs),
+    its duration less its direct children's.
+    """
+
+    ops: pd.DataFrame
+    events_index: pd.Index
+    thread: np.ndarray
+    order: np.ndarray
+    parent: np.ndarray
+    self_us: np.ndarray
+
+    def self_times_us(self) -> pd.Series:
+        """``self_us`` indexed by the events' index."""
+        return pd.Series(self.self_us.copy(), index=self.events_index, dtype=float)
+
+
+def op_self_times_us(events: pd.DataFrame, nesting: Nesting | None = None) -> pd.Series:
     """Self time (µs) of each operator event of the profiled steps: its duration minus
-    its direct children's on the same thread (index: the events' index)."""
-    ops = _profiled_ops(events, keep_index=True)
+    its direct children's on the same thread (index: the events' index). ``nesting``:
+    ``op_nesting(events)`` when the caller holds it."""
+    return (nesting if nesting is not None else op_nesting(events)).self_times_us()
+
+
+def op_nesting(events: pd.DataFrame) -> Nesting:
+    """The profiled steps' operators and their nesting (``Nesting``), computed once per
+    events table."""
+    return derived(events, "self_times", lambda: _op_nesting(events))
+
+
+def _op_nesting(events: pd.DataFrame) -> Nesting:
+    profiled = _profiled_ops(events)
+    ops = profiled.reset_index(drop=True)
     if ops.empty:
-        return pd.Series(dtype=float)
-    return pd.Series(_ops_and_self_times(events)[1][3].copy(), index=ops.index)
-
-
-def _ops_and_self_times(events: pd.DataFrame):
-    """``_profiled_ops(events)`` and its ``_self_times``, computed once per events table
-    (the operators table and the advisor both need them)."""
-
-    def compute():
-        ops = _profiled_ops(events)
-        return ops, (_self_times(ops) if not ops.empty else None)
-
-    return derived(events, "self_times", compute)
+        none = np.empty(0, dtype=np.int64)
+        return Nesting(ops, profiled.index, none, none, none, np.empty(0))
+    thread, order, parent, self_us = _self_times(ops)
+    return Nesting(ops, profiled.index, thread, order, parent, self_us)
 
 
 def _self_times(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -120,16 +163,16 @@ def _self_times(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return thread, idx, parent, self_us
 
 
-def _profiled_ops(events: pd.DataFrame, keep_index: bool = False) -> pd.DataFrame:
-    """Operator events of the profiled steps. A kernel runs after the host op that launched
-    it, possibly past the last step's end, so a kernel also counts when its launching op
-    (same external id) is in a profiled step."""
+def _profiled_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """Operator events of the profiled steps (the events' index kept). A kernel runs after
+    the host op that launched it, possibly past the last step's end, so a kernel also
+    counts when its launching op (same external id) is in a profiled step."""
     cat = events["cat"]
     cpu = (cat == "cpu_op") & (events["step"] >= 0)
     kernel = cat == "kernel"
     launched = events["ext_id"].isin(events.loc[cpu, "ext_id"].dropna())
     keep = cpu | (kernel & ((events["step"] >= 0) | launched))
-    return events.loc[keep] if keep_index else events.loc[keep].reset_index(drop=True)
+    return events.loc[keep]
 
 
 def _nesting(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

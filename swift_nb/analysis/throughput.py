@@ -47,15 +47,19 @@ class Throughput:
     device_name: str | None = None
 
 
-def throughput(run: Run, trace: Trace | None = None) -> Throughput:
+def throughput(
+    run: Run, trace: Trace | None = None, traced: tuple[int | None, int | None] | None = None
+) -> Throughput:
     """The run's throughput. Batch size and sequence length come from ``run.context``
     (``batch_size``, ``seq_len``) when given, else from the traced input shapes (see
-    ``batch_and_seq``); ``flops_per_step`` from ``run.summary``."""
+    ``batch_and_seq``); ``flops_per_step`` from ``run.summary``. ``trace``: the run's trace,
+    and ``traced``: ``batch_and_seq`` of its events, when the caller holds them."""
     steps_per_s = _steps_per_s(run.steps)
     batch, seq = run.context.get("batch_size"), run.context.get("seq_len")
     if batch is None or seq is None:
-        trace = trace if trace is not None else load_trace(run)
-        found_batch, found_seq = batch_and_seq(trace.events)
+        if traced is None:
+            traced = batch_and_seq((trace if trace is not None else load_trace(run)).events)
+        found_batch, found_seq = traced
         batch = batch if batch is not None else found_batch
         seq = seq if seq is not None else found_seq
 

@@ -12,6 +12,7 @@ import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,12 @@ class Trace:
     @property
     def empty(self) -> bool:
         return self.steps.empty
+
+    @cached_property
+    def _name_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        # factorized once per trace: the analyses ask a dozen questions of its names
+        codes, uniques = pd.factorize(self.events["name"])
+        return codes, np.asarray(uniques, dtype=object)
 
 
 def _shapes(args: dict) -> str:
@@ -177,6 +184,14 @@ def per_value(
     once per distinct value: a trace's 100 000 events have a few hundred names, and
     pandas' per-element ``map`` and ``str`` methods on text cost more than the analysis."""
     codes, uniques = pd.factorize(column)
+    return np.array([*(fn(u) for u in uniques), missing], dtype=dtype)[codes]
+
+
+def per_name(trace: Trace, fn: Callable[[str], Any], dtype: Any = bool, missing: Any = False) -> np.ndarray:
+    """``per_value(trace.events["name"], fn, …)``: ``fn`` of each event's name, one entry
+    per event, from the names factorized once per trace (a mask of the events selects the
+    entries of some of them)."""
+    codes, uniques = trace._name_codes
     return np.array([*(fn(u) for u in uniques), missing], dtype=dtype)[codes]
 
 

@@ -18,6 +18,7 @@ from swift_nb.analysis.advisor.evidence import Evidence, Loader, Thresholds, gat
 from swift_nb.analysis.advisor.registry import RULES, Rule
 from swift_nb.analysis.advisor.verdict import bottleneck
 from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.run_data import RunData
 from swift_nb.analysis.trace import Trace
 from swift_nb.record import Run
 
@@ -56,8 +57,9 @@ def advise_with_evidence(
     trace: Trace | None = None,
     thresholds: Thresholds | None = None,
     breakdown: pd.DataFrame | None = None,
+    data: RunData | None = None,
 ) -> tuple[Evidence, Verdict, list[Finding]]:
-    """``advise`` and the evidence its rules read."""
+    """``advise`` and the evidence its rules read (``data``: see ``gather``)."""
     th = thresholds or Thresholds()
-    ev = gather(run, trace, th, breakdown)
+    ev = gather(run, trace, th, breakdown, data)
     return ev, bottleneck(ev, th), findings(ev, th, run.context)

@@ -10,13 +10,11 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.breakdown import step_breakdown
-from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
-from swift_nb.analysis.memory import memory_footprint, memory_growth
-from swift_nb.analysis.operators import op_self_times_us
+from swift_nb.analysis.comm import comm_shares
+from swift_nb.analysis.memory import memory_growth
+from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
-from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace import Trace, load_trace, per_value
+from swift_nb.analysis.trace import Trace, per_name, per_value
 from swift_nb.record import Run
 
 
@@ -150,10 +148,14 @@ def gather(
     trace: Trace | None = None,
     thresholds: Thresholds | None = None,
     breakdown: pd.DataFrame | None = None,
+    data: RunData | None = None,
 ) -> Evidence:
+    """The numbers the rules read for ``run``. ``data``: the run's shared data
+    (``run_data``) when the caller holds it; else it is derived here, from ``trace`` and
+    ``breakdown`` when given."""
     th = thresholds or Thresholds()
-    trace = trace if trace is not None else load_trace(run)
-    bd = breakdown if breakdown is not None else step_breakdown(run, trace)
+    data = data if data is not None else run_data(run, trace, breakdown)
+    trace, bd, ops = data.trace, data.breakdown, data.cpu_ops
     step_s = float(bd["step_s"].median()) if len(bd) else float("nan")
     shares = {}
     for col in (
@@ -167,25 +169,23 @@ def gather(
         "untraced_s",
     ):
         shares[col.removesuffix("_s")] = float((bd[col] / bd["step_s"]).median()) if len(bd) else 0.0
-    ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
     n_steps = max(1, len(trace.steps))
     ops_per_step = len(ops) / n_steps
-    self_us = op_self_times_us(trace.events).reindex(ops.index)
+    self_us = data.cpu_op_self_us
     median_op_us = float(self_us.median()) if len(ops) else float("nan")
     span_us = float(trace.steps["dur_us"].sum()) if len(trace.steps) else 0.0
     heavy = float(self_us[self_us >= th.tiny_op_us].sum() / span_us) if span_us else 0.0
     seq, shape, layers = eager_attention(ops, n_steps)
     sdpa = int(ops["name"].eq(SDPA).sum())
-    fp = memory_footprint(run)
+    fp = data.footprint
     peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
     growth, source = memory_growth(run)
-    world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
-    collective_share, exposed_comm_share = comm_shares(comm_per_step(trace))
+    collective_share, exposed_comm_share = comm_shares(data.comm_per_step)
     return Evidence(
         collective_share=collective_share,
         exposed_comm_share=exposed_comm_share,
-        world_size=world,
-        comm=collectives(trace, world, int(run.environment.get("rank", 0))),
+        world_size=data.world_size,
+        comm=data.collectives,
         step_s=step_s,
         shares=shares,
         ops_per_step=ops_per_step,
@@ -202,16 +202,16 @@ def gather(
         limit_bytes=th.memory_limit_bytes if th.memory_limit_bytes is not None else _device_limit(run),
         growth_bytes_per_step=growth,
         growth_source=source,
-        loader=_loader(trace, bd, ops, run),
+        loader=_loader(trace, bd, ops, run, data.traced_batch_and_seq[0]),
         matmul_types=_matmul_types(ops),
     )
 
 
-def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Loader:
+def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run, traced_batch: int | None) -> Loader:
     """What the ``enumerate(DataLoader)`` spans of the profiled steps hold (``ops``: the
-    steps' cpu ops)."""
+    steps' cpu ops; ``traced_batch``: the batch the model's inputs show)."""
     ev = trace.events
-    spans = ev[(ev["step"] >= 0).to_numpy() & per_value(ev["name"], lambda n: tn.DATA.search(n) is not None)]
+    spans = ev[(ev["step"] >= 0).to_numpy() & per_name(trace, lambda n: tn.DATA.search(n) is not None)]
     context_workers = run.context.get("num_workers")
     num_workers = int(context_workers) if context_workers is not None else None
     if spans.empty:
@@ -240,13 +240,13 @@ def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run) -> Load
     return Loader(
         data_s=data_s,
         ops_s=min(data_s, float(np.median([ops_s.get(s, 0.0) for s in bd["step"]])) if len(bd) else 0.0),
-        samples=_batch_samples(samples, trace, run),
+        samples=_batch_samples(samples, run, traced_batch),
         in_workers=in_workers,
         num_workers=num_workers,
     )
 
 
-def _batch_samples(collated: list[int], trace: Trace, run: Run) -> int:
+def _batch_samples(collated: list[int], run: Run, traced_batch: int | None) -> int:
     """Samples per batch: as the run's context says, else how many tensors the collate
     stacked (the profiler leaves long lists' shapes out), else the batch the model's
     inputs show; 0 when nothing tells."""
@@ -254,7 +254,7 @@ def _batch_samples(collated: list[int], trace: Trace, run: Run) -> int:
         return int(run.context["batch_size"])
     if collated:
         return int(np.median(collated))
-    return batch_and_seq(trace.events)[0] or 0
+    return traced_batch or 0
 
 
 def _device_limit(run: Run) -> float | None:
