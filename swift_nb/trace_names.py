@@ -40,6 +40,18 @@ OWN = re.compile("^" + re.escape(OWN_PREFIX))
 # -- what the step breakdown tells apart ------------------------------------------------------
 
 DATA = re.compile(r"^enumerate\(DataLoader\)")
+# A user annotation around loading the next batch (``record_function("## data_load ##")``)
+DATA_ANNOTATION = re.compile(r"data[ _]?load", re.IGNORECASE)
+# Runtime calls that block the host until the device has drained: the next kernel can only
+# be launched after them, so the device idles from their end until the next launch.
+SYNC = re.compile(r"^(?:cuda|hip)(?:Device|Stream|Event)Synchronize$")
+# Runtime calls that copy between host and device; a copy from pageable memory blocks the
+# host while it stages the data.
+MEMCPY_CALL = re.compile(r"^(?:cuda|hip)Memcpy")
+# The runtime calls that put work on the device.
+LAUNCH = re.compile(
+    r"^(?:cuda|hip)(?:LaunchKernel|LaunchCooperativeKernel|Memcpy|Memset|GraphLaunch)|^cuLaunchKernel"
+)
 WORKER_LOADER = "_MultiProcessingDataLoaderIter"  # in a DATA span's name: batches come from workers
 COLLATE_STACK = "aten::stack"  # the default collate stacks each field of the samples
 OPTIMIZER = re.compile(r"^Optimizer\.(?:step|zero_grad)#")

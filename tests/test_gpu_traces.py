@@ -156,16 +156,23 @@ def test_idle_causes_add_up_to_the_idle_time(traces, name):
 
 
 def test_idle_causes_in_numbers(traces):
-    # rank 0 of 2, DDP on a ResNet: the host launching thousands of small kernels sets the pace
+    # rank 0 of 2, DDP on a ResNet: the host launching thousands of small kernels sets the pace;
+    # a few stream synchronisations and copy calls block it too
     row = device.idle_by_cause(traces["gpu_nccl_2ranks_rank0"]).iloc[0]
     assert row["idle_s"] == pytest.approx(0.336420, abs=1e-6)
-    assert row["host_bound_s"] == pytest.approx(0.286011, abs=1e-6)
+    assert row["host_bound_s"] == pytest.approx(0.323749, abs=1e-6)
     assert row["comm_wait_s"] == pytest.approx(0.002092, abs=1e-6)
-    assert row["other_s"] == pytest.approx(0.048317, abs=1e-6)
-    # rank 0 of 128: all-to-alls queued behind their peers hold the GPU a quarter of its idle time
+    assert row["sync_s"] == pytest.approx(0.004855, abs=1e-6)
+    assert row["copy_s"] == pytest.approx(0.005663, abs=1e-6)
+    assert row["other_s"] == pytest.approx(0.000061, abs=1e-6)
+    # rank 0 of 128: all-to-alls queued behind their peers hold the GPU a quarter of its idle
+    # time; the rest the host spends inside its step's annotations (## backward ##,
+    # ## optimizer ##) between traced operators: the GPU waits for the host to launch. The
+    # trace was sampled, so those gaps have no operator of their own, but they are the step's.
     row = device.idle_by_cause(traces["gpu_128ranks_rank0"]).iloc[0]
     assert row["comm_wait_s"] / row["idle_s"] == pytest.approx(0.2475, abs=1e-3)
-    assert row["other_s"] / row["idle_s"] == pytest.approx(0.5052, abs=1e-3)
+    assert row["host_bound_s"] / row["idle_s"] == pytest.approx(0.7522, abs=1e-3)
+    assert row["other_s"] / row["idle_s"] < 0.01  # all but 0.2 % of the idle time explained
 
 
 def test_device_steps(traces):
@@ -255,10 +262,10 @@ def test_report_of_an_imported_gpu_trace(tmp_path):
     )
     assert "Communication kernels ran alongside compute kernels for 14.8 % of their running time." in text
     assert "Of the 336.4 ms the GPU was idle, 2.1 ms (0.6 %) went to waiting on communication" in text
-    assert "286.0 ms (85.0 %) were host-bound launch gaps" in text
+    assert "323.7 ms (96.2 %) were host launch gaps" in text
     assert "Elementwise and reduction took the most device time: 49.6 ms in 1376 kernels, 48.2 %" in text
     assert "communication 14 24.3 ms 23.6 %" in text
-    assert "4 222.1 ms 77.7 % 17.3 % 4.9 % 15.2 % 1.1 ms 146.0 ms 25.5 ms" in text
+    assert "4 222.1 ms 77.7 % 17.3 % 4.9 % 15.2 % 1.1 ms 4.9 ms 2.9 ms 0 µs 163.7 ms 61 µs" in text
     # what a trace cannot hold is said to be missing, not shown as zero or as empty axes
     assert "peak tensor memory not recorded in this trace" in text
     assert "Utilisation and memory over time were not recorded in this trace" in text
@@ -307,22 +314,19 @@ def test_the_rules_on_a_hand_built_timeline():
     assert summary["device_compute_pct"] == pytest.approx(100 * 20 / 55)  # GEMM 15 + elementwise 5
     assert summary["device_non_compute_pct"] == pytest.approx(100 * 15 / 55)  # the all-reduce alone
     assert summary["comm_compute_overlap_pct"] == pytest.approx(25.0)  # 5 of its 20 µs
-    # idle [20, 40): the host in aten::mm for 5 µs, then nothing traced, then the all-reduce
-    # launched at 30 waits to start until 40
+    # idle [20, 40): the all-reduce launched at 30 waits to start until 40; before it, the
+    # host in aten::mm and then between operators inside its step (ProfilerStep#1 [0, 100))
     whole = device.idle_by_cause(t).iloc[0]
     assert whole[["idle_s", "comm_wait_s", "host_bound_s", "other_s"]].tolist() == pytest.approx(
-        [20e-6, 10e-6, 5e-6, 5e-6]
+        [20e-6, 10e-6, 10e-6, 0.0]
     )
     # step 1's window runs to step 2's first work (120): idle also [60, 120), of which the
-    # wait [62, 70) is communication and aten::copy_ [100, 115) host-bound; step 2's window
-    # [120, 160) idles [130, 150), the host launching for 1 µs of it
+    # wait [62, 70) is communication, the copy call [110, 111) a copy, the rest the host in
+    # its steps; step 2's window [120, 160) idles [130, 150), the host inside ProfilerStep#2
+    cols = ["window_s", "idle_s", "comm_wait_s", "copy_s", "host_bound_s", "other_s"]
     steps = device.idle_by_cause(t, by_step=True).set_index("step")
-    assert steps.loc[1, ["window_s", "idle_s", "comm_wait_s", "host_bound_s", "other_s"]].tolist() == (
-        pytest.approx([115e-6, 80e-6, 18e-6, 20e-6, 42e-6])
-    )
-    assert steps.loc[2, ["window_s", "idle_s", "comm_wait_s", "host_bound_s", "other_s"]].tolist() == (
-        pytest.approx([40e-6, 20e-6, 0.0, 1e-6, 19e-6])
-    )
+    assert steps.loc[1, cols].tolist() == pytest.approx([115e-6, 80e-6, 18e-6, 1e-6, 61e-6, 0.0])
+    assert steps.loc[2, cols].tolist() == pytest.approx([40e-6, 20e-6, 0.0, 0.0, 20e-6, 0.0])
     kinds = device.kernels_by_kind(t, include_last_step=True).set_index("kind")
     assert kinds["count"].to_dict() == {
         "communication": 1,

@@ -44,7 +44,8 @@ SUMMARY_KEYS = [
     "last_step_left_out",
 ]
 KIND_COLUMNS = ["kind", "count", "time_s", "time_pct"]
-CAUSES = ["comm_wait_s", "host_bound_s", "other_s"]
+#: Why the device idles, in the order a moment's cause is chosen (``idle_by_cause``).
+CAUSES = ["comm_wait_s", "sync_s", "copy_s", "data_s", "host_bound_s", "other_s"]
 IDLE_COLUMNS = ["window_s", "idle_s", *CAUSES]
 STEP_COLUMNS = ["step", "window_s", *SHARES, "idle_s", *CAUSES]
 
@@ -220,23 +221,64 @@ def kernels_by_kind(
     return table.sort_values(order, ascending=ascending, ignore_index=True)[columns]
 
 
-def _host_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(communication, host work): disjoint sorted spans (µs) of the host inside a
-    collective or a wait, and of the host running an operator, a runtime call or data
-    loading (see ``idle_by_cause``)."""
+def _host_spans(trace: Trace) -> dict[str, np.ndarray]:
+    """Disjoint sorted spans (µs) of the host, by what it does (see ``idle_by_cause``):
+    ``comm`` inside a collective or a wait, ``sync`` from a synchronising runtime call to the
+    thread's next launch, ``copy`` inside a memcpy call, ``data`` loading a batch, ``work``
+    running an operator or a runtime call, or inside a step's annotation."""
     return derived(trace.events, "host_spans", lambda: _host_spans_of(trace))
 
 
-def _host_spans_of(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
     ev = trace.events
     is_host = ~ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
     host = ev[is_host]
-    comm = per_name(trace, lambda n: tn.is_collective(n) or tn.WAIT.search(n) is not None)[is_host]
-    comm &= host["cat"].isin(tn.COLLECTIVE_CATEGORIES).to_numpy()
-    data = per_name(trace, lambda n: tn.DATA.match(n) is not None)[is_host]
-    busy = host["cat"].isin(tn.HOST_WORK).to_numpy() | data
+    cat = host["cat"].to_numpy()
     ts, te = _spans(host, _origin(trace))
-    return tn.union(ts[comm], te[comm]), tn.union(ts[busy], te[busy])
+
+    def named(test) -> np.ndarray:
+        return per_name(trace, test)[is_host]
+
+    comm = named(lambda n: tn.is_collective(n) or tn.WAIT.search(n) is not None)
+    comm &= np.isin(cat, tn.COLLECTIVE_CATEGORIES)
+    runtime = np.isin(cat, tn.LAUNCH_CATEGORIES)
+    sync = named(lambda n: tn.SYNC.match(n) is not None) & runtime
+    copy = named(lambda n: tn.MEMCPY_CALL.match(n) is not None) & runtime
+    data = named(lambda n: tn.DATA.match(n) is not None or tn.DATA_ANNOTATION.search(n) is not None)
+    work = np.isin(cat, tn.HOST_WORK) | (cat == "user_annotation")
+    origin = _origin(trace)
+    steps = trace.steps  # the profiler's ProfilerStep#N spans, kept apart from the events
+    step_ts, step_te = steps["start_us"].to_numpy() - origin, steps["end_us"].to_numpy() - origin
+    return {
+        "comm": tn.union(ts[comm], te[comm]),
+        "sync": _until_next_launch(
+            host, ts, te, sync, runtime & named(lambda n: tn.LAUNCH.match(n) is not None)
+        ),
+        "copy": tn.union(ts[copy], te[copy]),
+        "data": tn.union(ts[data], te[data]),
+        "work": tn.union(np.concatenate([ts[work], step_ts]), np.concatenate([te[work], step_te])),
+    }
+
+
+def _until_next_launch(
+    host: pd.DataFrame, ts: np.ndarray, te: np.ndarray, sync: np.ndarray, launch: np.ndarray
+) -> np.ndarray:
+    """Spans from each synchronising call's start to the next launch on its thread (to its
+    own end when none follows): the device drains during the call and stays idle until the
+    host puts work on it again."""
+    tid = host["tid"].to_numpy()
+    starts, ends = [], []
+    for thread in np.unique(tid[sync]):
+        on = tid == thread
+        launches = np.sort(ts[on & launch])
+        s, e = ts[on & sync], te[on & sync]
+        nxt = np.searchsorted(launches, e)
+        after = np.where(nxt < len(launches), launches[np.minimum(nxt, len(launches) - 1)], e)
+        starts.append(s)
+        ends.append(np.maximum(after, e))
+    if not starts:
+        return np.empty((0, 2))
+    return tn.union(np.concatenate(starts), np.concatenate(ends))
 
 
 def _idle_causes(trace: Trace, work: pd.DataFrame, windows: np.ndarray, busy=None) -> pd.DataFrame:
@@ -244,27 +286,22 @@ def _idle_causes(trace: Trace, work: pd.DataFrame, windows: np.ndarray, busy=Non
     all of ``work``)."""
     busy = _union(work) if busy is None else busy
     hull = np.array([[windows[:, 0].min(), windows[:, 1].max()]])
-    idle = tn.subtract(hull, busy)
-    comm_host, host_work = _host_spans(trace)
+    rest = tn.subtract(hull, busy)
+    spans = _host_spans(trace)
     # a collective launched and not yet running also holds the device
     queued = work[work["comm"].to_numpy() & (work["launch_us"] < work["ts_us"]).to_numpy()]
     comm = tn.union(
-        np.concatenate([comm_host[:, 0], queued["launch_us"].to_numpy()]),
-        np.concatenate([comm_host[:, 1], queued["ts_us"].to_numpy()]),
+        np.concatenate([spans["comm"][:, 0], queued["launch_us"].to_numpy()]),
+        np.concatenate([spans["comm"][:, 1], queued["ts_us"].to_numpy()]),
     )
-    waiting = tn.intersect(idle, comm)
-    rest = tn.subtract(idle, comm)
-    hosted = tn.intersect(rest, host_work)
-    other = tn.subtract(rest, host_work)
-    return pd.DataFrame(
-        {
-            "window_s": (windows[:, 1] - windows[:, 0]) / 1e6,
-            "idle_s": tn.covered(windows, idle) / 1e6,
-            "comm_wait_s": tn.covered(windows, waiting) / 1e6,
-            "host_bound_s": tn.covered(windows, hosted) / 1e6,
-            "other_s": tn.covered(windows, other) / 1e6,
-        }
-    )
+    out = {"window_s": (windows[:, 1] - windows[:, 0]) / 1e6, "idle_s": tn.covered(windows, rest) / 1e6}
+    for cause, held in zip(
+        CAUSES[:-1], (comm, spans["sync"], spans["copy"], spans["data"], spans["work"]), strict=True
+    ):
+        out[cause] = tn.covered(windows, tn.intersect(rest, held)) / 1e6
+        rest = tn.subtract(rest, held)
+    out["other_s"] = tn.covered(windows, rest) / 1e6
+    return pd.DataFrame(out)
 
 
 def idle_by_cause(
@@ -272,7 +309,7 @@ def idle_by_cause(
 ) -> pd.DataFrame:
     """The device's idle seconds by cause, over the whole trace's window (one row) or,
     ``by_step``, per profiler step (a ``step`` column): ``window_s``, ``idle_s`` and its
-    parts ``comm_wait_s`` + ``host_bound_s`` + ``other_s``. Empty without device work.
+    parts, ``CAUSES``, which add up to it. Empty without device work.
 
     Each idle moment (no device work running on any stream) gets the first cause that
     holds:
@@ -282,11 +319,19 @@ def idle_by_cause(
        an operator or annotation that waits (``trace_names.WAIT``: c10d and functional
        collectives' waits, awaitables), or an NCCL kernel has been launched and not yet
        started;
-    2. ``host_bound_s``, a launch gap: a host thread is running an operator or a CUDA
-       runtime/driver call, or loading data (``enumerate(DataLoader)``), so the host, not
-       the device, sets the pace;
-    3. ``other_s``: none of these: the host is between traced operators (Python, untraced
-       waits and sleeps).
+    2. ``sync_s``, a synchronisation stall: from a call that blocks the host until the
+       device drains (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+       ``cudaEventSynchronize``: ``.item()``, ``.cpu()``, ``nonzero``, printing a tensor) to
+       the thread's next launch;
+    3. ``copy_s``: the host inside a memcpy call (a copy from pageable memory blocks it);
+    4. ``data_s``: the host loading a batch (``enumerate(DataLoader)``, a ``data_load``
+       annotation);
+    5. ``host_bound_s``, a launch gap: a host thread is running an operator or a CUDA
+       runtime/driver call, or is inside a user annotation of its step (``## forward ##``,
+       ``ProfilerStep#N``) between traced operators, so the host, not the device, sets the
+       pace;
+    6. ``other_s``: none of these: the host is outside the step's traced work (between
+       steps, untraced threads).
 
     ``work``: ``device_work(trace)`` when the caller holds it.
     """

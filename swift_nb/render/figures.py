@@ -43,8 +43,11 @@ DEVICE_PARTS = {
     "compute_s": ("compute kernels", "#1f77b4"),
     "non_compute_s": ("non-compute only (communication, copies)", "#d62728"),
     "comm_wait_s": ("idle: waiting on communication", "#f7b6d2"),
-    "host_bound_s": ("idle: host-bound launch gaps", "#ffbb78"),
-    "other_s": ("idle: other (host outside traced ops)", "#c7c7c7"),
+    "sync_s": ("idle: synchronisation stalls", "#9edae5"),
+    "copy_s": ("idle: copies on the host", "#dbdb8d"),
+    "data_s": ("idle: data loading", "#c5b0d5"),
+    "host_bound_s": ("idle: host launch gaps", "#ffbb78"),
+    "other_s": ("idle: other (host outside its steps)", "#c7c7c7"),
 }
 OPERATOR_METRICS = {
     "self_time_s": "self time",
@@ -247,7 +250,7 @@ def device_figure(device_steps: pd.DataFrame, width_in: float = 10.0) -> Figure:
     values = {
         "compute_s": window * _numeric(device_steps, "compute_pct").fillna(0.0) / 100.0,
         "non_compute_s": window * _numeric(device_steps, "non_compute_pct").fillna(0.0) / 100.0,
-        **{c: _numeric(device_steps, c).fillna(0.0) for c in ("comm_wait_s", "host_bound_s", "other_s")},
+        **{c: _numeric(device_steps, c).fillna(0.0) for c in list(DEVICE_PARTS)[2:]},
     }
     unit, scale = _time_scale(float(window.max()))
     x = _numeric(device_steps, "step")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb.render.figures import device_figure
+from swift_nb.render.figures import DEVICE_PARTS, device_figure
 from swift_nb.render.html import frame_table, is_missing, pct1
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
 from swift_nb.render.sections.figure_cache import figure_key
@@ -57,20 +57,31 @@ def _device_sentences(device: dict, gpu: str) -> str:
     return f"<p>{escape(text)}</p>"
 
 
+#: each cause of idle time (``analysis.device.CAUSES``) in the report's words
+CAUSE_WORDS = {
+    "comm_wait_s": "went to waiting on communication (a collective issued and not yet running, or the host "
+    "inside a collective or a wait)",
+    "sync_s": "to synchronisation stalls (the host blocked until the GPU drained, then launching again)",
+    "copy_s": "to the host inside copy calls",
+    "data_s": "to the host loading data",
+    "host_bound_s": "were host launch gaps (the host busy in operators, CUDA calls or untraced Python inside "
+    "the step)",
+    "other_s": "had no traced cause (the host outside its steps)",
+}
+
+
 def _idle_sentences(idle_causes: pd.DataFrame, gpu: str) -> str:
     row = idle_causes.iloc[0]
     idle = float(row["idle_s"])
     if not idle > 0:
         return f"<p>{escape(gpu[:1].upper() + gpu[1:])} was never idle in this window.</p>"
-    comm, host, other = (float(row[c]) for c in ("comm_wait_s", "host_bound_s", "other_s"))
-    text = (
-        f"Of the {fmt_seconds(idle)} {gpu} was idle, {fmt_seconds(comm)} ({_share(comm, idle)}) went to "
-        "waiting on communication (a collective issued and not yet running, or the host inside a "
-        f"collective or a wait), {fmt_seconds(host)} ({_share(host, idle)}) were host-bound launch gaps "
-        "(the host busy in operators, CUDA calls or data loading), and "
-        f"{fmt_seconds(other)} ({_share(other, idle)}) had no traced cause (the host between operators: "
-        "Python, untraced waits)."
-    )
+    parts = [
+        f"{fmt_seconds(float(row[c]))} ({_share(float(row[c]), idle)}) {words}"
+        for c, words in CAUSE_WORDS.items()
+        if c in row and float(row[c]) > 0
+    ]
+    listed = ", ".join(parts[:-1]) + (", and " if len(parts) > 1 else "") + parts[-1] if parts else ""
+    text = f"Of the {fmt_seconds(idle)} {gpu} was idle, {listed}."
     return f"<p>{escape(text)}</p>"
 
 
@@ -103,9 +114,11 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[Part]:
             "compute": [pct1(v) for v in device_steps["compute_pct"]],
             "non-compute": [pct1(v) for v in device_steps["non_compute_pct"]],
             "comm/compute overlap": [pct1(v) for v in device_steps["comm_compute_overlap_pct"]],
-            "idle: waiting on communication_s": device_steps["comm_wait_s"].astype(float),
-            "idle: host-bound_s": device_steps["host_bound_s"].astype(float),
-            "idle: other_s": device_steps["other_s"].astype(float),
+            **{
+                f"idle: {DEVICE_PARTS[c][0].removeprefix('idle: ')}_s": device_steps[c].astype(float)
+                for c in CAUSE_WORDS
+                if c in device_steps
+            },
         }
     )
     return [
