@@ -14,6 +14,7 @@ from typing import Any
 
 from swift_nb.analysis import Analysis, analyze, derive_ahead
 from swift_nb.analysis.compare import compare_runs
+from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordError
@@ -103,6 +104,14 @@ def report(
         run.problems.append(failure)
         if failure not in run.notes:
             run.notes.append(failure)
+    if analysis is not None:  # the device's figures, where it has some, join the summary
+        run.summary.update(
+            {
+                k: round(float(analysis.device[k]), 3)
+                for k in RUN_SUMMARY_KEYS
+                if analysis.device.get(k) is not None
+            }
+        )
     figures = figures if figures is not None else FigureCache()
     _reuse_earlier_figures(run, figures)
     sections = report_sections(run, figures, **analysis_fields(analysis), not_analysed=failure)

@@ -48,6 +48,10 @@ SYNC = re.compile(r"^(?:cuda|hip)(?:Device|Stream|Event)Synchronize$")
 # Runtime calls that copy between host and device; a copy from pageable memory blocks the
 # host while it stages the data.
 MEMCPY_CALL = re.compile(r"^(?:cuda|hip)Memcpy")
+# A copy between pageable host memory and the device (the host stages it, synchronously)
+PAGEABLE_COPY = re.compile(r"Memcpy (?:HtoD|DtoH) \((?:Pageable -> Device|Device -> Pageable)\)")
+# An fp32 GEMM on the CUDA cores, not the tensor cores (cuBLAS's SIMT sgemm kernels)
+SIMT_SGEMM = re.compile(r"(?<![a-z])(?:maxwell|pascal|volta|turing|ampere|sm\d+)_sgemm|^sgemm", re.IGNORECASE)
 # The runtime calls that put work on the device.
 LAUNCH = re.compile(
     r"^(?:cuda|hip)(?:LaunchKernel|LaunchCooperativeKernel|Memcpy|Memset|GraphLaunch)|^cuLaunchKernel"

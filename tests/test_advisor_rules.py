@@ -8,8 +8,9 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from swift_nb.analysis import advisor, effects
+from swift_nb.analysis import advisor, device, effects
 from swift_nb.analysis.advisor import Evidence, Loader, Thresholds, bottleneck, registry
+from swift_nb.analysis.advisor.evidence import DeviceTime
 from swift_nb.analysis.advisor.rules import (
     activations,
     communication,
@@ -208,3 +209,119 @@ def test_verdict_reasons_quote_their_own_numbers(kind_share):
     assert (v.kind == "data-bound") == (kind_share >= TH.data_share)
     if v.kind == "data-bound":
         assert v.reason.startswith("25.0 % of the step (25.0 ms per step) waits for the next batch")
+
+
+# -- a GPU run: the verdict and findings from the device's window ---------------------------
+
+
+def _device(**changes) -> DeviceTime:
+    """A 1 s window on the GPU: 80 % compute, the rest idle with no cause."""
+    base = dict(
+        window_s=1.0,
+        idle_pct=20.0,
+        compute_pct=80.0,
+        non_compute_pct=0.0,
+        overlap_pct=None,
+        idle=dict.fromkeys(device.CAUSES, 0.0) | {"other_s": 0.0},
+        kinds={"gemm": 0.6, "elementwise/reduction": 0.2},
+        steps=4,
+        kernels=400,
+        kernel_median_us=50.0,
+    )
+    idle = changes.pop("idle", {})
+    base["idle"] = {**base["idle"], **idle}
+    base.update(changes)
+    return DeviceTime(**base)
+
+
+@pytest.mark.parametrize(
+    ("device_time", "kind", "reason"),
+    [
+        (
+            _device(),
+            "compute-bound",
+            "the GPU computes 80.0 % of the window (gemm 75.0 %, elementwise/reduction 25.0 %",
+        ),
+        (
+            _device(idle_pct=60.0, compute_pct=40.0, idle={"host_bound_s": 0.5, "sync_s": 0.1}),
+            "overhead-bound",
+            "the GPU idles 60.0 % of the window; 600.0 ms of its 600.0 ms idle the host sets the pace (launch gaps, "
+            "100.0 ms of synchronisation stalls)",
+        ),
+        (
+            _device(idle_pct=50.0, compute_pct=50.0, idle={"data_s": 0.4, "host_bound_s": 0.1}),
+            "data-bound",
+            "the GPU idles 50.0 % of the window; 400.0 ms of its 500.0 ms idle the host is loading data",
+        ),
+        (
+            _device(
+                idle_pct=40.0,
+                compute_pct=30.0,
+                non_compute_pct=30.0,
+                comm_exposed_s=0.3,
+                collective="all_reduce",
+                idle={"comm_wait_s": 0.3, "host_bound_s": 0.1},
+            ),
+            "communication-bound",
+            "the GPU waits on communication 60.0 % of the window: 300.0 ms of all-reduce kernels no compute hides",
+        ),
+        (
+            _device(idle_pct=20.0, compute_pct=50.0, non_compute_pct=30.0, idle={"copy_s": 0.1}),
+            "copy-bound",
+            "40.0 % of the window the GPU only copies",
+        ),
+    ],
+)
+def test_the_verdict_of_a_gpu_run_names_what_keeps_it_from_computing(device_time, kind, reason):
+    # the host's breakdown says compute-bound; the GPU's window decides
+    v = bottleneck(_evidence(device=device_time), TH)
+    assert v.kind == kind and v.reason.startswith(reason), v.reason
+    assert v.evidence["device_compute_pct"] == round(device_time.compute_pct, 1)
+
+
+def test_gpu_findings_each_claim_their_own_part_of_the_window():
+    d = _device(
+        idle_pct=45.0,
+        compute_pct=55.0,
+        idle={"sync_s": 0.2, "copy_s": 0.05, "host_bound_s": 0.2},
+        syncs={"aten::item": 30, "aten::nonzero": 10},
+        pageable_copies=12,
+        pageable_copy_s=0.08,
+        simt_sgemm_s=0.3,
+        gemm_s=0.35,
+        kernels=4000,
+        kernel_median_us=6.0,
+    )
+    found = {f.id: f for f in advisor.findings(_evidence(device=d), TH, {})}
+    assert set(found) == {"overhead", "sync_stalls", "pageable_copies", "fp32_gemm"}
+    assert found["sync_stalls"].predicted_effect.startswith("up to −20.0 % of the GPU's window")
+    assert (
+        "30 × .item()" in found["sync_stalls"].suggestion
+        and "10 × nonzero()" in found["sync_stalls"].suggestion
+    )
+    assert found["overhead"].evidence["launch_gap_s"] == 0.2  # the sync stalls are not counted again
+    assert "1,000 kernels of median 6.0 µs" in found["overhead"].suggestion
+    assert found["pageable_copies"].evidence["pageable_copies"] == 12
+    assert found["fp32_gemm"].toggle == "bf16_autocast"
+    # each part under 10 % of the window: nothing is raised
+    small = _device(idle={"sync_s": 0.05, "host_bound_s": 0.05}, syncs={"aten::item": 1}, simt_sgemm_s=0.05)
+    assert advisor.findings(_evidence(device=small), TH, {}) == []
+
+
+def test_loading_time_is_not_claimed_as_overhead_too():
+    """A loop that spends 72 % of its steps loading data: data-bound, and the many-tiny-ops
+    finding does not promise the same time again."""
+    ev = _evidence(
+        shares={"data": 0.72, "forward": 0.1, "backward": 0.1, "optimizer": 0.02},
+        loader=Loader(data_s=0.072, ops_s=0.01, samples=32, in_workers=False),
+        ops_per_step=900.0,
+        median_op_us=8.0,
+        heavy_op_share=0.2,
+    )
+    assert bottleneck(ev, TH).kind == "data-bound"
+    found = {f.id for f in advisor.findings(ev, TH, {})}
+    assert "data_loading" in found and "overhead" not in found  # 1 − 0.2 − 0.72 = 8 % < 10 %
+    # with less loading, the overhead finding claims only what loading does not hold
+    ev = dataclasses.replace(ev, shares={**ev.shares, "data": 0.3})
+    overhead_finding = {f.id: f for f in advisor.findings(ev, TH, {})}["overhead"]
+    assert overhead_finding.predicted_effect.startswith("up to −50.0 % step time")

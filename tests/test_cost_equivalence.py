@@ -8,7 +8,9 @@ analysis table. Each path that produces these numbers — the memory replay at c
 the tables built from the trace's events in memory right after capture, and a cold read
 of the run folder — must give them exactly.
 
-Regenerate (only when a number is meant to change): ``python tests/test_cost_equivalence.py``.
+Regenerate (only when a number is meant to change): ``python tests/test_cost_equivalence.py``
+records the run anew; ``python tests/test_cost_equivalence.py --analysis`` keeps the recorded
+run and its replay and recomputes only the analysis tables (an analysis meant to change).
 """
 
 from __future__ import annotations
@@ -230,8 +232,22 @@ def _make_fixture() -> None:
     EXPECTED.write_text(json.dumps(expected, indent=1))
 
 
+def _update_analysis() -> None:
+    """Recompute the analysis tables of the recorded run; the run, its trace's tables and
+    the memory replay stay as they are."""
+    expected = json.loads(EXPECTED.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "run"
+        shutil.copytree(RUN_DIR, folder)
+        got = numbers(folder, analyze(load_run(folder)))
+    if got["tables"] != expected["tables"]:
+        raise SystemExit("the trace's tables changed: that is not an analysis change; record anew")
+    expected["analysis"] = got["analysis"]
+    EXPECTED.write_text(json.dumps(expected, indent=1))
+
+
 if __name__ == "__main__":
-    sys.exit(_make_fixture())
+    sys.exit(_update_analysis() if "--analysis" in sys.argv[1:] else _make_fixture())
 
 
 def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swift_nb.analysis import device
+from swift_nb.analysis import analyze, device
 from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.trace import Trace, load_trace_file, parse_events
 from swift_nb.importer import import_trace
-from swift_nb.record import Run
+from swift_nb.record import Run, load_run, runs
 from swift_nb.render.document import report_html
+from swift_nb.render.tables import runs_text
 
 DATA = Path(__file__).parent / "data" / "gpu"
 NAMES = ["gpu_1rank_5steps", "gpu_nccl_2ranks_rank0", "gpu_128ranks_rank0", "gpu_128ranks_rank1"]
@@ -345,3 +346,63 @@ def test_report_of_an_imported_job_names_rank_0s_gpu(tmp_path):
     assert "Communication kernels ran alongside compute kernels for 11.8 % of their running time." in text
     assert "Of the 321.4 ms rank 0's GPU was idle, 79.5 ms (24.8 %) went to waiting on communication" in text
     assert "Communication (NCCL) took the most device time: 195.3 ms in 5 kernels, 64.6 %" in text
+
+
+# Ground truth: each shared trace labelled from its device figures, and why.
+VERDICTS = {
+    # 97.4 % of the window runs compute kernels (convolutions, elementwise, GEMMs); the GPU
+    # idles 1.7 %: nothing keeps it from computing
+    "gpu_1rank_5steps": "compute-bound",
+    # the GPU idles 77.2 % of the window and 96 % of that idle time the host is inside its
+    # step launching ~900 short kernels per step (median 16 µs): the host sets the pace
+    "gpu_nccl_2ranks_rank0": "overhead-bound",
+    # rank 0 of 128: all-to-all and all-reduce kernels run alone for 172 ms (overlap with
+    # compute 11.8 %) and the GPU idles 80 ms more waiting for collectives: 42 % of the window,
+    # more than the host's launch gaps (40 %) and far more than compute (17.7 %)
+    "gpu_128ranks_rank0": "communication-bound",
+    # rank 1 of the same job: 39 % communication against 36 % launch gaps and 22.6 % compute
+    "gpu_128ranks_rank1": "communication-bound",
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_verdict_comes_from_the_gpu(traces, tmp_path, name):
+    """The verdict answers what keeps the GPU from computing, and its reason quotes the
+    device's own figures (never a number that contradicts its kind)."""
+    run = import_trace(DATA / f"{name}.json.gz", tmp_path, report=True)
+    analysis = analyze(run)
+    verdict = analysis.verdict
+    assert verdict.kind == VERDICTS[name], verdict.reason
+    assert verdict.evidence["device_idle_pct"] == pytest.approx(analysis.device["device_idle_pct"], abs=0.05)
+    if verdict.kind == "compute-bound":
+        assert verdict.reason.startswith("the GPU computes 97.4 % of the window (convolution")
+    elif verdict.kind == "overhead-bound":
+        assert verdict.reason.startswith("the GPU idles 77.2 % of the window; 328.7 ms of its 336.4 ms idle")
+    else:
+        assert verdict.reason.startswith("the GPU waits on communication 3") or verdict.reason.startswith(
+            "the GPU waits on communication 4"
+        )
+        assert "kernels no compute hides" in verdict.reason
+    # the run's summary carries the device figures (runs(), swift-nb list and compare show them)
+    summary = load_run(run.path).summary
+    assert summary["device_idle_pct"] == pytest.approx(analysis.device["device_idle_pct"], abs=1e-3)
+    assert summary["device_compute_pct"] == pytest.approx(analysis.device["device_compute_pct"], abs=1e-3)
+    listed = runs(tmp_path)
+    assert listed["device_idle_pct"].iloc[0] == summary["device_idle_pct"]
+    assert "GPU idle" in runs_text(listed)
+
+
+def test_gpu_findings_do_not_claim_the_same_time_twice(traces, tmp_path):
+    run = import_trace(DATA / "gpu_1rank_5steps.json.gz", tmp_path, report=False)
+    found = {f.id: f for f in analyze(run).findings}
+    # fp32 GEMMs on Volta's CUDA cores, 94.7 ms of the 384.6 ms window: a bf16/TF32 finding
+    assert set(found) == {"fp32_gemm"}
+    assert found["fp32_gemm"].toggle == "bf16_autocast"
+    assert found["fp32_gemm"].evidence["simt_sgemm_s"] == pytest.approx(0.0947, abs=1e-4)
+    run = import_trace(DATA / "gpu_nccl_2ranks_rank0.json.gz", tmp_path, report=False)
+    found = {f.id: f for f in analyze(run).findings}
+    gaps = found["overhead"]
+    assert gaps.title == "Host launch gaps: the GPU idles 74.3 % of the window waiting for the host"
+    assert "900 kernels of median 16.3 µs" in gaps.suggestion  # many small kernels: fuse them
+    # the 1 % of synchronisation stalls is too small a part to raise
+    assert "sync_stalls" not in found

@@ -30,6 +30,8 @@ COMPARE_COLUMNS = [
     "peak_mem_bytes",
     *[f"{c}_bytes" for c in MEMORY_CATEGORIES],
     "mean_util_pct",
+    "device_idle_pct",
+    "device_compute_pct",
     "ranks",
     "step_time_max_rank_s",
     "peak_mem_max_rank_bytes",
@@ -65,6 +67,8 @@ def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> di
         steps_per_s=(1.0 / s["step_time_median_s"]) if s.get("step_time_median_s") else np.nan,
         peak_mem_bytes=sum(cats.values()) if cats else s.get("peak_mem_bytes"),
         mean_util_pct=s.get("mean_util_pct"),
+        device_idle_pct=s.get("device_idle_pct"),
+        device_compute_pct=s.get("device_compute_pct"),
         run=str(run.path or ""),
     )
     row.update(_rank_columns(run))
@@ -102,6 +106,7 @@ def compare_runs(
 
     Columns: step_time_median_s (s), steps_per_s, peak_mem_bytes and ``<category>_bytes``
     (tensor bytes at the step peak; rank 0's in a job of several ranks), mean_util_pct (%),
+    device_idle_pct and device_compute_pct (% of the GPU's window; GPU runs only),
     ranks (processes of the run), step_time_max_rank_s (s), peak_mem_max_rank_bytes and
     collective_share_max_rank (0..1 of the step in collectives): the largest over the ranks,
     each rank measuring itself; step_time_ratio and

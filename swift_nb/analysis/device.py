@@ -43,6 +43,14 @@ SUMMARY_KEYS = [
     "window_s",
     "last_step_left_out",
 ]
+#: the device figures a run's summary keeps (``run.summary``: ``runs()``, ``swift-nb list``,
+#: comparisons), percent of the window; absent on a run without device work
+RUN_SUMMARY_KEYS = [
+    "device_idle_pct",
+    "device_compute_pct",
+    "device_non_compute_pct",
+    "comm_compute_overlap_pct",
+]
 KIND_COLUMNS = ["kind", "count", "time_s", "time_pct"]
 #: Why the device idles, in the order a moment's cause is chosen (``idle_by_cause``).
 CAUSES = ["comm_wait_s", "sync_s", "copy_s", "data_s", "host_bound_s", "other_s"]

@@ -48,6 +48,16 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             else f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
         ),
         ("device", f"{env.get('device', '–')} ({devices})"),
+        *(
+            [
+                (
+                    "GPU time (idle / compute)",
+                    f"{fmt_pct(s['device_idle_pct'])} / {fmt_pct(s.get('device_compute_pct'))}",
+                )
+            ]
+            if s.get("device_idle_pct") is not None
+            else []
+        ),
         ("ranks", _ranks_text(run)),
     ]
     if sched:
@@ -110,11 +120,19 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
     shown["wall_s"] = shown["wall_s"].map(fmt_seconds)
     shown["step_time_median_s"] = shown["step_time_median_s"].map(fmt_seconds)
     shown["peak_mem_bytes"] = shown["peak_mem_bytes"].map(fmt_bytes)
+    for col in ("device_idle_pct", "device_compute_pct"):  # GPU runs only
+        values = pd.to_numeric(shown[col], errors="coerce")
+        if values.isna().all():
+            shown = shown.drop(columns=[col])
+        else:
+            shown[col] = values.map(lambda v: fmt_pct(v) if pd.notna(v) else None)
     return shown.rename(
         columns={
             "wall_s": "wall",
             "step_time_median_s": "step (median)",
             "peak_mem_bytes": "peak memory",
+            "device_idle_pct": "GPU idle",
+            "device_compute_pct": "GPU compute",
             "world_size": "ranks",
         }
     )

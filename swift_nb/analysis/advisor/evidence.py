@@ -11,6 +11,7 @@ import pandas as pd
 
 from swift_nb import trace_names as tn
 from swift_nb.analysis.comm import comm_shares
+from swift_nb.analysis.device import CAUSES, device_summary, device_work, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.memory import memory_growth
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
@@ -49,6 +50,13 @@ class Thresholds:
     leak_bytes_per_step: float = 1 << 20  # 1 MiB per step, and …
     leak_share_per_step: float = 0.005  # … 0.5 % of the peak per step
     memory_limit_bytes: float | None = None
+    # a limit that keeps the GPU from computing this much of its window decides the verdict
+    device_limit_share: float = 0.25
+    # a finding's own part of the step (or of the GPU's window) below this is not raised
+    min_part_share: float = 0.10
+    # many small kernels: this many per step, with a median below this
+    small_kernels_per_step: int = 500
+    small_kernel_us: float = 20.0
 
 
 @dataclass
@@ -88,6 +96,53 @@ class Loader:
         return "worker processes"
 
 
+@dataclass(frozen=True)
+class DeviceTime:
+    """The GPU's window as ``swift_nb.analysis.device`` measures it: shares in percent,
+    ``idle`` seconds by cause (``device.CAUSES``), ``kinds`` device seconds by kind of
+    kernel, ``comm_exposed_s`` the communication kernels' seconds with no compute kernel
+    beside them, ``collective`` the kind of collective taking most time (None: unknown)."""
+
+    window_s: float
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+    overlap_pct: float | None
+    idle: dict[str, float]
+    kinds: dict[str, float]
+    comm_exposed_s: float = 0.0
+    collective: str | None = None
+    steps: int = 1  # profiled steps in the window
+    kernels: int = 0
+    kernel_median_us: float = 0.0
+    pageable_copies: int = 0
+    pageable_copy_s: float = 0.0
+    simt_sgemm_s: float = 0.0  # fp32 GEMMs on the CUDA cores
+    gemm_s: float = 0.0
+    # synchronising runtime calls, by the operator that made them (aten::item: .item(), …)
+    syncs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def idle_s(self) -> float:
+        return sum(self.idle.values())
+
+    def limits(self) -> dict[str, float]:
+        """Seconds of the window each limit keeps the GPU from computing, by verdict kind:
+        communication no compute hides (kernels alone and idle waiting for them), the host
+        (launch gaps, synchronisation stalls, time outside its steps), data loading, and
+        copies (running alone, or the host inside copy calls)."""
+        idle = self.idle
+        non_compute_s = self.non_compute_pct / 100 * self.window_s
+        return {
+            "communication-bound": self.comm_exposed_s + idle.get("comm_wait_s", 0.0),
+            "overhead-bound": idle.get("host_bound_s", 0.0)
+            + idle.get("sync_s", 0.0)
+            + idle.get("other_s", 0.0),
+            "data-bound": idle.get("data_s", 0.0),
+            "copy-bound": idle.get("copy_s", 0.0) + max(0.0, non_compute_s - self.comm_exposed_s),
+        }
+
+
 @dataclass
 class Evidence:
     """The numbers the rules look at (medians over the profiled steps)."""
@@ -120,6 +175,17 @@ class Evidence:
     # element types of the matmuls' inputs in the trace ("float", "c10::BFloat16", …): all
     # "float" means the forward ran in fp32, without autocast
     matmul_types: frozenset[str] = frozenset()
+    # the GPU's time, when the trace has device work (None: a CPU run)
+    device: DeviceTime | None = None
+
+    @property
+    def exposed_comm(self) -> float:
+        """Part of the time, 0..1, that communication holds: of the GPU's window on a GPU
+        run (kernels no compute hides, idle waiting for collectives), else of the step."""
+        d = self.device
+        if d is not None and d.window_s:
+            return d.limits()["communication-bound"] / d.window_s
+        return self.exposed_comm_share
 
     def at_peak(self, category: str) -> float:
         """Bytes of a memory category at the peak (0 when the footprint lacks it)."""
@@ -204,6 +270,52 @@ def gather(
         growth_source=source,
         loader=_loader(trace, bd, ops, run, data.traced_batch_and_seq[0]),
         matmul_types=_matmul_types(ops),
+        device=device_time(trace, data.collectives),
+    )
+
+
+def device_time(trace: Trace, collectives: pd.DataFrame | None = None) -> DeviceTime | None:
+    """The GPU's window of ``trace`` (None without device work); ``collectives``: the
+    run's collectives by kind (``analysis.comm``), to name the one taking most time."""
+    work = device_work(trace)
+    summary = device_summary(trace, work=work)
+    if summary.get("device_idle_pct") is None:
+        return None
+    idle = idle_by_cause(trace, work=work)
+    kinds = kernels_by_kind(trace, work=work)
+    by_kind = dict(zip(kinds["kind"].astype(str), kinds["time_s"].astype(float), strict=True))
+    overlap = summary.get("comm_compute_overlap_pct")
+    comm_s = by_kind.get("communication", 0.0)
+    collective = None
+    if collectives is not None and len(collectives) and "time_s_per_step" in collectives:
+        collective = str(collectives.sort_values("time_s_per_step", ascending=False)["kind"].iloc[0])
+    ev = trace.events
+    kernels = ev[(ev["cat"] == "kernel").to_numpy() & (ev["step"] >= 0).to_numpy()]
+    names = kernels["name"].astype(str)
+    copies = ev[
+        (ev["cat"] == "gpu_memcpy").to_numpy()
+        & per_name(trace, lambda n: tn.PAGEABLE_COPY.search(n) is not None)
+    ]
+    gemm = names.map(tn.kernel_kind) == "gemm"
+    simt = names.map(lambda n: tn.SIMT_SGEMM.search(n) is not None)
+    return DeviceTime(
+        steps=max(1, len(trace.steps)),
+        kernels=len(kernels),
+        kernel_median_us=float(kernels["dur_us"].median()) if len(kernels) else 0.0,
+        pageable_copies=len(copies),
+        pageable_copy_s=float(copies["dur_us"].sum()) / 1e6,
+        simt_sgemm_s=float(kernels.loc[simt.to_numpy(), "dur_us"].sum()) / 1e6,
+        gemm_s=float(kernels.loc[gemm.to_numpy(), "dur_us"].sum()) / 1e6,
+        syncs=_sync_callers(trace),
+        window_s=float(summary["window_s"]),
+        idle_pct=float(summary["device_idle_pct"]),
+        compute_pct=float(summary["device_compute_pct"]),
+        non_compute_pct=float(summary["device_non_compute_pct"]),
+        overlap_pct=None if overlap is None else float(overlap),
+        idle={c: float(idle[c].iloc[0]) for c in CAUSES} if len(idle) else {},
+        kinds=by_kind,
+        comm_exposed_s=comm_s * (1 - (overlap or 0.0) / 100),
+        collective=collective,
     )
 
 
@@ -265,3 +377,24 @@ def _device_limit(run: Run) -> float | None:
     if run.environment.get("device") == "cpu":
         return run.environment.get("mem_total_bytes")
     return None
+
+
+def _sync_callers(trace: Trace) -> dict[str, int]:
+    """Synchronising runtime calls in the profiled steps, by the innermost operator that
+    made each on its thread (``aten::item``, ``aten::nonzero``, ``aten::_to_copy`` …; the
+    call itself when no operator encloses it)."""
+    ev = trace.events
+    sync = ev[per_name(trace, lambda n: tn.SYNC.match(n) is not None) & (ev["step"] >= 0).to_numpy()]
+    if sync.empty:
+        return {}
+    ops = ev[(ev["cat"] == "cpu_op").to_numpy()]
+    out: dict[str, int] = {}
+    for tid, ts, name in sync[["tid", "ts_us", "name"]].itertuples(index=False):
+        around = ops[
+            (ops["tid"] == tid).to_numpy()
+            & (ops["ts_us"] <= ts).to_numpy()
+            & (ops["end_us"] >= ts).to_numpy()
+        ]
+        caller = str(around.sort_values("ts_us")["name"].iloc[-1]) if len(around) else str(name)
+        out[caller] = out.get(caller, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -13,10 +13,13 @@ from swift_nb.analysis.advisor.rules import (
     data_loading,
     eager_attention,
     fp32_activations,
+    fp32_gemm,
     leak,
     optimizer_state,
     overhead,
+    pageable_copies,
     sequence_parallel,
+    sync_stalls,
 )
 from swift_nb.analysis.findings import Finding
 
@@ -32,4 +35,7 @@ RULES: list[Rule] = [
     sequence_parallel.rule,
     leak.rule,
     communication.rule,
+    sync_stalls.rule,
+    pageable_copies.rule,
+    fp32_gemm.rule,
 ]

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import math
 
-from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.evidence import DeviceTime, Evidence, Thresholds
 from swift_nb.analysis.advisor.words import ms, pct
 from swift_nb.analysis.findings import Verdict
-from swift_nb.units import fmt_bytes
+from swift_nb.units import fmt_bytes, fmt_seconds
 
 
 def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
-    """The step's dominant limit, from the evidence."""
+    """The step's dominant limit, from the evidence: what keeps the GPU from computing when
+    the run has device work (``device_verdict``), else the host's breakdown of the step."""
     th = th or Thresholds()
     s = ev.shares
     if not math.isfinite(ev.step_s):
         return Verdict("unknown", "the profiler recorded no step", {})
+    if ev.device is not None:
+        return device_verdict(ev, th)
     compute = s["forward"] + s["backward"] + s["optimizer"]
     base = {"step_s": round(ev.step_s, 6), **{f"{k}_pct": pct(v) for k, v in s.items()}}
     if ev.exposed_comm_share >= th.comm_share and ev.exposed_comm_share >= s["data"]:
@@ -68,3 +71,69 @@ def tiny_step(ev: Evidence, th: Thresholds) -> bool:
     """Loading is a large part of the step but only the loader's fixed per-batch cost:
     the step is tiny (under ``data_min_s / data_share``)."""
     return ev.shares["data"] >= th.data_share and ev.loader.data_s < th.data_min_s
+
+
+def _secs(seconds: float) -> str:
+    return fmt_seconds(seconds)
+
+
+def _kinds_text(d: DeviceTime, top: int = 3) -> str:
+    busy = sum(d.kinds.values())
+    ranked = sorted(d.kinds.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{k} {pct(v / busy)} %" for k, v in ranked) if busy else ""
+
+
+def device_verdict(ev: Evidence, th: Thresholds) -> Verdict:
+    """What keeps the GPU from computing. Each limit's seconds in the device's window
+    (``DeviceTime.limits``: communication no compute hides, the host's launch gaps and
+    stalls, data loading, copies); the largest decides when it holds at least
+    ``th.device_limit_share`` of the window; else memory near the device's capacity, else
+    the GPU is compute-bound. The reason quotes the device's own figures."""
+    d = ev.device
+    assert d is not None
+    limits = d.limits()
+    kind, held = max(limits.items(), key=lambda kv: kv[1])
+    share = held / d.window_s if d.window_s else 0.0
+    evidence = {
+        "device_idle_pct": round(d.idle_pct, 1),
+        "device_compute_pct": round(d.compute_pct, 1),
+        "device_non_compute_pct": round(d.non_compute_pct, 1),
+        "comm_compute_overlap_pct": None if d.overlap_pct is None else round(d.overlap_pct, 1),
+        "window_s": round(d.window_s, 6),
+        **{f"{k.removesuffix('-bound')}_s": round(v, 6) for k, v in limits.items()},
+    }
+    idle = f"the GPU idles {pct(d.idle_pct / 100)} % of the window"
+    if share >= th.device_limit_share:
+        if kind == "communication-bound":
+            what = d.collective.replace("_", "-") if d.collective else "collective"
+            why = (
+                f"the GPU waits on communication {pct(share)} % of the window: {_secs(d.comm_exposed_s)} of "
+                f"{what} kernels no compute hides and {_secs(d.idle.get('comm_wait_s', 0.0))} of its "
+                f"{_secs(d.idle_s)} idle waiting for collectives"
+            )
+        elif kind == "overhead-bound":
+            sync = d.idle.get("sync_s", 0.0)
+            why = (
+                f"{idle}; {_secs(held)} of its {_secs(d.idle_s)} idle the host sets the pace (launch gaps"
+                + (f", {_secs(sync)} of synchronisation stalls" if sync else "")
+                + ")"
+            )
+        elif kind == "data-bound":
+            why = f"{idle}; {_secs(held)} of its {_secs(d.idle_s)} idle the host is loading data"
+        else:
+            why = (
+                f"{pct(share)} % of the window the GPU only copies or waits on the host's copy calls "
+                f"({_secs(d.idle.get('copy_s', 0.0))} idle in copy calls)"
+            )
+        return Verdict(kind, why, evidence)
+    near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
+    if near:
+        why = f"peak tensor memory {fmt_bytes(ev.peak_bytes)} is {pct(ev.peak_bytes / ev.limit_bytes)} % of the device"
+        return Verdict("memory-bound", why, {**evidence, "peak_mem_bytes": ev.peak_bytes})
+    kinds = _kinds_text(d)
+    why = f"the GPU computes {pct(d.compute_pct / 100)} % of the window" + (
+        f" ({kinds} of its device time)" if kinds else ""
+    )
+    if d.compute_pct < 50:
+        why += f"; no single limit keeps it idle more than {pct(share)} % of the window"
+    return Verdict("compute-bound", why, evidence)

@@ -31,7 +31,7 @@ def _grad_bytes(ev: Evidence, context: Mapping[str, Any]) -> tuple[float, str]:
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
-    share = ev.exposed_comm_share
+    share = ev.exposed_comm
     if share < th.comm_share:
         return None
     p = max(ev.world_size, 2)
@@ -69,9 +69,10 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         f"DDP(gradient_as_bucket_view=True): bytes unchanged, saves one {fmt_bytes(grad)} gradient copy "
         "and the copy into the buckets",
     ]
+    of = "the GPU's window" if ev.device is not None else "each step"
     return Finding(
         id="communication",
-        title=f"Exposed communication takes {pct(share)} % of each step",
+        title=f"Exposed communication takes {pct(share)} % of {of}",
         evidence=evidence,
         suggestion=f"Reduce and overlap gradient synchronisation{lead}" + "; ".join(fixes) + ".",
         predicted_effect=(

@@ -20,6 +20,8 @@ FUSE = (
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
+    if ev.device is not None:
+        return _launch_gaps(ev, th, context)
     tiny = tiny_step(ev, th)
     if not (tiny or overhead(ev, th)):
         return None
@@ -30,15 +32,26 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         "outside_ops_pct": pct(ev.shares["untraced"]),
     }
     if not tiny:
-        light = 1.0 - ev.heavy_op_share
+        # the step's time outside substantial operators, less what loading and communication
+        # hold: their own findings claim that time
+        light = max(0.0, 1.0 - ev.heavy_op_share - ev.shares["data"] - ev.exposed_comm_share)
+        if light < th.min_part_share:
+            return None
+        evidence["overhead_pct"] = pct(light)
         return Finding(
             id="overhead",
             title=f"Many tiny operators: {round(ev.ops_per_step)} per step, median {ev.median_op_us:.1f} µs",
             evidence=evidence,
             suggestion="The step is dominated by launch and Python overhead, not math: "
             + (frameworks.phrased(context, fix) or f"raise the batch size, {FUSE}."),
-            predicted_effect=f"up to −{pct(light)} % step time (the part not spent in substantial operators)",
-            formula="t_step' ≈ t_step × heavy_op_share once fused; a k× larger batch costs ≈ the same overhead per step",
+            predicted_effect=(
+                f"up to −{pct(light)} % step time (the part not spent in substantial operators, loading or "
+                "communication)"
+            ),
+            formula=(
+                "t_step' ≈ t_step × (heavy_op_share + data_share + comm_share) once fused; a k× larger batch "
+                "costs ≈ the same overhead per step"
+            ),
         )
     ld = ev.loader
     workers = (
@@ -114,3 +127,46 @@ def fix_tiny_step(rec: Recorded) -> str | None:
     if not rec.get("torch_compile", False):
         fields["torch_compile"] = True
     return f"{frameworks.set_arguments(rec, **fields)}, so each step's fixed costs are shared by more samples {frameworks.samples_text(rec)}."
+
+
+def _launch_gaps(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
+    """A GPU run: the GPU idles while the host has not launched its next work."""
+    d = ev.device
+    assert d is not None
+    gaps = d.idle.get("host_bound_s", 0.0) + d.idle.get("other_s", 0.0)
+    share = gaps / d.window_s if d.window_s else 0.0
+    if share < th.min_part_share:
+        return None
+    per_step = d.kernels / d.steps
+    small = per_step >= th.small_kernels_per_step and d.kernel_median_us < th.small_kernel_us
+    kernels = (
+        f" The step launches {per_step:,.0f} kernels of median {d.kernel_median_us:.1f} µs: fuse them "
+        "(torch.compile(model)) so that each launch does more work."
+        if small
+        else ""
+    )
+    return Finding(
+        id="overhead",
+        title=f"Host launch gaps: the GPU idles {pct(share)} % of the window waiting for the host",
+        evidence={
+            "launch_gap_s": round(gaps, 6),
+            "window_s": round(d.window_s, 6),
+            "launch_gap_pct": pct(share),
+            "device_idle_pct": round(d.idle_pct, 1),
+            "kernels_per_step": round(per_step, 1),
+            "kernel_median_us": round(d.kernel_median_us, 2),
+        },
+        suggestion=(
+            "The host, not the GPU, sets the pace: it has not launched the next work when the GPU is done. "
+            + (
+                frameworks.phrased(context, fix)
+                or "Capture the step with CUDA graphs (torch.compile(model, mode='reduce-overhead')), raise the "
+                "batch size so each launch does more work, and keep Python work (logging, metrics) out of the "
+                "step."
+            )
+            + kernels
+        ),
+        predicted_effect=f"up to −{pct(share)} % of the GPU's window: the launch gaps",
+        formula="t' ≥ t − t_gaps: CUDA graphs replay the step's launches at once; a k× batch keeps the launches per step",
+        severity="critical" if share >= 0.5 else "warning",
+    )
