@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
+from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
 from swift_nb.analysis.trace import GZIP_MAGIC, Trace, parse_document, read_trace_document, save_tables
 from swift_nb.capture.job import RANK_COLUMNS, collective_summary
 from swift_nb.errors import ConfigError, RecordError
@@ -295,6 +296,8 @@ def _rank_record(rt: RankTrace) -> Run:
     run.summary.update(summarize(steps, samples))
     run.summary["recorded_steps"] = [int(s) for s in steps["step"]]
     run.summary["trace_events"] = len(rt.trace.events)
+    device = device_summary(rt.trace)
+    run.summary.update({k: round(float(device[k]), 3) for k in RUN_SUMMARY_KEYS if device.get(k) is not None})
     collective_s, share = collective_summary(rt.events)
     if np.isfinite(collective_s) and collective_s > 0:
         run.summary["collective_s_per_step"] = collective_s
@@ -350,6 +353,7 @@ def _job_record(by_rank: dict[int, RankTrace], folder: Path) -> Run:
                 "peak_mem_bytes": s.get("peak_mem_bytes"),
                 "collective_s_per_step": s.get("collective_s_per_step"),
                 "collective_share": s.get("collective_share"),
+                "device_idle_pct": s.get("device_idle_pct"),
                 "trace": rank_trace_file(r),
                 "record": str(rank_folder(folder, r)),
                 "error": "",

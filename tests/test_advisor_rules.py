@@ -325,3 +325,15 @@ def test_loading_time_is_not_claimed_as_overhead_too():
     ev = dataclasses.replace(ev, shares={**ev.shares, "data": 0.3})
     overhead_finding = {f.id: f for f in advisor.findings(ev, TH, {})}["overhead"]
     assert overhead_finding.predicted_effect.startswith("up to −50.0 % step time")
+
+
+def test_a_rank_whose_gpu_idles_more_than_the_others():
+    from swift_nb.analysis.ranks import idle_rank_finding
+
+    table = pd.DataFrame({"rank": [0, 1, 2, 3], "device_idle_pct": [20.0, 22.0, 21.0, 48.0]})
+    f = idle_rank_finding(table)
+    assert f.id == "idle_rank" and f.evidence["rank"] == 3
+    assert f.title == "Rank 3's GPU idles 26.5 points more than the ranks' median"
+    assert idle_rank_finding(table.assign(device_idle_pct=[20.0, 22.0, 21.0, 30.0])) is None
+    assert idle_rank_finding(pd.DataFrame({"rank": [0], "device_idle_pct": [90.0]})) is None  # one rank
+    assert idle_rank_finding(table.assign(device_idle_pct=None)) is None  # a CPU job

@@ -79,9 +79,12 @@ def analyze(
     if rank_analysis.is_job(run):
         comm = job_collectives(run, {0: trace})
         findings = rank_analysis.findings_across_ranks(run, findings, thresholds, evidence)
-        straggler = rank_analysis.straggler_finding(per_rank, comm)
-        if straggler is not None:
-            findings.append(straggler)
+        for across in (
+            rank_analysis.straggler_finding(per_rank, comm),
+            rank_analysis.idle_rank_finding(per_rank),
+        ):
+            if across is not None:
+                findings.append(across)
     elif data.world_size == 1:
         comm = data.collectives
     else:  # a rank's own record: its collectives as a single process's

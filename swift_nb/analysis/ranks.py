@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
@@ -21,7 +22,15 @@ from swift_nb.units import fmt_ranks
 
 STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
 STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step
-_NUMERIC = ("steps", "step_time_median_s", "peak_mem_bytes", "collective_s_per_step", "collective_share")
+_NUMERIC = (
+    "steps",
+    "step_time_median_s",
+    "peak_mem_bytes",
+    "collective_s_per_step",
+    "collective_share",
+    "device_idle_pct",
+)
+IDLE_RANK_EXCESS_PCT = 15.0  # a rank whose GPU idles this many points more than the median's
 # ranks.csv of records written before the collective columns had their present names
 _OLD_NAMES = {"comm_s_per_step": "collective_s_per_step", "comm_share": "collective_share"}
 
@@ -43,6 +52,8 @@ def per_rank(run: Run) -> pd.DataFrame:
     rank shows up as the one that waits least in them, i.e. the busiest."""
     if is_job(run):
         df = run.ranks.rename(columns=_OLD_NAMES)
+        if "device_idle_pct" not in df:  # records made before the column
+            df["device_idle_pct"] = np.nan
     else:
         s, env = run.summary, run.environment
         traced = 0.0 if "trace" in run.files else None  # a single process has no collectives
@@ -58,6 +69,7 @@ def per_rank(run: Run) -> pd.DataFrame:
             "peak_mem_bytes": s.get("peak_mem_bytes"),
             "collective_s_per_step": s.get("collective_s_per_step", traced),
             "collective_share": s.get("collective_share", traced),
+            "device_idle_pct": s.get("device_idle_pct"),
         }
         df = pd.DataFrame([row])
     for col in _NUMERIC:
@@ -182,4 +194,36 @@ def straggler_finding(per_rank: pd.DataFrame, collectives: pd.DataFrame | None =
             f"{STRAGGLER_MIN_STEP_SHARE:g} × median step); busy = step time × (1 − collective_share)"
         ),
         severity="warning",
+    )
+
+
+def idle_rank_finding(per_rank: pd.DataFrame) -> Finding | None:
+    """A rank whose GPU idles ``IDLE_RANK_EXCESS_PCT`` points or more above the ranks'
+    median (``device_idle_pct``): it waits on something the others do not (its data, its
+    host, a slow link), and every collective then waits on it."""
+    idle = pd.to_numeric(per_rank.get("device_idle_pct"), errors="coerce").dropna() if len(per_rank) else None
+    if idle is None or len(idle) < 2:
+        return None
+    median = float(idle.median())
+    worst = int(idle.idxmax())
+    excess = float(idle.loc[worst]) - median
+    if excess < IDLE_RANK_EXCESS_PCT:
+        return None
+    rank = int(per_rank.loc[worst, "rank"])
+    return Finding(
+        id="idle_rank",
+        title=f"Rank {rank}'s GPU idles {excess:.1f} points more than the ranks' median",
+        evidence={
+            "rank": rank,
+            "device_idle_pct": round(float(idle.loc[worst]), 1),
+            "median_device_idle_pct": round(median, 1),
+            "ranks": len(idle),
+        },
+        suggestion=(
+            f"Look at rank {rank} on its own (its folder in this job, or its report): a host that loads data "
+            "slower, more CPU work per step, a slower link or device. The other ranks wait for it in every "
+            "collective."
+        ),
+        predicted_effect=f"the ranks' steps shorten by up to rank {rank}'s extra idle time once it keeps up",
+        formula="t_step' ≈ t_step − (idle_rank − idle_median) × window: collectives wait for the slowest rank",
     )

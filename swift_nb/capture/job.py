@@ -59,6 +59,7 @@ RANK_COLUMNS = [
     "peak_rss_bytes",
     "collective_s_per_step",
     "collective_share",
+    "device_idle_pct",  # % of the GPU's window (imported GPU jobs; a capture has none yet)
     "trace",
     "record",
     "error",
