@@ -9,6 +9,7 @@ swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the meas
 
 import sys
 
+from swift_nb.analysis.diff import diff
 from swift_nb.analysis.forecast import forecast
 from swift_nb.api import compare, profile, report
 from swift_nb.capture.steps import step
@@ -25,6 +26,7 @@ __all__ = [
     "Run",
     "RunDirError",
     "compare",
+    "diff",
     "forecast",
     "gather_sequence",
     "import_trace",

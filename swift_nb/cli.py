@@ -1,17 +1,21 @@
 """``swift-nb``: list runs, print a run's summary, (re)write a run's report.html, compare runs,
-import torch.profiler traces recorded anywhere as runs."""
+say what changed between two (a gate for CI with limits), import torch.profiler traces
+recorded anywhere as runs."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
+from swift_nb.analysis.diff import REGRESSION, diff, gate
 from swift_nb.api import compare, report
 from swift_nb.errors import ConfigError, RecordError
 from swift_nb.importer import import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
 from swift_nb.render.compare import compare_table_text
+from swift_nb.render.diff import SHOWN_ROWS, diff_text
 from swift_nb.render.oom import oom_text
 from swift_nb.render.tables import runs_text, summary_text
 
@@ -20,9 +24,10 @@ exit status:
   0  done (warnings about a record, e.g. a table missing, go to stderr)
   1  could not do what was asked: a damaged run record or trace (the file and what is
      wrong with it are printed), or a report whose analysis could not run (a damaged trace,
-     steps.csv missing: report.html is written and says why)
-  2  usage error: bad arguments, a folder that is not a run folder, or a trace path that
-     does not exist
+     steps.csv missing: report.html is written and says why); or `diff` found run B
+     regressed beyond a --max-…-regression-pct limit (what changed is printed first)
+  2  usage error: bad arguments (a limit that is not a percentage ≥ 0), a folder that is
+     not a run folder, or a trace path that does not exist
 
 A damaged run is listed by `list` with status "damaged" and its problem."""
 
@@ -54,6 +59,25 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument(
         "-o", "--out", default=None, help=f"where to write the page (default RUN_DIR/{COMPARE_FILE})"
     )
+    p_diff = sub.add_parser(
+        "diff",
+        help="what changed from run A to run B: environment, step time, memory, kernels and operators "
+        "per step; with limits, a gate for CI",
+    )
+    p_diff.add_argument("run_a", metavar="A", help="the reference run's folder")
+    p_diff.add_argument("run_b", metavar="B", help="the run checked against it")
+    for what in ("step", "memory"):
+        p_diff.add_argument(
+            f"--max-{what}-regression-pct",
+            type=_limit,
+            default=None,
+            metavar="PCT",
+            help=f"exit 1 when B's {'median step time' if what == 'step' else 'peak tensor memory'} "
+            f"is more than PCT %% above A's",
+        )
+    p_diff.add_argument(
+        "--rows", type=_rows, default=SHOWN_ROWS, help=f"changes shown, largest first (default {SHOWN_ROWS})"
+    )
     p_import = sub.add_parser(
         "import",
         help="turn torch.profiler traces (.json/.json.gz, one per rank, or folders of them) into a run",
@@ -69,14 +93,43 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "list":
         print(runs_text(runs(args.root, limit=args.n)))
         return OK
-    loaded = _load(args.run_dirs if args.command == "compare" else [args.run_dir])
+    if args.command == "compare":
+        dirs = args.run_dirs
+    elif args.command == "diff":
+        dirs = [args.run_a, args.run_b]
+    else:
+        dirs = [args.run_dir]
+    loaded = _load(dirs)
     if isinstance(loaded, int):
         return loaded
+    if args.command == "diff":
+        return _diff(
+            loaded[0], loaded[1], args.max_step_regression_pct, args.max_memory_regression_pct, args.rows
+        )
     if args.command == "compare":
         return _compare(loaded, args.out)
     if args.command == "report":
         return _report(loaded[0])
     return _show(loaded[0])
+
+
+def _limit(text: str) -> float:
+    """A regression limit as given on the command line: a percentage ≥ 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a percentage ≥ 0 (5 allows a 5 % regression); got {text!r}"
+        )
+    return value
+
+
+def _rows(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1; got {text!r}")
+    return int(text)
 
 
 def _error(message: str) -> None:
@@ -152,6 +205,21 @@ def _compare(loaded: list[Run], out: str | None) -> int:
         page = Path(out)
     print(page)
     return OK
+
+
+def _diff(a: Run, b: Run, max_step_pct: float | None, max_memory_pct: float | None, rows: int) -> int:
+    """What changed from ``a`` to ``b``, printed; then the limits checked: exit 1 when
+    ``b`` breaks one."""
+    try:
+        d = diff(a, b)
+    except RecordError as e:
+        _error(str(e))
+        return FAILED
+    print(diff_text(d, rows))
+    outcomes = gate(d, max_step_pct, max_memory_pct)
+    for outcome, words in outcomes:
+        print(f"{outcome}: {words}")
+    return FAILED if any(outcome == REGRESSION for outcome, _ in outcomes) else OK
 
 
 if __name__ == "__main__":

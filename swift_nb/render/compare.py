@@ -1,5 +1,6 @@
 """The comparison view: the table (HTML and text), step times and memory of every variant
-overlaid, and a self-contained ``compare.html``."""
+overlaid, what changed from the baseline to each variant (``analysis.diff``), and a
+self-contained ``compare.html``."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from swift_nb.analysis.diff import RunDiff, diff
+from swift_nb.errors import RecordError
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
+from swift_nb.render.diff import diff_html
 from swift_nb.render.figures import figure_png, new_figure
-from swift_nb.render.html import CSP, STYLE, figure_html
+from swift_nb.render.html import CSP, STYLE, empty, figure_html
 from swift_nb.units import fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
@@ -124,18 +128,65 @@ def compare_figures(runs: Sequence[tuple[str, Run]]) -> list[tuple[str, bytes]]:
     ]
 
 
-def compare_html(table: pd.DataFrame, figures: Sequence[tuple[str, bytes]], title: str = "comparison") -> str:
-    """A self-contained document: the table and the figures inlined."""
+#: a variant's diff against the baseline, or why it could not be made
+Changed = tuple[str, RunDiff | str]
+
+
+def variant_diffs(runs: Sequence[tuple[str, Run]]) -> list[Changed]:
+    """What changed from the baseline (the first of ``runs``) to each other run: its
+    ``RunDiff``, or the reason there is none (a damaged trace)."""
+    if len(runs) < 2:
+        return []
+    base_name, base = runs[0]
+    out: list[Changed] = []
+    for name, run in runs[1:]:
+        try:
+            out.append((name, diff(base, run, names=(base_name, name))))
+        except RecordError as e:
+            out.append((name, f"not compared: {e.path.name} is damaged ({e.problem})"))
+        except Exception as e:  # a failing diff must not cost the user the comparison
+            out.append((name, f"not compared: the diff failed ({type(e).__name__}: {e})"))
+    return out
+
+
+def changed_html(diffs: Sequence[Changed]) -> str:
+    """The "What changed" section: each variant's diff against the baseline."""
+    if not diffs:
+        return ""
+    body = "".join(
+        diff_html(d) if isinstance(d, RunDiff) else f"<h3>{escape(name)}</h3>{empty(d)}" for name, d in diffs
+    )
+    return f"<h2>What changed</h2>{body}"
+
+
+def compare_html(
+    table: pd.DataFrame,
+    figures: Sequence[tuple[str, bytes]],
+    title: str = "comparison",
+    diffs: Sequence[Changed] = (),
+) -> str:
+    """A self-contained document: the table, the figures inlined, and what changed from
+    the baseline to each variant (``variant_diffs``)."""
     imgs = "".join(figure_html(png, alt, alt.capitalize()) for alt, png in figures)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
         f"<title>swift_nb — {escape(title)}</title><style>{STYLE}</style></head><body>"
-        f"<h1>swift_nb — {escape(title)}</h1>{compare_table_html(table)}{imgs}</body></html>\n"
+        f"<h1>swift_nb — {escape(title)}</h1>{compare_table_html(table)}{imgs}{changed_html(diffs)}"
+        "</body></html>\n"
     )
 
 
-def write_compare(path: Path | str, table: pd.DataFrame, runs: Sequence[tuple[str, Run]], title: str) -> Path:
+def write_compare(
+    path: Path | str,
+    table: pd.DataFrame,
+    runs: Sequence[tuple[str, Run]],
+    title: str,
+    diffs: Sequence[Changed] | None = None,
+) -> Path:
+    """Write compare.html for ``runs`` (the baseline first); ``diffs``: their
+    ``variant_diffs`` when the caller holds them."""
     path = Path(path)
-    atomic_write_text(path, compare_html(table, compare_figures(runs), title))
+    diffs = variant_diffs(runs) if diffs is None else diffs
+    atomic_write_text(path, compare_html(table, compare_figures(runs), title, diffs))
     return path

@@ -1,0 +1,315 @@
+"""swift_nb.diff (analysis.diff), its text and HTML (render.diff), compare.html's "What
+changed", and the `swift-nb diff` gate: on two real GPU traces imported (tests/data/gpu, from
+HolisticTraceAnalysis's test data) and on a CPU pair where the flash_attention toggle swaps
+eager attention for SDPA."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import swift_nb
+from swift_nb.analysis.device import kernels_by_kind
+from swift_nb.analysis.diff import (
+    BOTH,
+    CHANGE_COLUMNS,
+    KERNEL,
+    KERNEL_KIND,
+    NOT_CHECKED,
+    ONLY_A,
+    ONLY_B,
+    OPERATOR,
+    REGRESSION,
+    WITHIN,
+    environment_changes,
+    gate,
+    short_name,
+)
+from swift_nb.analysis.operators import top_operators
+from swift_nb.analysis.trace import load_trace, parse_events
+from swift_nb.cli import main
+from swift_nb.demo import make_model
+from swift_nb.record import Run
+from swift_nb.render.diff import diff_html, diff_text
+
+GPU = Path(__file__).parent / "data" / "gpu"
+NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+@pytest.fixture(scope="module")
+def gpu_pair(tmp_path_factory):
+    """A: one V100 training a convolutional net alone (no NCCL kernel); B: rank 0 of two
+    A100s whose gradients are all-reduced over NCCL. Their operators differ."""
+    root = tmp_path_factory.mktemp("runs")
+    return tuple(
+        swift_nb.import_trace(GPU / f"{name}.json.gz", root, label=name, report=False)
+        for name in ("gpu_1rank_5steps", "gpu_nccl_2ranks_rank0")
+    )
+
+
+def _row(d, kind, name):
+    rows = d.changes[(d.changes["kind"] == kind) & (d.changes["name"] == name)]
+    assert len(rows) == 1, (kind, name, rows)
+    return rows.iloc[0]
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "swift_nb.cli", "diff", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_two_gpu_traces(gpu_pair):
+    a, b = gpu_pair
+    d = swift_nb.diff(a.path, b.path)
+    assert (d.a_name, d.b_name, d.a_steps, d.b_steps) == ("gpu_1rank_5steps", "gpu_nccl_2ranks_rank0", 5, 3)
+    env = d.environment.set_index("field")
+    assert env.loc["GPU"].tolist() == ["Tesla V100-SXM2-32GB", "NVIDIA A100-PG509-200"]
+    assert env.loc["world size"].tolist() == ["1", "2"]
+    # facts neither trace records (torch, Python) are no difference; both are eager
+    assert not {"torch", "Python", "compiled"} & set(env.index)
+
+    assert list(d.changes.columns) == CHANGE_COLUMNS
+    size = d.changes["delta_ms_per_step"].abs().to_numpy()
+    assert (size[:-1] >= size[1:]).all()  # ranked by |Δ ms per step|
+    one_run = d.changes[d.changes["status"] != BOTH]
+    assert (one_run.loc[one_run["status"] == ONLY_A, "b_ms_per_step"] == 0).all()
+    assert (one_run.loc[one_run["status"] == ONLY_B, "a_ms_per_step"] == 0).all()
+
+    # all-reduce is what B does and A does not: its kind and its kernel are new
+    comm, kernel = _row(d, KERNEL_KIND, "communication"), _row(d, KERNEL, NCCL)
+    assert comm["status"] == kernel["status"] == ONLY_B
+    assert comm["b_ms_per_step"] == pytest.approx(15.6, abs=0.1)
+    conv = _row(d, KERNEL_KIND, "convolution")
+    assert conv["status"] == BOTH and conv["delta_ms_per_step"] < -20  # a smaller net on a faster GPU
+    # per recorded step: a kind's device time over B's 3 steps
+    kinds = kernels_by_kind(load_trace(b), by_step=True)
+    assert comm["b_ms_per_step"] == pytest.approx(
+        1e3 * kinds.loc[kinds["kind"] == "communication", "time_s"].sum() / 3
+    )
+    # the kernels add up to their kinds (copies and sets are kinds, not kernels)
+    for side in ("a_ms_per_step", "b_ms_per_step"):
+        kinds_ms = d.changes.loc[
+            (d.changes["kind"] == KERNEL_KIND) & ~d.changes["name"].isin(["memcpy", "memset"]), side
+        ]
+        assert d.changes.loc[d.changes["kind"] == KERNEL, side].sum() == pytest.approx(kinds_ms.sum())
+    assert _row(d, OPERATOR, "aten::cudnn_convolution")["status"] == BOTH
+
+    assert d.step_regression_pct == pytest.approx(
+        100 * (b.summary["step_time_median_s"] / a.summary["step_time_median_s"] - 1)
+    )
+    assert d.memory_regression_pct is None  # recorded without profile_memory: no peak
+    for said in (
+        "GPU: Tesla V100-SXM2-32GB → NVIDIA A100-PG509-200",
+        "world size: 1 → 2",
+        "step time: 95.6 → 222.4 ms (×2.3)",
+        "communication kernels are new: 15.6 ms per step",
+        "ncclKernel_AllReduce_RING_LL_Sum_float is new: 15.6 ms per step",
+        "convolution kernels: 36.2 → 7.12 ms per step (−29.12 ms, −80.4 %)",
+    ):
+        assert said in d.sentences, (said, d.sentences)
+    assert any(s.startswith("aten::") and " (host): " in s for s in d.sentences)
+
+
+def test_a_run_against_itself_changes_nothing(gpu_pair):
+    a, _ = gpu_pair
+    d = swift_nb.diff(a, a)
+    assert d.environment.empty and (d.changes["status"] == BOTH).all()
+    assert (d.changes["delta_ms_per_step"] == 0).all()
+    assert d.sentences == ["step time: 95.6 → 95.6 ms (+0.0 %)"]
+    assert d.step_regression_pct == 0
+
+
+def test_gate_outcomes(gpu_pair):
+    d = swift_nb.diff(*gpu_pair)
+    assert gate(d) == []
+    assert gate(d, max_step_pct=5) == [(REGRESSION, "step time +132.8 %, more than the 5 % allowed")]
+    assert gate(d, max_step_pct=200, max_memory_pct=5) == [
+        (WITHIN, "step time +132.8 %, within the 200 % allowed"),
+        (NOT_CHECKED, "peak memory: gpu_1rank_5steps and gpu_nccl_2ranks_rank0 record none"),
+    ]
+
+
+def test_text_and_html(gpu_pair):
+    d = swift_nb.diff(*gpu_pair, names=("<a>", "b & c"))
+    text = diff_text(d, rows=5)
+    assert text.startswith("What changed: <a> → b & c (per step over 5 and 3 recorded steps)")
+    assert "- world size: 1 → 2" in text and f"({len(d.changes) - 5} smaller changes not shown)" in text
+    assert "only in b & c" in text and "ncclKernel_AllReduce_RING_LL_Sum_float" in text
+    html = diff_html(d)
+    assert "<h3>&lt;a&gt; → b &amp; c</h3>" in html and "<a>" not in html
+    assert "<li>communication kernels are new: 15.6 ms per step</li>" in html
+
+
+def test_short_names():
+    assert short_name(NCCL) == "ncclKernel_AllReduce_RING_LL_Sum_float"
+    long = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >(int, float)"
+    )
+    assert short_name(long) == "at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>"
+    cat = (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 1, 128, 1>(float*)"
+    )
+    assert short_name(cat) == "at::native::CatArrayBatchedCopy<float, unsigned int, 1, 128, 1>"
+    assert short_name("autograd::engine::evaluate_function: BmmBackward0") == (
+        "autograd::engine::evaluate_function: BmmBackward0"
+    )
+    assert short_name("x" * 100, width=10) == "x" * 9 + "…"
+
+
+def test_environment_from_context_and_trace():
+    """Compiled or not is read from the trace (the compiled graph's autograd function); the
+    rest from the record, a fact one run does not record shown as None."""
+
+    def trace(*names):
+        step = {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100}
+        ops = [{"ph": "X", "name": n, "cat": "cpu_op", "ts": 10, "dur": 5} for n in names]
+        return parse_events([{**e, "pid": 1, "tid": 1} for e in (step, *ops)])
+
+    eager = Run(id="a", environment={"device": "cuda", "devices": ["A100"], "torch": "2.5.0"})
+    eager.context = {"dtype": "float32", "toggles": [], "trainer": {"arguments": {"bf16": False}}}
+    compiled = Run(id="b", environment={"device": "cuda", "devices": ["H100"]})
+    compiled.context = {
+        "dtype": "bfloat16",
+        "toggles": [{"toggle": "galore"}],
+        "trainer": {"arguments": {"bf16": True}},
+    }
+    env = environment_changes(eager, compiled, trace("aten::mm"), trace("CompiledFunction", "aten::mm"))
+    assert env.set_index("field").to_dict("index") == {
+        "GPU": {"a": "A100", "b": "H100"},
+        "torch": {"a": "2.5.0", "b": None},
+        "parameter dtype": {"a": "float32", "b": "bfloat16"},
+        "mixed precision": {"a": "no", "b": "bf16"},
+        "toggles": {"a": "none", "b": "galore"},
+        "compiled": {"a": "no", "b": "yes"},
+    }
+
+
+def test_compare_html_says_what_changed(gpu_pair):
+    a, b = gpu_pair
+    swift_nb.compare(a, b, html=True)
+    page = (a.path / "compare.html").read_text()
+    assert "<h2>What changed</h2><h3>gpu_1rank_5steps → gpu_nccl_2ranks_rank0</h3>" in page
+    assert "<li>world size: 1 → 2</li>" in page
+
+
+def test_bad_limits_and_folders_are_usage_errors(gpu_pair, tmp_path, capsys):
+    a, b = gpu_pair
+    for bad in ("abc", "-1", "nan"):
+        with pytest.raises(SystemExit) as info:
+            main(["diff", str(a.path), str(b.path), "--max-step-regression-pct", bad])
+        assert info.value.code == 2
+        out = capsys.readouterr()
+        assert "must be a percentage ≥ 0" in out.err and out.out == ""
+    assert main(["diff", str(a.path), str(tmp_path / "missing")]) == 2
+    out = capsys.readouterr()
+    assert "not a swift_nb run folder" in out.err and out.out == ""
+
+
+@pytest.mark.slow  # runs the command line in subprocesses
+def test_gate_exit_status_on_gpu_traces(gpu_pair):
+    a, b = gpu_pair
+    slower = _cli(a.path, b.path, "--max-step-regression-pct", 5, "--max-memory-regression-pct", 5)
+    assert slower.returncode == 1, slower.stderr
+    out = slower.stdout
+    # the evidence first, then the verdict on each limit
+    assert out.index("What changed: gpu_1rank_5steps → gpu_nccl_2ranks_rank0") < out.index("regression:")
+    assert "- communication kernels are new: 15.6 ms per step" in out
+    assert "regression: step time +132.8 %, more than the 5 % allowed" in out
+    assert "not checked: peak memory: gpu_1rank_5steps and gpu_nccl_2ranks_rank0 record none" in out
+    faster = _cli(b.path, a.path, "--max-step-regression-pct", 5)
+    assert faster.returncode == 0, faster.stderr
+    assert "within: step time −57.0 %, within the 5 % allowed" in faster.stdout
+    assert "ncclKernel_AllReduce_RING_LL_Sum_float: 15.6 ms per step → gone" in faster.stdout
+    missing = _cli(a.path, Path(a.path).parent / "missing", "--max-step-regression-pct", 5)
+    assert missing.returncode == 2 and missing.stdout == "" and "not a swift_nb run folder" in missing.stderr
+
+
+# -- a CPU pair: eager attention, then the flash_attention toggle -------------------------------
+
+
+@pytest.fixture(scope="module")
+def flash_pair(tmp_path_factory):
+    """The demo GPT with eager attention over 512 tokens, profiled as it is and with the
+    flash_attention toggle (SDPA): 4 steps each, 2 recorded."""
+    root = tmp_path_factory.mktemp("runs")
+    out = []
+    for toggles in ([], ["flash_attention"]):
+        torch.manual_seed(0)
+        model = make_model(seq_len=512, n_layer=2, n_head=2, d_model=32, vocab_size=128, attn_impl="eager")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randint(0, 128, (1, 512))
+        with swift_nb.profile(
+            out_dir=root,
+            wait=0,
+            warmup=1,
+            active=2,
+            report=False,
+            label="flash" if toggles else "eager",
+            toggles=toggles,
+            namespace={"model": model, "opt": opt},
+        ) as run:
+            for _ in range(4):
+                model(x, x).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        out.append(run)
+    return tuple(out)
+
+
+@pytest.mark.slow
+def test_flash_attention_removes_bmm_and_softmax_and_adds_sdpa(flash_pair):
+    eager, flash = flash_pair
+    d = swift_nb.diff(eager, flash)
+    assert (d.a_steps, d.b_steps) == (2, 2) == (len(eager.summary["recorded_steps"]),) * 2
+    assert d.environment.set_index("field").loc["toggles"].tolist() == ["none", "flash_attention"]
+    assert "toggles: none → flash_attention" in d.sentences
+    for gone in ("aten::bmm", "aten::softmax", "aten::_softmax", "aten::masked_fill"):
+        assert _row(d, OPERATOR, gone)["status"] == ONLY_A, gone
+    sdpa = _row(d, OPERATOR, "aten::scaled_dot_product_attention")
+    assert sdpa["status"] == ONLY_B and sdpa["a_ms_per_step"] == 0
+    assert not (d.changes["kind"] != OPERATOR).any()  # a CPU run has no kernels
+    # per recorded step: the operators' self time over the 2 steps
+    ops = top_operators(eager, n=None).set_index("name")
+    bmm = _row(d, OPERATOR, "aten::bmm")
+    assert bmm["a_ms_per_step"] == pytest.approx(1e3 * ops.loc["aten::bmm", "self_time_s"] / 2)
+    said = [re.fullmatch(r"aten::bmm: ([\d.]+) ms per step → gone", s) for s in d.sentences]
+    said_ms = [float(m.group(1)) for m in said if m]
+    assert said_ms == [pytest.approx(bmm["a_ms_per_step"], rel=0.01, abs=0.01)], d.sentences
+    assert any("scaled_dot_product" in s and " is new: " in s for s in d.sentences), d.sentences
+    assert d.memory_regression_pct is not None and d.memory_regression_pct < 0  # no score matrices kept
+
+
+@pytest.mark.slow  # runs the command line in subprocesses on profiled runs
+def test_memory_gate_on_the_flash_pair(flash_pair):
+    eager, flash = flash_pair
+    back = _cli(flash.path, eager.path, "--max-memory-regression-pct", 5)
+    assert back.returncode == 1, back.stdout + back.stderr
+    assert "aten::bmm is new: " in back.stdout
+    assert "regression: peak memory +" in back.stdout
+    forward = _cli(eager.path, flash.path, "--max-memory-regression-pct", 5)
+    assert forward.returncode == 0 and "within: peak memory −" in forward.stdout
+
+
+@pytest.mark.slow
+def test_rerun_comparison_page_says_what_changed(flash_pair):
+    from swift_nb.rerun import Outcome, comparison
+
+    eager, flash = flash_pair
+    compared = comparison(
+        [
+            (Outcome("baseline", "ok", str(eager.path)), eager),
+            (Outcome("flash_attention", "ok", str(flash.path)), flash),
+        ]
+    )
+    assert compared.html_path is not None
+    page = compared.html_path.read_text()
+    assert "<h3>baseline → flash_attention</h3>" in page and "aten::bmm: " in page
