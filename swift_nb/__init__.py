@@ -46,19 +46,24 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def _forecasts_as_html() -> None:
-    """In IPython, a Forecast displays as the render layer's HTML (the analysis layer
-    holds no markup): registered with the shell's HTML formatter when there is one."""
+def _results_as_html() -> None:
+    """In IPython, a Forecast and a RunDiff on a cell's last line display as the render
+    layer's HTML (the analysis layer holds no markup): registered with the shell's HTML
+    formatter when there is one."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None:
+        from swift_nb.analysis.diff import RunDiff
         from swift_nb.analysis.forecast import Forecast
+        from swift_nb.render.diff import diff_html
         from swift_nb.render.forecast import forecast_html
 
-        shell.display_formatter.formatters["text/html"].for_type(Forecast, forecast_html)
+        html = shell.display_formatter.formatters["text/html"]
+        html.for_type(Forecast, forecast_html)
+        html.for_type(RunDiff, diff_html)
 
 
-_forecasts_as_html()
+_results_as_html()
 
 
 def load_ipython_extension(ip) -> None:
@@ -68,4 +73,4 @@ def load_ipython_extension(ip) -> None:
 
     load(ip)
     install(ip)  # reruns replay the session's cells that succeeded
-    _forecasts_as_html()
+    _results_as_html()

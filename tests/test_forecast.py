@@ -496,7 +496,7 @@ def test_a_notebook_shows_a_forecast_as_html(adam):
     import swift_nb
 
     shell = InteractiveShell.instance()
-    swift_nb._forecasts_as_html()
+    swift_nb._results_as_html()
     f = forecast(adam, "H100-80GB", batch_size=16)
     data, _ = shell.display_formatter.format(f)
     assert data["text/html"] == forecast_html(f)
