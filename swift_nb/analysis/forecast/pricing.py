@@ -155,7 +155,7 @@ class CategoryPricer:
             raise ConfigError(
                 "toggles",
                 f"galore replaces Adam/AdamW; this run's optimizer is {m.optimizer}",
-                f"galore:rank={rank}",
+                m.optimizer,
             )
         shapes, how = self._shapes()
         g = effects.galore_state(shapes, m.params, rank)
