@@ -224,9 +224,16 @@ def _capacity(cuda_device: torch.device | None) -> tuple[int | None, str]:
     """The memory the failing allocation ran against, and what that limit is."""
     if cuda_device is not None:
         try:
-            return int(torch.cuda.get_device_properties(cuda_device).total_memory), "device memory"
+            total = int(torch.cuda.get_device_properties(cuda_device).total_memory)
         except Exception:
             return None, "device memory"
+        try:  # a cap set with torch.cuda.set_per_process_memory_fraction is the limit the allocator hit
+            fraction = float(torch.cuda.get_per_process_memory_fraction(cuda_device))
+        except Exception:
+            fraction = 1.0
+        if 0 < fraction < 1:
+            return int(total * fraction), f"this process's share of device memory ({fraction:g})"
+        return total, "device memory"
     try:
         import resource
 
