@@ -245,13 +245,13 @@ def _device(**changes) -> DeviceTime:
         (
             _device(idle_pct=60.0, compute_pct=40.0, idle={"host_bound_s": 0.5, "sync_s": 0.1}),
             "overhead-bound",
-            "the GPU idles 60.0 % of the window; 600.0 ms of its 600.0 ms idle the host sets the pace (launch gaps, "
-            "100.0 ms of synchronisation stalls)",
+            "the GPU idles 60.0 % of the window; for 600.0 ms of its 600.0 ms idle it waits for the host to launch "
+            "work (launch gaps, and 100.0 ms of synchronisation stalls)",
         ),
         (
             _device(idle_pct=50.0, compute_pct=50.0, idle={"data_s": 0.4, "host_bound_s": 0.1}),
             "data-bound",
-            "the GPU idles 50.0 % of the window; 400.0 ms of its 500.0 ms idle the host is loading data",
+            "the GPU idles 50.0 % of the window; for 400.0 ms of its 500.0 ms idle the host is loading data",
         ),
         (
             _device(
@@ -263,7 +263,8 @@ def _device(**changes) -> DeviceTime:
                 idle={"comm_wait_s": 0.3, "host_bound_s": 0.1},
             ),
             "communication-bound",
-            "the GPU waits on communication 60.0 % of the window: 300.0 ms of all-reduce kernels no compute hides",
+            "the GPU waits on communication 60.0 % of the window: 300.0 ms of communication kernels no compute "
+            "hides and 300.0 ms of its 400.0 ms idle waiting for collectives (the largest collective: all-reduce)",
         ),
         (
             _device(idle_pct=20.0, compute_pct=50.0, non_compute_pct=30.0, idle={"copy_s": 0.1}),

@@ -38,14 +38,14 @@ VERDICTS = {
     # step, launching ~900 kernels of median 16 µs per step: the host sets the pace
     "gpu_nccl_2ranks_rank0": (
         "overhead-bound",
-        "the GPU idles 77.2 % of the window; 328.7 ms of its 336.4 ms idle the host sets the pace",
+        "the GPU idles 77.2 % of the window; for 328.7 ms of its 336.4 ms idle it waits for the host to launch work",
     ),
     # rank 0 of 128: NCCL kernels run with no compute under them for 172 ms (overlap 11.8 %)
     # and the GPU idles 80 ms more waiting for collectives: 42 % of the window, more than
     # the host's launch gaps (40 %) and far more than compute (17.7 %)
     "gpu_128ranks_rank0": (
         "communication-bound",
-        "the GPU waits on communication 42.0 % of the window: 172.3 ms of all-to-all kernels no "
+        "the GPU waits on communication 42.0 % of the window: 172.3 ms of communication kernels no "
         "compute hides",
     ),
     # rank 1 of the same job: 38.8 % communication against 36 % launch gaps, 22.6 % compute
@@ -136,7 +136,7 @@ def test_each_trace_shows_its_findings_and_gpu_section(executed):
     printed = _stdout(single)
     assert "verdict: compute-bound" in printed
     assert "finding [fp32_gemm] fp32 matrix multiplies on the CUDA cores" in printed
-    assert "predicted effect: ≈ 47.4 ms less GPU time in the window" in printed
+    assert "predicted effect: ≈ 47.0 ms less GPU time in the window" in printed
     html = _html(single)
     assert "<h4>GPU</h4>" in html and "Convolution took the most device time" in html
     assert "swift-nb-summary" in html and "Tesla V100-SXM2-32GB" in html

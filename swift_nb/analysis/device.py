@@ -107,6 +107,13 @@ def _device_work(trace: Trace) -> pd.DataFrame:
     )
 
 
+def window_work(
+    trace: Trace, work: pd.DataFrame | None = None, include_last_step: bool = False
+) -> pd.DataFrame:
+    """The device work the whole-trace figures cover (``device_summary``'s window)."""
+    return _in_window(work if work is not None else device_work(trace), trace, include_last_step)
+
+
 def _in_window(work: pd.DataFrame, trace: Trace, include_last_step: bool) -> pd.DataFrame:
     """The work HTA's whole-trace figures cover (see the module's docstring)."""
     steps = trace.steps

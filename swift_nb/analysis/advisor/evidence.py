@@ -11,7 +11,14 @@ import pandas as pd
 
 from swift_nb import trace_names as tn
 from swift_nb.analysis.comm import comm_shares
-from swift_nb.analysis.device import CAUSES, device_summary, device_work, idle_by_cause, kernels_by_kind
+from swift_nb.analysis.device import (
+    CAUSES,
+    device_summary,
+    device_work,
+    idle_by_cause,
+    kernels_by_kind,
+    window_work,
+)
 from swift_nb.analysis.memory import memory_growth
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
@@ -289,23 +296,22 @@ def device_time(trace: Trace, collectives: pd.DataFrame | None = None) -> Device
     collective = None
     if collectives is not None and len(collectives) and "time_s_per_step" in collectives:
         collective = str(collectives.sort_values("time_s_per_step", ascending=False)["kind"].iloc[0])
-    ev = trace.events
-    kernels = ev[(ev["cat"] == "kernel").to_numpy() & (ev["step"] >= 0).to_numpy()]
-    names = kernels["name"].astype(str)
-    copies = ev[
-        (ev["cat"] == "gpu_memcpy").to_numpy()
-        & per_name(trace, lambda n: tn.PAGEABLE_COPY.search(n) is not None)
-    ]
-    gemm = names.map(tn.kernel_kind) == "gemm"
-    simt = names.map(lambda n: tn.SIMT_SGEMM.search(n) is not None)
+    # the same window as the figures above: its kernels, copies and steps
+    chosen = window_work(trace, work)
+    dur_us = (chosen["end_us"] - chosen["ts_us"]).to_numpy()
+    names = chosen["name"].astype(str)
+    is_kernel = ~chosen["kind"].isin(("memcpy", "memset")).to_numpy()
+    pageable = names.map(lambda n: tn.PAGEABLE_COPY.search(n) is not None).to_numpy()
+    simt = names.map(lambda n: tn.SIMT_SGEMM.search(n) is not None).to_numpy()
+    steps = chosen.loc[chosen["step"] >= 0, "step"].nunique()
     return DeviceTime(
-        steps=max(1, len(trace.steps)),
-        kernels=len(kernels),
-        kernel_median_us=float(kernels["dur_us"].median()) if len(kernels) else 0.0,
-        pageable_copies=len(copies),
-        pageable_copy_s=float(copies["dur_us"].sum()) / 1e6,
-        simt_sgemm_s=float(kernels.loc[simt.to_numpy(), "dur_us"].sum()) / 1e6,
-        gemm_s=float(kernels.loc[gemm.to_numpy(), "dur_us"].sum()) / 1e6,
+        steps=max(1, steps),
+        kernels=int(is_kernel.sum()),
+        kernel_median_us=float(np.median(dur_us[is_kernel])) if is_kernel.any() else 0.0,
+        pageable_copies=int(pageable.sum()),
+        pageable_copy_s=float(dur_us[pageable].sum()) / 1e6,
+        simt_sgemm_s=float(dur_us[simt].sum()) / 1e6,
+        gemm_s=float(dur_us[(chosen["kind"] == "gemm").to_numpy()].sum()) / 1e6,
         syncs=_sync_callers(trace),
         window_s=float(summary["window_s"]),
         idle_pct=float(summary["device_idle_pct"]),

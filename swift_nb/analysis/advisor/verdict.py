@@ -105,21 +105,20 @@ def device_verdict(ev: Evidence, th: Thresholds) -> Verdict:
     idle = f"the GPU idles {pct(d.idle_pct / 100)} % of the window"
     if share >= th.device_limit_share:
         if kind == "communication-bound":
-            what = d.collective.replace("_", "-") if d.collective else "collective"
+            largest = f" (the largest collective: {d.collective.replace('_', '-')})" if d.collective else ""
             why = (
                 f"the GPU waits on communication {pct(share)} % of the window: {_secs(d.comm_exposed_s)} of "
-                f"{what} kernels no compute hides and {_secs(d.idle.get('comm_wait_s', 0.0))} of its "
-                f"{_secs(d.idle_s)} idle waiting for collectives"
+                f"communication kernels no compute hides and {_secs(d.idle.get('comm_wait_s', 0.0))} of its "
+                f"{_secs(d.idle_s)} idle waiting for collectives{largest}"
             )
         elif kind == "overhead-bound":
             sync = d.idle.get("sync_s", 0.0)
             why = (
-                f"{idle}; {_secs(held)} of its {_secs(d.idle_s)} idle the host sets the pace (launch gaps"
-                + (f", {_secs(sync)} of synchronisation stalls" if sync else "")
-                + ")"
+                f"{idle}; for {_secs(held)} of its {_secs(d.idle_s)} idle it waits for the host to launch work "
+                + (f"(launch gaps, and {_secs(sync)} of synchronisation stalls)" if sync else "(launch gaps)")
             )
         elif kind == "data-bound":
-            why = f"{idle}; {_secs(held)} of its {_secs(d.idle_s)} idle the host is loading data"
+            why = f"{idle}; for {_secs(held)} of its {_secs(d.idle_s)} idle the host is loading data"
         else:
             why = (
                 f"{pct(share)} % of the window the GPU only copies or waits on the host's copy calls "
