@@ -286,6 +286,7 @@ def test_gpu_findings_each_claim_their_own_part_of_the_window():
         compute_pct=55.0,
         idle={"sync_s": 0.2, "copy_s": 0.05, "host_bound_s": 0.2},
         syncs={"aten::item": 30, "aten::nonzero": 10},
+        sync_sites={"train.py(42): <module>": 40},
         pageable_copies=12,
         pageable_copy_s=0.08,
         simt_sgemm_s=0.3,

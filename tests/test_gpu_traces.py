@@ -275,15 +275,17 @@ def test_report_of_an_imported_gpu_trace(tmp_path):
     assert " 0 B " not in text
 
 
+def x(cat, name, ts, dur, tid, **args):
+    """A complete event of a hand-drawn timeline (µs); thread 7 is the device's stream."""
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0 if tid == 7 else 1,
+            "tid": tid, "args": args}  # fmt: skip
+
+
 def hand_built() -> Trace:
     """Two steps on a hand-drawn timeline (µs). Device: a GEMM [5, 20), an NCCL all-reduce
     [40, 60) launched at 30 with an elementwise kernel [50, 55) under it; in step 2 a copy
     [120, 130) and a GEMM [150, 160). Host: aten::mm [20, 25), an awaitable's wait [62, 70),
     aten::copy_ [100, 115)."""
-
-    def x(cat, name, ts, dur, tid, **args):
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0 if tid == 7 else 1,
-                "tid": tid, "args": args}  # fmt: skip
 
     return parse_events(
         [
@@ -400,7 +402,9 @@ def test_gpu_findings_do_not_claim_the_same_time_twice(traces, tmp_path):
     # fp32 GEMMs on Volta's CUDA cores, 93.9 ms of the 384.6 ms window: a bf16/TF32 finding
     assert set(found) == {"fp32_gemm"}
     assert found["fp32_gemm"].toggle == "bf16_autocast"
-    assert found["fp32_gemm"].evidence["simt_sgemm_s"] == pytest.approx(0.0939, abs=1e-4)  # of 94.0 ms of GEMMs
+    assert found["fp32_gemm"].evidence["simt_sgemm_s"] == pytest.approx(
+        0.0939, abs=1e-4
+    )  # of 94.0 ms of GEMMs
     run = import_trace(DATA / "gpu_nccl_2ranks_rank0.json.gz", tmp_path, report=False)
     found = {f.id: f for f in analyze(run).findings}
     gaps = found["overhead"]
@@ -408,3 +412,34 @@ def test_gpu_findings_do_not_claim_the_same_time_twice(traces, tmp_path):
     assert "900 kernels of median 16.2 µs" in gaps.suggestion  # many small kernels: fuse them
     # the 1 % of synchronisation stalls is too small a part to raise
     assert "sync_stalls" not in found
+
+
+def test_a_synchronisation_names_its_operator_and_the_users_line():
+    """``.item()`` in the loop: the stall from the sync call to the next launch, the operator
+    that made it and, with stacks recorded, the user's line around it."""
+    t = parse_events(
+        [
+            x("user_annotation", "ProfilerStep#1", 0, 200, 1),
+            x("user_annotation", "ProfilerStep#2", 200, 100, 1),
+            x("python_function", "/usr/lib/python3.11/site-packages/torch/_tensor.py(1): item", 38, 50, 1),
+            x("python_function", "train.py(42): <module>", 0, 200, 1),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 1, 1, correlation=1),
+            x("kernel", "ampere_sgemm_128x64_nn", 5, 35, 7, correlation=1),
+            x("cpu_op", "aten::item", 39, 45, 1),
+            x("cpu_op", "aten::_local_scalar_dense", 40, 42, 1),
+            x("cuda_runtime", "cudaStreamSynchronize", 41, 40, 1),
+            x("cuda_runtime", "cudaLaunchKernel", 150, 1, 1, correlation=2),
+            x("kernel", "void at::native::vectorized_elementwise_kernel<4>", 160, 20, 7, correlation=2),
+            x("cuda_runtime", "cudaLaunchKernel", 201, 1, 1, correlation=3),
+            x("kernel", "void at::native::vectorized_elementwise_kernel<4>", 210, 10, 7, correlation=3),
+        ]
+    )
+    # idle [40, 160): the sync call [41, 81) and on to the next launch at 150, then the
+    # launch gap [150, 160)
+    row = device.idle_by_cause(t).iloc[0]
+    assert row["sync_s"] == pytest.approx(109e-6) and row["host_bound_s"] == pytest.approx(11e-6)
+    from swift_nb.analysis.advisor.evidence import device_time
+
+    d = device_time(t)
+    assert d.syncs == {"aten::_local_scalar_dense": 1}
+    assert d.sync_sites == {"train.py(42): <module>": 1}  # torch's own frame is not the user's line

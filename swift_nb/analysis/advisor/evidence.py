@@ -4,6 +4,7 @@ the profiled steps), with the thresholds at which each rule fires."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,8 +127,10 @@ class DeviceTime:
     pageable_copy_s: float = 0.0
     simt_sgemm_s: float = 0.0  # fp32 GEMMs on the CUDA cores
     gemm_s: float = 0.0
-    # synchronising runtime calls, by the operator that made them (aten::item: .item(), …)
+    # synchronising runtime calls, by the operator that made them (aten::item: .item(), …),
+    # and by the user's line around them (traces recorded with stacks)
     syncs: dict[str, int] = field(default_factory=dict)
+    sync_sites: dict[str, int] = field(default_factory=dict)
 
     @property
     def idle_s(self) -> float:
@@ -296,6 +299,7 @@ def device_time(trace: Trace, collectives: pd.DataFrame | None = None) -> Device
     collective = None
     if collectives is not None and len(collectives) and "time_s_per_step" in collectives:
         collective = str(collectives.sort_values("time_s_per_step", ascending=False)["kind"].iloc[0])
+    syncs, sites = _sync_callers(trace)
     # the same window as the figures above: its kernels, copies and steps
     chosen = window_work(trace, work)
     dur_us = (chosen["end_us"] - chosen["ts_us"]).to_numpy()
@@ -312,7 +316,8 @@ def device_time(trace: Trace, collectives: pd.DataFrame | None = None) -> Device
         pageable_copy_s=float(dur_us[pageable].sum()) / 1e6,
         simt_sgemm_s=float(dur_us[simt].sum()) / 1e6,
         gemm_s=float(dur_us[(chosen["kind"] == "gemm").to_numpy()].sum()) / 1e6,
-        syncs=_sync_callers(trace),
+        syncs=syncs,
+        sync_sites=sites,
         window_s=float(summary["window_s"]),
         idle_pct=float(summary["device_idle_pct"]),
         compute_pct=float(summary["device_compute_pct"]),
@@ -385,22 +390,39 @@ def _device_limit(run: Run) -> float | None:
     return None
 
 
-def _sync_callers(trace: Trace) -> dict[str, int]:
+#: a Python frame of the user's code in a trace recorded with stacks: ``train.py(42): step``,
+#: not a library's (site-packages, torch, the standard library)
+_USER_FRAME = re.compile(
+    r"^(?!.*(?:site-packages|dist-packages|/torch/|/lib/python\d|<built-in)).+\.py\(\d+\)"
+)
+
+
+def _sync_callers(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
     """Synchronising runtime calls in the profiled steps, by the innermost operator that
     made each on its thread (``aten::item``, ``aten::nonzero``, ``aten::_to_copy`` …; the
-    call itself when no operator encloses it)."""
+    call itself when no operator encloses it), and by the innermost frame of the user's
+    code around it (``train.py(42): step``) where the trace has Python stacks."""
     ev = trace.events
     sync = ev[per_name(trace, lambda n: tn.SYNC.match(n) is not None) & (ev["step"] >= 0).to_numpy()]
     if sync.empty:
-        return {}
+        return {}, {}
     ops = ev[(ev["cat"] == "cpu_op").to_numpy()]
-    out: dict[str, int] = {}
+    frames = ev[
+        (ev["cat"] == "python_function").to_numpy() & per_name(trace, lambda n: bool(_USER_FRAME.match(n)))
+    ]
+    callers: dict[str, int] = {}
+    sites: dict[str, int] = {}
     for tid, ts, name in sync[["tid", "ts_us", "name"]].itertuples(index=False):
-        around = ops[
-            (ops["tid"] == tid).to_numpy()
-            & (ops["ts_us"] <= ts).to_numpy()
-            & (ops["end_us"] >= ts).to_numpy()
-        ]
-        caller = str(around.sort_values("ts_us")["name"].iloc[-1]) if len(around) else str(name)
-        out[caller] = out.get(caller, 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        for table, found, fallback in ((ops, callers, str(name)), (frames, sites, None)):
+            around = table[
+                (table["tid"] == tid).to_numpy()
+                & (table["ts_us"] <= ts).to_numpy()
+                & (table["end_us"] >= ts).to_numpy()
+            ]
+            key = str(around.sort_values("ts_us")["name"].iloc[-1]) if len(around) else fallback
+            if key is not None:
+                found[key] = found.get(key, 0) + 1
+    return (
+        dict(sorted(callers.items(), key=lambda kv: -kv[1])),
+        dict(sorted(sites.items(), key=lambda kv: -kv[1])),
+    )

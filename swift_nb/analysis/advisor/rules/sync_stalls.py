@@ -35,6 +35,8 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         return None
     calls = sum(d.syncs.values())
     named = "; ".join(f"{n} × {CALLERS.get(op, op)}" for op, n in list(d.syncs.items())[:5])
+    if d.sync_sites:
+        named += "; at " + ", ".join(f"{site} ({n}×)" for site, n in list(d.sync_sites.items())[:3])
     return Finding(
         id="sync_stalls",
         title=f"Synchronisations inside the step idle the GPU {pct(share)} % of the window",
@@ -45,6 +47,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             "sync_calls": calls,
             "sync_calls_per_step": round(calls / d.steps, 2),
             "callers": dict(d.syncs),
+            "call_sites": dict(d.sync_sites),
         },
         suggestion=(
             f"The host waits for the GPU to drain {calls} times ({named}), and the GPU then idles until the "
