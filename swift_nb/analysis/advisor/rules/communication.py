@@ -68,6 +68,9 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         f"{fmt_bytes(now)} per optimizer step instead of per micro-batch (÷k per sample)",
         f"DDP(gradient_as_bucket_view=True): bytes unchanged, saves one {fmt_bytes(grad)} gradient copy "
         "and the copy into the buckets",
+        "with FSDP, prefetch the next block's all-gather while this one computes "
+        "(module.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch on fully_shard'ed blocks) "
+        "so that communication hides behind compute",
     ]
     of = "the GPU's window" if ev.device is not None else "each step"
     return Finding(
