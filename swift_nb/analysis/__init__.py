@@ -89,7 +89,7 @@ def analyze(
         comm = data.collectives
     else:  # a rank's own record: its collectives as a single process's
         comm = collectives(trace, 1, data.rank)
-    work = device_work(trace)
+    work = data.device_work
     forecasts, forecast_problem = forecasts_of(run, trace)
     return Analysis(
         forecasts=forecasts,

@@ -15,6 +15,7 @@ import pandas as pd
 
 from swift_nb.analysis.breakdown import trace_breakdown
 from swift_nb.analysis.comm import collectives, comm_per_step
+from swift_nb.analysis.device import device_work
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.operators import Nesting, op_nesting
 from swift_nb.analysis.throughput import batch_and_seq
@@ -38,7 +39,9 @@ class RunData:
     traced_batch_and_seq: ``throughput.batch_and_seq`` of the trace's events (what its
     input shapes show, before the run's context overrides it);
     world_size: the processes of the job (context, then environment; 1 when neither says);
-    rank: this process's (environment; 0 when it does not say).
+    rank: this process's (environment; 0 when it does not say);
+    device_work: ``device.device_work`` of the trace (empty on a CPU run), read by the
+    advisor's device-first verdict and by the device analyses.
     """
 
     trace: Trace
@@ -52,6 +55,7 @@ class RunData:
     traced_batch_and_seq: tuple[int | None, int | None]
     world_size: int
     rank: int
+    device_work: pd.DataFrame
 
 
 def run_data(run: Run, trace: Trace | None = None, breakdown: pd.DataFrame | None = None) -> RunData:
@@ -75,4 +79,5 @@ def run_data(run: Run, trace: Trace | None = None, breakdown: pd.DataFrame | Non
         traced_batch_and_seq=batch_and_seq(events),
         world_size=world,
         rank=rank,
+        device_work=device_work(trace),
     )

@@ -280,14 +280,16 @@ def gather(
         growth_source=source,
         loader=_loader(trace, bd, ops, run, data.traced_batch_and_seq[0]),
         matmul_types=_matmul_types(ops),
-        device=device_time(trace, data.collectives),
+        device=device_time(trace, data.collectives, data.device_work),
     )
 
 
-def device_time(trace: Trace, collectives: pd.DataFrame | None = None) -> DeviceTime | None:
+def device_time(
+    trace: Trace, collectives: pd.DataFrame | None = None, work: pd.DataFrame | None = None
+) -> DeviceTime | None:
     """The GPU's window of ``trace`` (None without device work); ``collectives``: the
     run's collectives by kind (``analysis.comm``), to name the one taking most time."""
-    work = device_work(trace)
+    work = work if work is not None else device_work(trace)
     summary = device_summary(trace, work=work)
     if summary.get("device_idle_pct") is None:
         return None
