@@ -19,12 +19,20 @@ pytestmark = pytest.mark.slow  # real processes and signals
 JOB = Path(__file__).parent / "workloads" / "durable_job.py"
 
 
+def _default_signals() -> None:
+    # the job starts as from a terminal: a test runner started under nohup ignores SIGHUP,
+    # and a signal ignored before the run stays ignored (swift_nb leaves it so)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _start(out: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(JOB), str(out), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_signals,
     )
 
 
