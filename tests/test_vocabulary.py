@@ -11,6 +11,7 @@ import pytest
 from swift_nb import toggles, vocabulary
 from swift_nb.analysis.forecast import parse_forecast_spec, parse_toggles
 from swift_nb.errors import ConfigError
+from swift_nb.notebook import magic  # built before the throwaway toggle joins: it must pick it up
 from swift_nb.rerun.launcher import magic_flags, parse_variants
 from swift_nb.toggles.base import Toggle
 
@@ -88,7 +89,6 @@ def test_parameters_are_checked_by_their_entry():
 
 
 def test_a_registered_toggle_reaches_every_consumer(throwaway):
-    from swift_nb.notebook import magic
     from swift_nb.notebook.forecast_form import ForecastForm
     from swift_nb.notebook.rerun_panel import offered
     from swift_nb.record import Run
