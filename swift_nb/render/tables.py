@@ -120,6 +120,7 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
     shown["wall_s"] = shown["wall_s"].map(fmt_seconds)
     shown["step_time_median_s"] = shown["step_time_median_s"].map(fmt_seconds)
     shown["peak_mem_bytes"] = shown["peak_mem_bytes"].map(fmt_bytes)
+    shown["problem"] = shown["problem"].map(lambda v: v if isinstance(v, str) and v else "–")
     for col in ("device_idle_pct", "device_compute_pct"):  # GPU runs only
         values = pd.to_numeric(shown[col], errors="coerce")
         if values.isna().all():
