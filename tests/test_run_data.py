@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_analysis_pure import _x  # one hand-built event for both pure modules
 
 from swift_nb import trace_names as tn
 from swift_nb.analysis import analyze
@@ -27,7 +28,6 @@ from swift_nb.analysis.trace import load_trace, load_trace_file, parse_events, p
 from swift_nb.record import Run, load_run
 
 DATA = Path(__file__).parent / "data"
-T0 = 1_700_000_000.0  # µs on the trace's clock
 
 
 @pytest.fixture
@@ -93,19 +93,6 @@ def test_a_given_trace_is_not_read_again(cost_run, monkeypatch):
     assert run_data(cost_run, trace).trace is trace
     analyze(cost_run, trace=trace)
     assert loads == []
-
-
-def _x(name, start, dur, cat="cpu_op", tid=1, args=None):
-    return {
-        "ph": "X",
-        "name": name,
-        "cat": cat,
-        "ts": T0 + start,
-        "dur": dur,
-        "pid": 1,
-        "tid": tid,
-        "args": args or {},
-    }
 
 
 def _allreduce_trace():
