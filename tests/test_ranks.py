@@ -249,7 +249,9 @@ def test_killed_rank_leaves_a_partial_record_and_no_process(tmp_path_factory):
     run = job.run
     assert run.status == "failed"
     ranks = run.ranks.set_index("rank")
-    assert ranks.loc[1, "status"] == "running"  # it never finished: killed
+    # it never finished: killed. Whether rank 0's gather finds the process already reaped
+    # ("crashed") or still a zombie of torchrun ("running") is a race; both say unfinished.
+    assert ranks.loc[1, "status"] in ("running", "crashed")
     assert int(ranks.loc[0, "steps"]) >= 4
     assert any("rank 1 did not finish profiling" in n for n in run.notes), run.notes
     assert _gone([int(p) for p in run.ranks["pid"].dropna()])
