@@ -30,7 +30,8 @@ import pandas as pd
 
 from swift_nb import trace_names as tn
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
-from swift_nb.analysis.trace import GZIP_MAGIC, Trace, parse_document, read_trace_document, save_tables
+from swift_nb.analysis.trace import Trace, parse_document, read_trace_document, save_tables
+from swift_nb.analysis.trace_decode import GZIP_MAGIC
 from swift_nb.capture.job import RANK_COLUMNS, collective_summary
 from swift_nb.errors import ConfigError, RecordError
 from swift_nb.record import (

@@ -7,9 +7,7 @@ event carries the profiler step it falls in (``step``, from the profiler's step 
 
 from __future__ import annotations
 
-import gzip
 import weakref
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +19,12 @@ import orjson
 import pandas as pd
 
 from swift_nb import trace_names as tn
+from swift_nb.analysis.trace_decode import (
+    DEFAULT_MAX_BYTES,
+    decode_events,
+    read_json_bytes,
+    split_document,
+)
 from swift_nb.errors import RecordError
 from swift_nb.gc_pause import paused
 from swift_nb.record import Run, tables_path
@@ -112,36 +116,67 @@ def _parse_events(raw: list[dict]) -> Trace:
     args = [e.get("args") or {} for e in xs]
     ts = np.fromiter((e["ts"] for e in xs), dtype=float, count=len(xs))
     dur = np.fromiter((e.get("dur", 0.0) for e in xs), dtype=float, count=len(xs))
+    events = {
+        "name": [e.get("name", "") for e in xs],
+        "cat": [e.get("cat", "") for e in xs],
+        "ts": ts,
+        "dur": dur,
+        "pid": [e.get("pid") for e in xs],
+        "tid": [e.get("tid") for e in xs],
+        "input_dims": [_shapes(a) for a in args],
+        "input_types": [str(t) if (t := a.get("Input type")) and "Input Dims" in a else "" for a in args],
+        "ext_id": [a.get("External id") for a in args],
+        "correlation": [a.get("correlation", -1) for a in args],
+        "msg_nelems": [_msg_nelems(a) for a in args],
+        "msg_dtype": [a.get("dtype") or "" for a in args],
+        "group_size": [a.get("Group size", np.nan) for a in args],
+    }
+    mem_events = [e for e in raw if e.get("ph") == "i" and e.get("name") == "[memory]"]
+    margs = [e.get("args") or {} for e in mem_events]
+    memory = {
+        "ts": [float(e["ts"]) for e in mem_events],
+        "bytes": [int(a.get("Bytes", 0)) for a in margs],
+        "total_allocated": [int(a.get("Total Allocated", 0)) for a in margs],
+        "device_type": [int(a.get("Device Type", 0)) for a in margs],
+        "device_id": [int(a.get("Device Id", -1)) for a in margs],
+        "addr": [a.get("Addr") for a in margs],
+    }
+    return _trace_from_columns(events, memory)
+
+
+def _trace_from_columns(ev: dict[str, Any], mem: dict[str, Any]) -> Trace:
+    """The tables from their columns, as ``_parse_events`` or ``trace_decode`` fill them
+    (``ts``, ``dur`` and the args' values of each complete event; ``ts`` and the args'
+    values of each ``[memory]`` event)."""
+    ts, dur = np.asarray(ev["ts"], dtype=float), np.asarray(ev["dur"], dtype=float)
     events = pd.DataFrame(
         {
-            "name": [e.get("name", "") for e in xs],
-            "cat": [e.get("cat", "") for e in xs],
+            "name": ev["name"],
+            "cat": ev["cat"],
             "ts_us": ts,
             "dur_us": dur,
             "end_us": ts + dur,
-            "pid": [e.get("pid") for e in xs],
-            "tid": [e.get("tid") for e in xs],
+            "pid": ev["pid"],
+            "tid": ev["tid"],
             "step": -1,
-            "input_dims": [_shapes(a) for a in args],
-            "input_types": [str(t) if (t := a.get("Input type")) and "Input Dims" in a else "" for a in args],
-            "ext_id": [a.get("External id") for a in args],
-            "correlation": [a.get("correlation", -1) for a in args],
-            "msg_nelems": [_msg_nelems(a) for a in args],
-            "msg_dtype": [a.get("dtype") or "" for a in args],
-            "group_size": [a.get("Group size", np.nan) for a in args],
+            "input_dims": ev["input_dims"],
+            "input_types": ev["input_types"],
+            "ext_id": ev["ext_id"],
+            "correlation": ev["correlation"],
+            "msg_nelems": ev["msg_nelems"],
+            "msg_dtype": ev["msg_dtype"],
+            "group_size": ev["group_size"],
         },
         columns=EVENT_COLUMNS,
     )
-    mem_events = [e for e in raw if e.get("ph") == "i" and e.get("name") == "[memory]"]
-    margs = [e.get("args") or {} for e in mem_events]
     memory = pd.DataFrame(
         {
-            "ts_us": [float(e["ts"]) for e in mem_events],
-            "bytes": [int(a.get("Bytes", 0)) for a in margs],
-            "total_allocated": [int(a.get("Total Allocated", 0)) for a in margs],
-            "device_type": [int(a.get("Device Type", 0)) for a in margs],
-            "device_id": [int(a.get("Device Id", -1)) for a in margs],
-            "addr": [a.get("Addr") for a in margs],
+            "ts_us": mem["ts"],
+            "bytes": mem["bytes"],
+            "total_allocated": mem["total_allocated"],
+            "device_type": mem["device_type"],
+            "device_id": mem["device_id"],
+            "addr": mem["addr"],
             "step": -1,
         },
         columns=MEMORY_COLUMNS,
@@ -218,9 +253,10 @@ def load_trace(run: Run) -> Trace:
     return load_trace_file(run.trace_path)
 
 
-def load_trace_file(path: Path | None) -> Trace:
+def load_trace_file(path: Path | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
     """A trace file as tables; an empty Trace when there is none. A damaged or foreign
-    file (cut short, empty, not gzip, not a Chrome trace) raises ``RecordError``.
+    file (cut short, empty, not gzip, not a Chrome trace, over ``max_bytes`` of JSON)
+    raises ``RecordError``.
 
     Decoding a big trace's JSON takes seconds, so the tables are kept beside it in
     ``<name>.tables.npz`` (plain arrays, no pickles, and the trace's size) and read from
@@ -237,7 +273,7 @@ def load_trace_file(path: Path | None) -> Trace:
             return _read_tables(cache, path.stat().st_size)
         except Exception:  # whatever is wrong with a cache, the trace is the truth
             pass
-    trace = _parse_file(path)
+    trace = read_trace(path, max_bytes)
     save_tables(trace, cache, source=path)
     return trace
 
@@ -251,20 +287,36 @@ def tables_fresh(path: Path) -> bool:
         return False
 
 
-GZIP_MAGIC = b"\x1f\x8b"
+def read_trace(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
+    """A Chrome trace file (gzipped or not; the object or the bare array form) decoded
+    into tables, without a dict per event (``trace_decode``); the same tables as
+    ``parse_events`` of its events. ``max_bytes``: the most JSON the file may hold,
+    decompressed (default 16 GiB); ``RecordError`` says what is wrong with a file that is
+    not a trace or is larger."""
+    return read_trace_with_meta(path, max_bytes)[0]
 
 
-def read_trace_document(path: Path) -> dict:
-    """A Chrome trace file (gzipped or not; the object or the bare array form) decoded:
-    a dict whose ``traceEvents`` is the list of events, with the trace's other top-level
-    keys (``distributedInfo``, ``deviceProperties``, …). ``RecordError`` says what is
-    wrong with a file that is not one."""
-    try:
-        data = Path(path).read_bytes()
-        if data[:2] == GZIP_MAGIC:
-            data = gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
-        raise RecordError(path, str(e) or type(e).__name__) from None
+def read_trace_with_meta(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Trace, dict[str, Any]]:
+    """``read_trace`` and the trace's other top-level keys (``distributedInfo``,
+    ``deviceProperties``, ``baseTimeNanoseconds``, …)."""
+    path = Path(path)
+    data = read_json_bytes(path, max_bytes)
+    meta, raw_events = split_document(path, data)
+    with paused():
+        columns = decode_events(path, raw_events)
+        del raw_events, data  # the JSON text goes before the frames are built
+        try:
+            return _trace_from_columns(*columns.columns()), meta
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+
+
+def read_trace_document(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+    """A Chrome trace file decoded whole, a dict per event: a dict whose ``traceEvents``
+    is the list of events, with the trace's other top-level keys. For code that needs the
+    events themselves (the memory replay); tables come cheaper from ``read_trace``.
+    ``RecordError`` says what is wrong with a file that is not one."""
+    data = read_json_bytes(path, max_bytes)
     if not data.strip():
         raise RecordError(path, "the file is empty")
     try:
@@ -285,11 +337,6 @@ def parse_document(path: Path, doc: dict) -> Trace:
         return parse_events(doc["traceEvents"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
-
-
-def _parse_file(path: Path) -> Trace:
-    """The trace file's tables; ``RecordError`` saying what is wrong with a damaged one."""
-    return parse_document(path, read_trace_document(path))
 
 
 #: the trace's size in bytes when its tables were cached: a cache of another trace is not used

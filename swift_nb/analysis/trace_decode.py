@@ -1,0 +1,278 @@
+"""Decode a Chrome trace file straight into a ``Trace``'s columns.
+
+A trace of a few steps of a large model is gigabytes of JSON and millions of events; a
+dict per event (what ``json.loads`` makes) costs several times the JSON's size. Here the
+file is decompressed in a stream, refused past ``max_bytes`` before it is whole, and its
+``traceEvents`` array is split (by msgspec, in C) into the byte ranges of its events
+without decoding them; the events are then decoded a batch at a time into small typed
+structs that keep only the fields the tables have, and appended to the columns, so what
+stays in memory is the JSON text and the columns.
+Measured against the alternatives in ``benchmarks/scale.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from swift_nb.errors import RecordError
+
+#: the most a trace file may decompress to (bytes) unless the caller allows more
+DEFAULT_MAX_BYTES = 16 << 30
+GZIP_MAGIC = b"\x1f\x8b"
+_BATCH = 50_000  # events decoded to structs at once: a few MB of structs
+_READ = 1 << 20
+_LEADING_SPACE = re.compile(rb"\s*")
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The ``args`` an event's table columns read; ``UNSET`` where the key is absent."""
+
+    input_dims: Any = msgspec.field(default=msgspec.UNSET, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+    external_id: Any = msgspec.field(default=None, name="External id")
+    correlation: Any = -1
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=msgspec.UNSET, name="Group size")
+    bytes: Any = msgspec.field(default=0, name="Bytes")
+    total_allocated: Any = msgspec.field(default=0, name="Total Allocated")
+    device_type: Any = msgspec.field(default=0, name="Device Type")
+    device_id: Any = msgspec.field(default=-1, name="Device Id")
+    addr: Any = msgspec.field(default=None, name="Addr")
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    name: Any = ""
+    cat: Any = ""
+    ts: Any = msgspec.UNSET
+    dur: Any = 0.0
+    pid: Any = None
+    tid: Any = None
+    args: _Args | None = None
+
+
+_split_document = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_split_events = msgspec.json.Decoder(list[msgspec.Raw])
+_decode_events = msgspec.json.Decoder(list[_Event])
+
+
+def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytearray:
+    """The JSON text of a trace file, gunzipped in a stream when it is gzip.
+
+    ``RecordError`` when it is or would decompress to more than ``max_bytes`` (checked as
+    it decompresses: a gzip bomb is refused at the cap, not after), is cut short or is
+    not gzip after all."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == GZIP_MAGIC
+            f.seek(0)
+            if not gzipped:
+                size = path.stat().st_size
+                if size > max_bytes:
+                    raise _too_large(path, max_bytes)
+                out = bytearray(size)
+                n = f.readinto(out)
+                del out[n:]
+                return out
+            return _gunzip(f, path, max_bytes)
+    except (OSError, EOFError, zlib.error) as e:
+        raise RecordError(path, str(e) or type(e).__name__) from None
+
+
+def _gunzip(f, path: Path, max_bytes: int) -> bytearray:
+    out = bytearray()
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    data = f.read(_READ)
+    while data:
+        out += d.decompress(data, max_bytes + 1 - len(out))
+        if len(out) > max_bytes:
+            raise _too_large(path, max_bytes)
+        if d.eof:  # what follows is another member (`cat a.gz b.gz`), or nothing
+            data = d.unused_data or f.read(_READ)
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            continue
+        data = d.unconsumed_tail or f.read(_READ)
+        if not data:
+            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+    return out
+
+
+def _too_large(path: Path, max_bytes: int) -> RecordError:
+    return RecordError(
+        path,
+        f"decompresses to more than max_bytes={max_bytes} ({max_bytes / 2**30:g} GiB), the cap on a trace's "
+        "size; pass a larger max_bytes= (swift_nb.import_trace(..., max_bytes=...), "
+        "swift_nb.analysis.trace.read_trace(path, max_bytes=...)) if the trace really is this large",
+    )
+
+
+def split_document(path: Path, data: bytearray) -> tuple[dict[str, Any], list[msgspec.Raw]]:
+    """A trace's top-level keys but ``traceEvents`` decoded (``distributedInfo``, …), and
+    the byte ranges of its events; ``RecordError`` for a file that is not a Chrome trace
+    (the object or the bare array form)."""
+    start = _LEADING_SPACE.match(data).end()
+    if start == len(data):
+        raise RecordError(path, "the file is empty")
+    try:
+        if data[start : start + 1] == b"[":
+            return {}, _split_events.decode(data)
+        top = _split_document.decode(data)
+        raw_events = top.pop("traceEvents", None)
+        events = _split_events.decode(raw_events) if raw_events is not None else None
+        meta = {k: msgspec.json.decode(v) for k, v in top.items()}
+    except msgspec.ValidationError:
+        raise RecordError(path, "not a Chrome trace: no list of traceEvents") from None
+    except msgspec.DecodeError as e:
+        raise RecordError(path, f"not JSON: {e}") from None
+    if events is None:
+        raise RecordError(path, "not a Chrome trace: no list of traceEvents")
+    return meta, events
+
+
+class ColumnBuilder:
+    """The columns of ``parse_events``'s tables, filled a batch of events at a time; the
+    values are those ``parse_events`` makes of the same events' dicts."""
+
+    def __init__(self) -> None:
+        self.text: dict[str, list] = {
+            k: [] for k in ("name", "cat", "pid", "tid", "input_dims", "input_types")
+        }
+        self.text["msg_dtype"] = []
+        self.num: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("ts", "dur", "ext_id", "correlation", "msg_nelems", "group_size")
+        }
+        self.ext_missing = 0
+        self.mem_num: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("ts", "bytes", "total_allocated", "device_type", "device_id")
+        }
+        self.mem_addr: list = []
+        self._dims_text: dict[Any, str] = {}
+
+    def add(self, events: list[_Event]) -> None:
+        xs = [e for e in events if e.ph == "X"]
+        mem = [e for e in events if e.ph == "i" and e.name == "[memory]"]
+        if xs:
+            self._add_complete(xs)
+        if mem:
+            self._add_memory(mem)
+
+    def _add_complete(self, xs: list[_Event]) -> None:
+        n = len(xs)
+        args = [e.args or _NO_ARGS for e in xs]
+        t = self.text
+        t["name"] += _interned([e.name for e in xs])
+        t["cat"] += _interned([e.cat for e in xs])
+        t["pid"] += [e.pid for e in xs]
+        t["tid"] += [e.tid for e in xs]
+        t["input_dims"] += _interned([_shapes(a.input_dims) for a in args])
+        t["input_types"] += _interned(
+            [str(a.input_type) if a.input_type and a.input_dims is not msgspec.UNSET else "" for a in args]
+        )
+        t["msg_dtype"] += _interned([a.dtype or "" for a in args])
+        c = self.num
+        c["ts"].append(np.fromiter((_ts(e) for e in xs), dtype=float, count=n))
+        c["dur"].append(np.fromiter((e.dur for e in xs), dtype=float, count=n))
+        ext = [a.external_id for a in args]
+        self.ext_missing += ext.count(None)
+        c["ext_id"].append(np.fromiter((math.nan if v is None else v for v in ext), dtype=float, count=n))
+        c["correlation"].append(np.fromiter((a.correlation for a in args), dtype=np.int64, count=n))
+        c["msg_nelems"].append(np.fromiter((_msg_nelems(a) for a in args), dtype=float, count=n))
+        c["group_size"].append(
+            np.fromiter(
+                (math.nan if g is None or g is msgspec.UNSET else g for g in (a.group_size for a in args)),
+                dtype=float,
+                count=n,
+            )
+        )
+
+    def _add_memory(self, mem: list[_Event]) -> None:
+        n = len(mem)
+        args = [e.args or _NO_ARGS for e in mem]
+        m = self.mem_num
+        m["ts"].append(np.fromiter((float(_ts(e)) for e in mem), dtype=float, count=n))
+        for key, attr in (
+            ("bytes", "bytes"),
+            ("total_allocated", "total_allocated"),
+            ("device_type", "device_type"),
+            ("device_id", "device_id"),
+        ):
+            m[key].append(np.fromiter((int(getattr(a, attr)) for a in args), dtype=np.int64, count=n))
+        self.mem_addr += [a.addr for a in args]
+
+    def columns(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(event columns, memory columns) as ``parse_events`` builds its frames from."""
+        num = {k: _cat(v) for k, v in self.num.items()}
+        ext = num["ext_id"]
+        if len(ext) and self.ext_missing == len(ext):
+            ext = np.full(len(ext), None, dtype=object)  # what pandas makes of a list of None
+        elif not self.ext_missing:
+            ext = ext.astype(np.int64)
+        events = {
+            **self.text,
+            "ts": num["ts"],
+            "dur": num["dur"],
+            "ext_id": ext,
+            "correlation": num["correlation"],
+            "msg_nelems": num["msg_nelems"],
+            "group_size": num["group_size"],
+        }
+        mem = {k: _cat(v) for k, v in self.mem_num.items()}
+        mem["addr"] = self.mem_addr
+        return events, mem
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray | list:
+    # no events: an empty list, as parse_events has (pandas types the two alike)
+    return np.concatenate(parts) if parts else []
+
+
+def _interned(values: list) -> list:
+    # one str object per distinct value: a trace's million events have a few thousand names
+    try:
+        return list(map(sys.intern, values))
+    except TypeError:  # a null or a number where a name belongs: kept as it is
+        return [sys.intern(v) if type(v) is str else v for v in values]
+
+
+def _ts(e: _Event):
+    if e.ts is msgspec.UNSET:
+        raise KeyError("ts")
+    return e.ts
+
+
+def _shapes(dims: Any) -> str:
+    # str() of a list of int lists is valid JSON and several times faster than json.dumps
+    return str(dims) if dims and dims is not msgspec.UNSET else ""
+
+
+def _msg_nelems(a: _Args) -> float:
+    n_in, n_out = a.in_nelems, a.out_nelems
+    if n_in is None and n_out is None:
+        return math.nan
+    return float(max(n_in or 0, n_out or 0))
+
+
+def decode_events(path: Path, events: list[msgspec.Raw]) -> ColumnBuilder:
+    """The columns of the events whose byte ranges ``split_document`` found, decoded
+    ``_BATCH`` at a time; ``RecordError`` for a malformed event."""
+    cols = ColumnBuilder()
+    try:
+        for i in range(0, len(events), _BATCH):
+            cols.add(_decode_events.decode(b"[" + b",".join(events[i : i + _BATCH]) + b"]"))
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError, OverflowError) as e:
+        raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+    return cols
