@@ -17,9 +17,12 @@ the folder as on any captured run.
 from __future__ import annotations
 
 import gzip
+import multiprocessing
 import os
 import shutil
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,10 +32,11 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
+from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
-from swift_nb.analysis.trace import Trace, parse_document, read_trace_document, save_tables
-from swift_nb.analysis.trace_decode import GZIP_MAGIC
-from swift_nb.capture.job import RANK_COLUMNS, collective_summary
+from swift_nb.analysis.trace import Trace, read_trace_with_meta, save_tables
+from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
+from swift_nb.capture.job import RANK_COLUMNS
 from swift_nb.errors import ConfigError, RecordError
 from swift_nb.record import (
     SAMPLE_COLUMNS,
@@ -61,12 +65,11 @@ _CUDA = 1
 
 @dataclass
 class RankTrace:
-    """One trace file, read: its top-level metadata (everything but the events), the
-    events, and their tables."""
+    """One trace file, read: its top-level metadata (everything but the events) and its
+    tables."""
 
     path: Path
     meta: dict[str, Any]
-    events: list[dict]
     trace: Trace
 
     @property
@@ -76,6 +79,18 @@ class RankTrace:
     @property
     def world_size(self) -> int:
         return int(self.meta.get("distributedInfo", {}).get("world_size", 1) or 1)
+
+
+@dataclass
+class RankRecord:
+    """What is kept of one rank's trace once it is reduced: its record (a Run with its
+    steps and summary) and where its trace and tables were written."""
+
+    path: Path
+    rank: int
+    world_size: int
+    record: Run
+    staged: Path
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
@@ -101,19 +116,18 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
     return list(dict.fromkeys(files))
 
 
-def read_trace_file(path: Path) -> RankTrace:
+def read_trace_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankTrace:
     """One trace file (gzipped or not) read and parsed; ``RecordError`` saying what is
-    wrong with a file that is not a torch.profiler trace of profiler steps."""
-    doc = read_trace_document(path)
-    trace = parse_document(path, doc)
+    wrong with a file that is not a torch.profiler trace of profiler steps, or holds more
+    than ``max_bytes`` of JSON."""
+    trace, meta = read_trace_with_meta(path, max_bytes)
     if trace.empty:
         raise RecordError(
             path,
             f"no profiler step in it (no '{tn.STEP_PREFIX}N' spans): record it with a schedule and "
             "call prof.step() once per training step",
         )
-    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return RankTrace(Path(path), meta, doc["traceEvents"], trace)
+    return RankTrace(Path(path), meta, trace)
 
 
 def import_trace(
@@ -122,6 +136,8 @@ def import_trace(
     *,
     label: str | None = None,
     report: bool = True,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    workers: int | None = None,
 ) -> Run:
     """Import torch.profiler traces (one per rank) as a swift_nb run and return it.
 
@@ -129,19 +145,26 @@ def import_trace(
     one job make one job record. ``out_dir``: the folder of run folders (default
     ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``); the run's folder is created in it.
     ``report``: analyse the run and write its report.html (as ``swift_nb.report``).
+    ``max_bytes``: the most JSON one trace may hold once decompressed (default 16 GiB); a
+    larger file, or a gzip that would inflate past it, is refused as it decompresses.
+    ``workers``: processes that read the ranks' traces at once (default: one per core, at
+    most one per trace); each rank is reduced to its tables and record before the next,
+    so memory does not grow with the number of ranks.
     Imported runs are never pruned by the import: it adds a folder and deletes nothing.
     """
     files = trace_files(paths)
+    if not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise ConfigError("max_bytes", "must be a positive number of bytes", max_bytes)
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ConfigError("workers", "must be a whole number ≥ 1", workers)
     root = ensure_writable(Path(out_dir) if out_dir is not None else default_root())
-    ranks = [read_trace_file(f) for f in files]
-    by_rank = _by_rank(ranks)
     folder = root / new_run_id(label or "import")
     folder.mkdir()
-    if len(by_rank) == 1:
-        run = _rank_record(next(iter(by_rank.values())))
-        _add_trace(run, folder, next(iter(by_rank.values())), TRACE_FILE, "trace")
-    else:
-        run = _job_record(by_rank, folder)
+    try:
+        run = _import_into(files, folder, max_bytes, workers)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # no half-imported run is left behind
+        raise
     run.id, run.label, run.path = folder.name, label, folder
     save(run)
     if report:
@@ -151,9 +174,72 @@ def import_trace(
     return run
 
 
-def _by_rank(ranks: list[RankTrace]) -> dict[int, RankTrace]:
+def _import_into(files: list[Path], folder: Path, max_bytes: int, workers: int | None) -> Run:
+    if len(files) == 1:
+        reduced = [reduce_rank(files[0], folder / f".staged-0-{TRACE_FILE}", max_bytes)]
+    else:
+        reduced = _reduce_in_workers(files, folder, max_bytes, workers)
+    by_rank = _by_rank(reduced)
+    if len(by_rank) == 1:
+        rr = next(iter(by_rank.values()))
+        _place(rr, folder / TRACE_FILE)
+        rr.record.files["trace"] = TRACE_FILE
+        return rr.record
+    return _job_record(by_rank, folder)
+
+
+def reduce_rank(path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankRecord:
+    """Read one rank's trace, copy it (gzipped) to ``staged`` with its tables beside it,
+    and keep only its record: the events and tables are dropped when this returns.
+    Runs in a worker process for a job's ranks."""
+    rt = read_trace_file(path, max_bytes)
+    _copy_gzipped(rt.path, staged)
+    save_tables(rt.trace, tables_path(staged), source=staged)
+    return RankRecord(rt.path, rt.rank, rt.world_size, _rank_record(rt), staged)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    # forkserver (or spawn): a fork of a process that has started torch's or CUDA's threads
+    # can deadlock in the child
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _reduce_in_workers(
+    files: list[Path], folder: Path, max_bytes: int, workers: int | None
+) -> list[RankRecord]:
+    """Every file reduced by ``reduce_rank`` in at most ``workers`` processes (default:
+    the cores); a worker that dies (killed, out of memory) is an error naming the traces
+    it left unread, never a wait."""
+    n = min(len(files), workers or os.cpu_count() or 1)
+    staged = [folder / f".staged-{i}.json.gz" for i in range(len(files))]
+    with ProcessPoolExecutor(max_workers=n, mp_context=_context()) as pool:
+        futures = [pool.submit(reduce_rank, f, s, max_bytes) for f, s in zip(files, staged, strict=True)]
+        try:
+            return [f.result() for f in futures]
+        except BrokenProcessPool:
+            unread = [str(p) for p, fut in zip(files, futures, strict=True) if fut.exception() is not None]
+            raise RuntimeError(
+                f"a worker process reading the traces died (killed, or out of memory) before it finished; "
+                f"{len(unread)} of {len(files)} traces were not read: {', '.join(unread[:4])}"
+                f"{' …' if len(unread) > 4 else ''}. Try again with fewer workers (import_trace(..., "
+                "workers=1)) or on a machine with more memory"
+            ) from None
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+def _place(rr: RankRecord, dest: Path) -> None:
+    """Move a reduced rank's staged trace and its tables to their names in the run."""
+    rr.staged.replace(dest)
+    tables_path(rr.staged).replace(tables_path(dest))
+
+
+def _by_rank(ranks: list[RankRecord]) -> dict[int, RankRecord]:
     """The traces keyed by rank, checked to be one job's: one file per rank, one world size."""
-    by_rank: dict[int, RankTrace] = {}
+    by_rank: dict[int, RankRecord] = {}
     for rt in ranks:
         if rt.rank in by_rank:
             raise ConfigError(
@@ -171,14 +257,6 @@ def _by_rank(ranks: list[RankTrace]) -> dict[int, RankTrace]:
             [str(r.path) for r in ranks],
         )
     return dict(sorted(by_rank.items()))
-
-
-def _add_trace(run: Run, folder: Path, rt: RankTrace, name: str, key: str) -> None:
-    """Copy ``rt``'s trace into ``folder`` as ``name`` (gzipped), with its tables cached
-    beside it, and name it in ``run.files[key]``."""
-    _copy_gzipped(rt.path, folder / name)
-    save_tables(rt.trace, tables_path(folder / name), source=folder / name)
-    run.files[key] = name
 
 
 def _copy_gzipped(src: Path, dest: Path) -> None:
@@ -299,7 +377,7 @@ def _rank_record(rt: RankTrace) -> Run:
     run.summary["trace_events"] = len(rt.trace.events)
     device = device_summary(rt.trace)
     run.summary.update({k: round(float(device[k]), 3) for k in RUN_SUMMARY_KEYS if device.get(k) is not None})
-    collective_s, share = collective_summary(rt.events)
+    collective_s, share = _collective_summary(rt.trace)
     if np.isfinite(collective_s) and collective_s > 0:
         run.summary["collective_s_per_step"] = collective_s
         run.summary["collective_share"] = share
@@ -315,18 +393,27 @@ def _rank_record(rt: RankTrace) -> Run:
     return run
 
 
+def _collective_summary(trace: Trace) -> tuple[float, float]:
+    """(collective seconds per recorded step, their share of the recorded steps' time),
+    as ``capture.job.collective_summary`` measures a captured rank's, from the tables."""
+    per_step = comm_per_step(trace)
+    if per_step.empty:
+        return float("nan"), float("nan")
+    return float(per_step["collective_s"].mean()), comm_shares(per_step)[0]
+
+
 # -- several ranks ----------------------------------------------------------------------
 
 
-def _job_record(by_rank: dict[int, RankTrace], folder: Path) -> Run:
-    """One job record from several ranks' traces, laid out as a captured job's
+def _job_record(by_rank: dict[int, RankRecord], folder: Path) -> Run:
+    """One job record from several ranks' reduced traces, laid out as a captured job's
     (``swift_nb.capture.job``): every rank's trace beside the record, each rank's own
     record in its rank folder, the lowest rank's view in the job's own tables, every
     rank's row in ranks.csv and steps in rank_steps.csv."""
-    records = {r: _rank_record(rt) for r, rt in by_rank.items()}
+    records = {r: rr.record for r, rr in by_rank.items()}
     first = min(records)
     for r, rec in records.items():
-        _add_trace(rec, folder, by_rank[r], rank_trace_file(r), "trace")
+        _place(by_rank[r], folder / rank_trace_file(r))
         rec.files["trace"] = f"../{rank_trace_file(r)}"
         rec.id = f"{folder.name}-rank{r}"
         save(rec, rank_folder(folder, r))
