@@ -148,8 +148,9 @@ def import_trace(
     ``max_bytes``: the most JSON one trace may hold once decompressed (default 16 GiB); a
     larger file, or a gzip that would inflate past it, is refused as it decompresses.
     ``workers``: processes that read the ranks' traces at once (default: one per core, at
-    most one per trace); each rank is reduced to its tables and record before the next,
-    so memory does not grow with the number of ranks.
+    most one per trace; a job of under 16 MB of files is read in this process, as with
+    ``workers=1``); each rank is reduced to its tables and record before the next, so
+    memory does not grow with the number of ranks.
     Imported runs are never pruned by the import: it adds a folder and deletes nothing.
     """
     files = trace_files(paths)
@@ -174,9 +175,15 @@ def import_trace(
     return run
 
 
+#: below this many bytes of trace files in all, a job's ranks are read in this process: a
+#: worker's start (its interpreter and imports) costs more than they take to read
+IN_PROCESS_BYTES = 16 << 20
+
+
 def _import_into(files: list[Path], folder: Path, max_bytes: int, workers: int | None) -> Run:
-    if len(files) == 1:
-        reduced = [reduce_rank(files[0], folder / f".staged-0-{TRACE_FILE}", max_bytes)]
+    small = sum(f.stat().st_size for f in files) < IN_PROCESS_BYTES
+    if len(files) == 1 or workers == 1 or (workers is None and small):
+        reduced = [reduce_rank(f, folder / f".staged-{i}.json.gz", max_bytes) for i, f in enumerate(files)]
     else:
         reduced = _reduce_in_workers(files, folder, max_bytes, workers)
     by_rank = _by_rank(reduced)
@@ -201,8 +208,12 @@ def reduce_rank(path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES) ->
 def _context() -> multiprocessing.context.BaseContext:
     # forkserver (or spawn): a fork of a process that has started torch's or CUDA's threads
     # can deadlock in the child
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # the server imports this module once; each worker forked from it starts with it loaded
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
 
 def _reduce_in_workers(

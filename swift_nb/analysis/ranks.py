@@ -16,7 +16,11 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
+from swift_nb.analysis.comm import comm_per_step
+from swift_nb.analysis.device import device_steps
 from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.trace import load_trace_file
+from swift_nb.errors import RecordError
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder
 from swift_nb.units import fmt_ranks
 
@@ -81,6 +85,86 @@ def per_rank(run: Run) -> pd.DataFrame:
     margin = max(STRAGGLER_EXCESS * ref, STRAGGLER_MIN_STEP_SHARE * float(step.median()))
     df["straggler"] = (df["busy_s"] >= ref + margin).fillna(False).astype(bool)
     return df.reset_index(drop=True)
+
+
+RANK_STEP_COLUMNS = ["rank", "step", "step_s", "exposed_comm_s", "device_idle_pct"]
+
+
+def rank_step_metrics(run: Run) -> pd.DataFrame:
+    """One row per rank and profiled step of a job (``RANK_STEP_COLUMNS``): the step's
+    time (s, the profiler's step span), its exposed communication (s inside a collective
+    and outside any compute, ``comm.comm_per_step``) and its GPU idle time (% of the
+    step's device window, ``device.device_steps``; NaN without device work). Each
+    rank's tables are read, reduced to its rows and let go before the next rank's, so
+    memory does not grow with the number of ranks. A rank whose trace is missing or
+    damaged has no rows."""
+    frames = []
+    for rank, path in sorted(run.rank_trace_paths().items()):
+        try:
+            trace = load_trace_file(path)
+        except (OSError, RecordError):
+            continue
+        comm = comm_per_step(trace)[["step", "step_s", "exposed_comm_s"]]
+        idle = device_steps(trace)
+        if len(idle):
+            comm = comm.merge(
+                idle[["step", "idle_pct"]].rename(columns={"idle_pct": "device_idle_pct"}),
+                on="step",
+                how="left",
+            )
+        else:
+            comm = comm.assign(device_idle_pct=np.nan)
+        frames.append(comm.assign(rank=rank))
+        del trace
+    if not frames:
+        return pd.DataFrame(columns=RANK_STEP_COLUMNS)
+    out = pd.concat(frames, ignore_index=True)[RANK_STEP_COLUMNS]
+    return out.astype(
+        {"rank": int, "step": int, "step_s": float, "exposed_comm_s": float, "device_idle_pct": float}
+    )
+
+
+STRAGGLER_COLUMNS = [
+    "rank",
+    "step_time_s",
+    "work_s",
+    "work_over_median_pct",
+    "step_over_median_pct",
+    "collective_pct",
+    "device_idle_pct",
+    "straggler",
+]
+
+
+def slowest_ranks(per_rank: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """The ``n`` ranks with the most work per step (``busy_s`` of ``per_rank``: the step
+    outside collectives), slowest first, with how much more than the ranks' median
+    (``STRAGGLER_COLUMNS``; times in s, excesses and shares in %): collectives make every
+    rank's step as long as the slowest one's, so the busiest rank is the one the others
+    wait for."""
+    if per_rank is None or per_rank.empty:
+        return pd.DataFrame(columns=STRAGGLER_COLUMNS)
+    busy = pd.to_numeric(per_rank["busy_s"], errors="coerce")
+    step = pd.to_numeric(per_rank["step_time_median_s"], errors="coerce")
+    med_busy, med_step = float(busy.median()), float(step.median())
+    out = pd.DataFrame(
+        {
+            "rank": per_rank["rank"].astype(int),
+            "step_time_s": step,
+            "work_s": busy,
+            "work_over_median_pct": 100.0 * (busy / med_busy - 1.0) if med_busy > 0 else np.nan,
+            "step_over_median_pct": 100.0 * (step / med_step - 1.0) if med_step > 0 else np.nan,
+            "collective_pct": 100.0 * pd.to_numeric(per_rank["collective_share"], errors="coerce"),
+            "device_idle_pct": pd.to_numeric(per_rank.get("device_idle_pct"), errors="coerce"),
+            "straggler": per_rank["straggler"].astype(bool),
+        },
+        columns=STRAGGLER_COLUMNS,
+    )
+    return (
+        out.sort_values(["work_s", "rank"], ascending=[False, True], na_position="last")
+        .head(n)
+        .reset_index(drop=True)
+    )
 
 
 def rank_records(run: Run) -> dict[int, Run]:
