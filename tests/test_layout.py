@@ -46,6 +46,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.analysis.memory": ("test_analysis.py", "test_step_memory.py"),
     "swift_nb.analysis.shapes": ("test_throughput.py",),
     "swift_nb.analysis.trace": ("test_analysis_pure.py", "test_analysis.py"),
+    "swift_nb.capture.compile": ("test_compile_capture.py",),
     "swift_nb.capture.dist": ("test_ranks.py",),
     "swift_nb.capture.environment": ("test_profile.py", "test_import.py"),
     "swift_nb.capture.flops": ("test_throughput.py", "test_magic.py"),

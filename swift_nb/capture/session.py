@@ -22,8 +22,11 @@ import torch
 
 from swift_nb import trace_names
 from swift_nb.capture import dist, job, oom, signals
+from swift_nb.capture.compile import CompileRecorder
+from swift_nb.capture.digest import DigestResult
 from swift_nb.capture.environment import environment
 from swift_nb.capture.flops import StepFlops, flop_step
+from swift_nb.capture.helper import Helper
 from swift_nb.capture.job_rank import JobRank
 from swift_nb.capture.journal import Journal
 from swift_nb.capture.memory_record import MemoryRecorder
@@ -104,10 +107,10 @@ class Session:
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
         self._memory = MemoryRecorder(profiler, self._watcher.optimizers.values(), self.note)
-        # The trace's events once finished, so the analysis need not read the file again;
-        # whoever analyses the run takes them (take_trace_events) and the memory goes.
-        self.trace_events: list[dict] | None = None
-        self.trace_tables: Any = None  # ... and what on_trace made of them while the cell ran
+        self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
+        self.trace_tables: Any = None  # what on_trace's build made of the trace (take_trace_tables)
+        self._helper: Helper | None = None  # digests the trace off this process (capture.helper)
+        self.digested: DigestResult | None = None  # ... and what it found, once the run ends
         self._sampler: Sampler | None = None
         self._trace: TraceRecorder | None = None
         self._stderr = StderrFilter()
@@ -147,6 +150,7 @@ class Session:
             save(run)  # a crash from here on still leaves a readable `running` record
             if self._job is not None:
                 self._job.started(run)
+            self._compile.install()
             self._t0 = time.perf_counter()
             if self._cuda:
                 torch.cuda.reset_peak_memory_stats()
@@ -157,8 +161,11 @@ class Session:
             self._journal.start()
             self._termination.install()
             if self.profiler_cfg is not None:
+                # started first: its interpreter starts while the first steps run
+                self._helper = Helper(run.path, self.note)
+                self._helper.start()
                 self._stderr.start()
-                self._trace = self._new_trace(self.profiler_cfg)
+                self._trace = self._new_trace(self.profiler_cfg, self._helper)
                 self._trace.start()
                 self._memory.at_boundary(self._step)
             if self._flops is not None:
@@ -168,23 +175,23 @@ class Session:
             raise
         return run
 
-    def _new_trace(self, cfg: ProfilerConfig) -> TraceRecorder:
+    def _new_trace(self, cfg: ProfilerConfig, helper: Helper) -> TraceRecorder:
         run = self.run
         if self._job is None:
-            on_trace = self.on_trace if self.options.report else None
-            return TraceRecorder(cfg, run.path, self.note, on_trace=on_trace)
+            build = self.on_trace.build if self.on_trace is not None and self.options.report else None
+            return TraceRecorder(cfg, run.path, self.note, helper=helper, build=build)
         # A rank's trace goes beside the others'; the analysis reads it from its file
         # (trace.rank<R>.tables.npz), so nothing is handed on.
-        return TraceRecorder(cfg, self._job.path, self.note, self._job.trace_file)
+        return TraceRecorder(cfg, self._job.path, self.note, self._job.trace_file, helper=helper, rank=True)
 
-    def take_trace_events(self) -> list[dict] | None:
-        events, self.trace_events = self.trace_events, None
-        return events
+    @property
+    def helper_pid(self) -> int | None:
+        """The process digesting this run's trace (None: none running)."""
+        return self._helper.pid if self._helper is not None and self._helper.alive else None
 
     def take_trace_tables(self) -> Any:
-        """What ``on_trace`` returned for the finished trace (for ``swift_nb.api``: its
-        tables, a ``swift_nb.analysis.trace.Trace``) when it ran while the cell did, else
-        None; like the events, it goes to whoever takes it."""
+        """What ``on_trace``'s build returned for the finished trace (for ``swift_nb.api``),
+        else None; it goes to whoever takes it."""
         tables, self.trace_tables = self.trace_tables, None
         return tables
 
@@ -253,12 +260,13 @@ class Session:
         run.wall_s = end_s
         run.summary.update(summarize(run.steps, run.samples))
         run.summary["profiler_overhead_s"] = self._hook_cost
+        self._compile.add_to(run)
         self._detect_context()
         if self._job is not None:
             # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
-            self.trace_events = self.trace_tables = None
-            events = trace.events if trace is not None else []
-            self._job.summarize(run, events, self._watcher.optimizers.values())
+            self.trace_tables = None
+            digested = trace.digested if trace is not None else None
+            self._job.summarize(run, digested, self._watcher.optimizers.values())
         self._watcher.optimizers.clear()  # do not keep the user's optimizers alive
         save(run)
         if self._job is not None:
@@ -285,8 +293,8 @@ class Session:
         """The finished trace into the record, with the memory by category it gives."""
         assert trace.path is not None
         run.files["trace"] = TRACE_FILE if self._job is None else f"../{trace.path.name}"
-        run.summary["trace_events"] = len(trace.events)
-        self.trace_events = trace.events
+        run.summary["trace_events"] = trace.events
+        self.digested = trace.digested
         self.trace_tables = trace.tables
         run.summary["recorded_steps"] = trace.recorded_steps
         self._memory.add_to(run, steps, trace, self._cuda)
@@ -303,6 +311,7 @@ class Session:
         """Stop every part of the capture (each even if another fails); the finished
         trace, or None."""
         self._watcher.remove()
+        self._compile.remove()
         if self._journal is not None:
             self._journal.stop()
             if self._journal.failed:
@@ -315,9 +324,11 @@ class Session:
         if self._trace is not None:
             try:
                 self._trace.stop()
-                trace = self._trace.finish()
+                trace = self._trace.finish(self._memory.replay_input())
             except Exception as e:
                 self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
+        if self._helper is not None:  # no helper outlives its run
+            self._helper.close()
         self._stderr.stop()
         if self._sampler is not None:
             self._sampler.stop()
@@ -338,7 +349,7 @@ class Session:
             with torch.profiler.record_function(trace_names.OWN_PREFIX + "step_hook"):
                 self._bookkeeping(k, t_in, trigger)
                 if self._trace.undigested:  # a cycle just ended, its last snapshot taken
-                    self._trace.digest(self._memory.replay_job())
+                    self._trace.digest(self._memory.replay_input())
         else:
             self._bookkeeping(k, t_in, trigger)
         self._step_start = time.perf_counter() - self._t0
@@ -361,7 +372,8 @@ class Session:
             reserved = torch.cuda.memory_reserved()
             torch.cuda.reset_peak_memory_stats()
         phase = self.profiler_cfg.phase(k) if self.profiler_cfg else "none"
-        return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss())
+        compile_s = self._compile.at_boundary()
+        return (k, start, end, end - start, phase, trigger, overhead, peak, reserved, self._rss(), compile_s)
 
     def _detect_context(self) -> None:
         ctx = self.run.context

@@ -60,7 +60,9 @@ STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "cras
 #   reserved_bytes: CUDA allocator reserved bytes at the step's end;
 #   rss_bytes: process resident set size at the step's end;
 #   parameters_bytes … other_bytes (recorded steps, with memory profiling): tensor bytes of
-#     each category at the step's peak (see memory.csv).
+#     each category at the step's peak (see memory.csv);
+#   compile_s: seconds the step spent in torch.compile's compiling (dynamo, the backend,
+#     a lazy backward compile; swift_nb.capture.compile), 0 when it compiled nothing.
 STEP_COLUMNS = [
     "step",
     "start_s",
@@ -72,6 +74,7 @@ STEP_COLUMNS = [
     "peak_tensor_bytes",
     "reserved_bytes",
     "rss_bytes",
+    "compile_s",
 ]
 
 # samples.csv columns. t_s: seconds from the run's start; kind: periodic|step;

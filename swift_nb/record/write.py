@@ -122,8 +122,16 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     """Headline metrics of a run from its tables (seconds, bytes, percent)."""
     out: dict[str, Any] = {"steps": int((steps["trigger"] != "end").sum()) if len(steps) else 0}
     dur = pd.to_numeric(steps["duration_s"], errors="coerce").dropna()
-    out["step_time_median_s"] = float(dur.median()) if len(dur) else None
-    out["step_time_p90_s"] = float(dur.quantile(0.9)) if len(dur) else None
+    # Steps that compiled (torch.compile) are left out of the step-time figures: their
+    # median and p90 are the steady steps' (every step's when all of them compiled); the
+    # figures over every step keep their own names (`_all_s`).
+    compiling = pd.to_numeric(steps.get("compile_s", pd.Series(dtype=float)), errors="coerce").fillna(0.0) > 0
+    steady = dur[~compiling.reindex(dur.index, fill_value=False)]
+    steady = steady if len(steady) else dur
+    out["step_time_median_s"] = float(steady.median()) if len(steady) else None
+    out["step_time_p90_s"] = float(steady.quantile(0.9)) if len(steady) else None
+    out["step_time_median_all_s"] = float(dur.median()) if len(dur) else None
+    out["step_time_p90_all_s"] = float(dur.quantile(0.9)) if len(dur) else None
     total = float(dur.sum())
     out["steps_per_s"] = out["steps"] / total if out["steps"] and total > 0 else None
     out["peak_mem_bytes"] = _max_or_none(steps["peak_tensor_bytes"]) if len(steps) else None
