@@ -4,7 +4,7 @@ One entry per toggle (``TOGGLES``), torch-free, read by everything that names a 
 the magic's flags and help, ``--compare`` variants, ``--forecast`` and ``swift_nb.forecast``
 specs, the forecast form, the rerun launcher, the findings. Implementations live in
 ``swift_nb/toggles/<id>.py`` (``Entry.implementation``, imported only when a toggle is
-built); an entry without one is understood by the forecast only (``zero``, ``fsdp``).
+built); an entry without one is understood by the forecast only (``zero``).
 
 The one grammar of a toggle spec:
 
@@ -262,7 +262,77 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=5.0,  # gathered and bucketed copies
             label_params=("stage",),
         ),
-        Entry("fsdp", "FSDP", forecast_error_pct=10.0),
+        Entry(
+            "torch_compile",
+            "torch.compile",
+            (
+                Param(
+                    "mode",
+                    str,
+                    "default",
+                    "torch.compile's mode",
+                    choices=("default", "reduce-overhead", "max-autotune"),
+                ),
+                Param(
+                    "dynamic",
+                    bool,
+                    None,
+                    "true: compile for dynamic shapes from the start; false: one graph per shape; "
+                    "unset: torch decides after the first size change",
+                ),
+                Param(
+                    "backend",
+                    str,
+                    "inductor",
+                    "inductor (generated kernels; needs a C++ compiler on CPU), aot_eager or eager "
+                    "(graphs only, no code generation)",
+                    choices=("inductor", "aot_eager", "eager"),
+                ),
+            ),
+            flag="compile",
+            help="torch.compile the models the cell uses for this run (restored after)",
+            metavar="mode=default|reduce-overhead|max-autotune,dynamic=true|false",
+            implementation="swift_nb.toggles.torch_compile:TorchCompile",
+            forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
+        ),
+        Entry(
+            "fsdp",
+            "FSDP",
+            (
+                Param(
+                    "world_size",
+                    int,
+                    2,
+                    "ranks the model is sharded over (= worker processes)",
+                    at_least(2),
+                    aliases=("ws",),
+                ),
+            ),
+            help="FSDP2 fully_shard on the repeated blocks and the root, over world_size ranks (in --compare)",
+            metavar="world_size=2",
+            implementation="swift_nb.toggles.fsdp:FSDP",
+            processes="world_size",
+            forecast_error_pct=10.0,  # gathered blocks, padding of the shards
+        ),
+        Entry(
+            "ddp",
+            "DDP",
+            (
+                Param(
+                    "world_size",
+                    int,
+                    2,
+                    "ranks the model is replicated on (= worker processes)",
+                    at_least(2),
+                    aliases=("ws",),
+                ),
+            ),
+            help="DistributedDataParallel on world_size ranks (in --compare)",
+            metavar="world_size=2",
+            implementation="swift_nb.toggles.ddp:DDP",
+            processes="world_size",
+            forecast_error_pct=5.0,  # the gradient buckets
+        ),
     )
 }
 
