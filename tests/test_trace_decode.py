@@ -23,7 +23,7 @@ from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, read_json_bytes
 from swift_nb.errors import RecordError
 
 DATA = Path(__file__).parent / "data"
-TRACES = sorted((DATA / "gpu").glob("*.json.gz")) + [DATA / "cost_run" / "trace.json.gz"]
+TRACES = [*sorted((DATA / "gpu").glob("*.json.gz")), DATA / "cost_run" / "trace.json.gz"]
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.parent.name + "/" + p.name)
