@@ -52,7 +52,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
     run = session.stop()
     t = time.perf_counter()
-    report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
+    ahead.take(session.take_trace_tables())
+    report(run, figures=ahead.figures)
     in_session = time.perf_counter() - t
     with gzip.open(run.trace_path, "rb") as f:
         size_mb = len(f.read()) / 2**20

@@ -116,7 +116,8 @@ def big_trace(layers: int, active: int, after: int, hta: bool, root: str) -> dic
     run = session.stop()
     out = {"finish_s": time.perf_counter() - t}
     t = time.perf_counter()
-    reported = report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
+    ahead.take(session.take_trace_tables())
+    reported = report(run, figures=ahead.figures)
     show(reported)
     out["warm_s"] = time.perf_counter() - t
     run = reported.run

@@ -82,7 +82,8 @@ def main() -> None:
         finally:
             session.stop()
             t = time.perf_counter()  # after the cell: analysis, figures, report.html
-            report(session.run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
+            ahead.take(session.take_trace_tables())
+            report(session.run, figures=ahead.figures)
             report_s.append(time.perf_counter() - t)
 
     modes = {"bare": bare, "sampler": sampler, "profile": profile}

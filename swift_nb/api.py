@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from swift_nb.analysis import Analysis, analyze, derive_ahead
+from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.compare import compare_runs
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
@@ -46,26 +46,38 @@ class Reported:
     sections: list[Section]
 
 
+def build_ahead(events: list[dict], trace_path: Path, written: Path) -> FigureCache:
+    """What a profiled run does with its finished trace while the cell still runs, in the
+    helper process (``capture.helper``): the trace's tables, built and kept beside the
+    trace (``written``: the file holding it until it is named ``trace_path``), and the
+    figures the trace alone determines, drawn and returned. The analyses read the tables
+    from their file after the cell."""
+    trace = parse_events(events)
+    del events
+    save_tables(trace, tables_path(trace_path), source=written)
+    figures = FigureCache()
+    try:
+        draw_ahead(trace, figures)
+    except Exception:  # drawn again, and any failure reported, after the cell
+        pass
+    return figures
+
+
 class ReportAhead:
-    """What a profiled run does with its finished trace while the cell still runs (the
-    ``on_trace`` this layer hands its Session): the trace's tables, built and kept beside
-    the trace, the analyses that need only them derived, and the figures the trace alone
-    determines drawn into ``figures``, this run's cache, which its report takes (``finish``)."""
+    """The ``on_trace`` this layer hands its Session: ``build_ahead`` runs on the
+    finished trace in the helper process, and the figures it drew join ``figures``, this
+    run's cache, which its report takes (``finish``)."""
+
+    build = f"{build_ahead.__module__}:{build_ahead.__name__}"
 
     def __init__(self) -> None:
         self.figures = FigureCache()
 
-    def __call__(self, events: list[dict], trace_path: Path, written: Path) -> Trace:
-        """The trace's tables (``written``: the file holding the trace until it is named
-        ``trace_path``)."""
-        trace = parse_events(events)
-        save_tables(trace, tables_path(trace_path), source=written)
-        try:
-            derive_ahead(trace)
-            draw_ahead(trace, self.figures)
-        except Exception:  # derived and drawn again, and any failure reported, after the cell
-            pass
-        return trace
+    def take(self, built: Any) -> None:
+        """What ``build_ahead`` returned (None: it failed or did not run)."""
+        if isinstance(built, FigureCache):
+            for key in built:
+                self.figures.put(key, built.png(key))
 
 
 def report(
@@ -136,11 +148,14 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
     write the report; without, the record is complete and ``swift-nb report`` analyses it
     later. A session made with a ``ReportAhead`` hands its figures to the report."""
     run = session.stop(status, error)
-    events, tables = session.take_trace_events(), session.take_trace_tables()
+    built = session.take_trace_tables()
     if not session.options.report:
         return Reported(run, None, [])
     ahead = session.on_trace
-    return report(run, events, tables, ahead.figures if isinstance(ahead, ReportAhead) else None)
+    if not isinstance(ahead, ReportAhead):
+        return report(run)
+    ahead.take(built)
+    return report(run, figures=ahead.figures)
 
 
 def apply_toggles(session: Session, toggles: Sequence[Toggle], namespace: Mapping[str, Any]) -> None:

@@ -139,11 +139,14 @@ def test_analysis_right_after_capture_is_unchanged(run_copy):
 
 
 def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
-    """The trace's tables and the memory replay made in the background during the cell
-    (after the profiler's last cycle) equal those made from the same events after it."""
+    """The trace's tables, the memory replay and the figures made by the helper process
+    during the cell (after the profiler's last cycle) equal those made from the same
+    trace after it, in this process."""
+    import os
+
     import torch
 
-    from swift_nb.analysis.trace import parse_events
+    from swift_nb.analysis.trace import parse_events, read_trace_document, save_tables
     from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
     from swift_nb.demo import make_model
@@ -162,12 +165,18 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
         opt.step()
         opt.zero_grad()
     run = session.stop()
-    events, tables = session.take_trace_events(), session.take_trace_tables()
-    assert tables is not None, "the tables were not built while the cell ran"
+    assert session.digested is not None and session.digested.pid not in (None, os.getpid())
+    built = session.take_trace_tables()
+    assert built is not None, "the figures were not drawn while the cell ran"
+    ahead.take(built)
     drawn = set(ahead.figures)
-    fresh = parse_events(events)
-    for name in ("events", "memory", "steps"):
-        pd.testing.assert_frame_equal(getattr(tables, name), getattr(fresh, name))
+    # the tables the helper saved beside the trace, as saving them from the trace now does
+    events = read_trace_document(run.trace_path)["traceEvents"]
+    save_tables(parse_events(events), tmp_path / "fresh.npz", source=run.trace_path)
+    with np.load(tables_path(run.trace_path)) as ahead_npz, np.load(tmp_path / "fresh.npz") as fresh_npz:
+        assert sorted(ahead_npz.files) == sorted(fresh_npz.files)
+        for key in fresh_npz.files:
+            np.testing.assert_array_equal(ahead_npz[key], fresh_npz[key], err_msg=key)
     per_step = memcat.step_memory(events, session._memory.snapshots, 0)
     assert sorted(per_step) == [3, 4, 5]
     for k, m in per_step.items():
@@ -177,15 +186,8 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
         timeline = run.memory.loc[run.memory["step"] == k, [f"{c}_bytes" for c in memcat.CATEGORIES]]
         np.testing.assert_array_equal(timeline.to_numpy(), m.timeline[:, 1:])
 
-    # The tables the analysis reads from the trace alone were derived while the cell ran.
-    from swift_nb.analysis.trace import _DERIVED
-
-    ahead_keys = set(_DERIVED[id(tables.events)])
-    assert {"self_times", "collectives/1/0"} <= ahead_keys
-    assert any(k.startswith("comm_per_step/") for k in ahead_keys)
-
     # The figures drawn ahead are the report's: the same PNG as drawing them now.
-    reported = report(run, events, tables, ahead.figures)
+    reported = report(run, figures=ahead.figures)
     kept = [p for s in reported.sections for p in s.parts if getattr(p, "key", None) in drawn]
     # the step breakdown and the two operator figures
     assert [p.alt for p in kept] == [
@@ -286,12 +288,13 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
         model(x, x).backward()
         opt.step()
         opt.zero_grad()
-    (digest,) = session._trace._cycles
+    digest = session._trace._pending
     drawn_alongside = []
-    while digest._thread.is_alive() and len(drawn_alongside) < 500:
+    while not digest._done.is_set() and len(drawn_alongside) < 500:
         drawn_alongside.append(user_png())
     run = session.stop()
-    reported = report(run, session.take_trace_events(), session.take_trace_tables(), ahead.figures)
+    ahead.take(session.take_trace_tables())
+    reported = report(run, figures=ahead.figures)
     assert drawn_alongside, "the background work ended before the cell could draw"
     assert all(png == reference for png in drawn_alongside)
     figures = [p for s in reported.sections for p in s.parts if getattr(p, "key", None)]

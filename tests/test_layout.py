@@ -47,6 +47,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.analysis.shapes": ("test_throughput.py",),
     "swift_nb.analysis.trace": ("test_analysis_pure.py", "test_analysis.py"),
     "swift_nb.capture.compile": ("test_compile_capture.py",),
+    "swift_nb.capture.digest": ("test_helper.py", "test_cost_equivalence.py", "test_ranks.py"),
     "swift_nb.capture.dist": ("test_ranks.py",),
     "swift_nb.capture.environment": ("test_profile.py", "test_import.py"),
     "swift_nb.capture.flops": ("test_throughput.py", "test_magic.py"),

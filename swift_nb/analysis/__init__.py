@@ -14,9 +14,9 @@ import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
-from swift_nb.analysis.breakdown import device_busy, trace_breakdown
-from swift_nb.analysis.comm import collectives, comm_per_step, job_collectives
-from swift_nb.analysis.device import device_steps, device_summary, device_work, idle_by_cause, kernels_by_kind
+from swift_nb.analysis.breakdown import device_busy
+from swift_nb.analysis.comm import collectives, job_collectives
+from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.memory import memory_timeline
@@ -112,16 +112,4 @@ def analyze(
     )
 
 
-def derive_ahead(trace: Trace) -> None:
-    """Derive now the tables that ``analyze`` reads from the trace alone (kept with the
-    trace's events, see ``trace.derived``): for the work done while a profiled cell still
-    runs, so that only what needs the whole run is left for after it. A single process's
-    collectives are derived for rank 0, as a run outside a job records them."""
-    trace_breakdown(trace)
-    top_operators(None, by="self_time", n=None, trace=trace)
-    comm_per_step(trace)
-    collectives(trace, 1, 0)
-    device_work(trace)
-
-
-__all__ = ["Analysis", "Finding", "Thresholds", "Verdict", "analyze", "derive_ahead"]
+__all__ = ["Analysis", "Finding", "Thresholds", "Verdict", "analyze"]

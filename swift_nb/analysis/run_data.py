@@ -3,8 +3,7 @@
 ``analyze`` reads the run's trace tables once and derives from them, once, the
 intermediates several analyses read (as HolisticTraceAnalysis's analyzers share one parsed
 trace); each analysis is then handed the pieces it reads. The trace-level pieces go
-through ``trace.derived``, so those derived while a profiled cell still ran
-(``analysis.derive_ahead``) are taken from there, not computed again.
+through ``trace.derived``, so each is computed once per trace.
 """
 
 from __future__ import annotations

@@ -90,13 +90,21 @@ def collective_summary(events: list[dict]) -> tuple[float, float]:
     return float(coll_us.mean()) / 1e6, share
 
 
-def parallel_layout(events: list[dict], optimizers, info: RankInfo) -> dict[str, Any]:
-    """The data-parallel wrappers seen in this rank's trace and parameters, and group
-    sizes: ``{"parallel": ["DDP"], "dp_size": 4, …}``."""
+def wrappers(events: list[dict]) -> list[str]:
+    """The data-parallel wrappers whose spans a rank's trace holds (``DDP``, ``FSDP``)."""
     names = {e.get("name", "") for e in events if e.get("ph") == "X"}
-    kinds = []
+    found = []
     if any(n.startswith(tn.DDP_PREFIX) for n in names):
-        kinds.append("DDP")
+        found.append("DDP")
+    if any(n.startswith(tn.FSDP_PREFIX) for n in names):
+        found.append("FSDP")
+    return found
+
+
+def parallel_layout(traced: list[str], optimizers, info: RankInfo) -> dict[str, Any]:
+    """The data-parallel wrappers seen in this rank's trace (``traced``, see ``wrappers``)
+    and parameters, and group sizes: ``{"parallel": ["DDP"], "dp_size": 4, …}``."""
+    kinds = [k for k in traced if k == "DDP"]
     mesh: dict[str, int] = {}
     for opt in optimizers:
         for group in opt.param_groups:
@@ -106,7 +114,7 @@ def parallel_layout(events: list[dict], optimizers, info: RankInfo) -> dict[str,
                     dim_names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
                     mesh = dict(zip(dim_names, (int(s) for s in dm.shape), strict=False))
                     break
-    if mesh or any(n.startswith(tn.FSDP_PREFIX) for n in names):
+    if mesh or "FSDP" in traced:
         kinds.append("FSDP")
     layout: dict[str, Any] = {"parallel": kinds or ["unknown"], "dp_size": info.world_size}
     if mesh:

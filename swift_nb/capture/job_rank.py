@@ -57,13 +57,15 @@ class JobRank:
         if self.info.rank == 0:
             save(Run(**{**run.__dict__, "path": None}), self.path)
 
-    def summarize(self, run: Run, events: list[dict], optimizers: Iterable[Any]) -> None:
-        """This rank's collective time and the job's parallel layout, from its trace's
-        ``events``."""
-        collective_s, share = job.collective_summary(events)
+    def summarize(self, run: Run, digested: Any, optimizers: Iterable[Any]) -> None:
+        """This rank's collective time and the job's parallel layout, from what the digest
+        of its trace measured (``capture.digest.DigestResult``; None: no trace)."""
+        collective = digested.collective if digested is not None else None
+        collective_s, share = collective if collective is not None else (float("nan"), float("nan"))
         run.summary["collective_s_per_step"] = collective_s
         run.summary["collective_share"] = share
-        run.context["layout"] = job.parallel_layout(events, optimizers, self.info)
+        traced = digested.wrappers if digested is not None else []
+        run.context["layout"] = job.parallel_layout(traced, optimizers, self.info)
 
     def gather(self, run: Run) -> Run:
         """Send this rank's part to rank 0; on rank 0, write and return the job record."""

@@ -46,14 +46,12 @@ class MemoryRecorder:
                 self._note(f"memory by category is not available for these parameters ({e})")
                 self.failed = True
 
-    def replay_job(self) -> Callable[[list[dict[str, Any]]], Any] | None:
-        """The replay of a finished cycle's events with the snapshots taken so far (a
-        function for the trace's background work), or None when there is none to do."""
+    def replay_input(self) -> tuple[dict[int, memcat.Snapshot], int] | None:
+        """What the replay of a finished cycle needs (``capture.digest``): the snapshots
+        taken so far and the parameters' device type; None when there is none to do."""
         if not self.active:
             return None
-        snapshots = dict(self.snapshots)
-        device = memcat.device_type_code(self._optimizers)
-        return lambda events: memcat.step_memory(events, snapshots, device)
+        return dict(self.snapshots), memcat.device_type_code(self._optimizers)
 
     def add_to(self, run: Run, steps: pd.DataFrame, trace: TraceResult, cuda: bool) -> None:
         """Per recorded step: category bytes at the step's peak (``steps``) and the
@@ -62,9 +60,6 @@ class MemoryRecorder:
         if self.failed:
             return
         per_step = trace.memory
-        if per_step is None:
-            device = memcat.device_type_code(self._optimizers)
-            per_step = memcat.step_memory(trace.events, self.snapshots, device)
         if not per_step:
             return
         for c in memcat.CATEGORIES:

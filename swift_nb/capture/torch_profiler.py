@@ -9,23 +9,20 @@ trace (``trace_names.STEP_PREFIX`` + k).
 
 from __future__ import annotations
 
-import gzip
 import os
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import orjson
 import torch
 from torch.profiler import ProfilerActivity
 
-from swift_nb.gc_pause import paused
+from swift_nb.capture.digest import DigestJob, DigestResult, digest
+from swift_nb.capture.helper import Helper, Pending
 from swift_nb.options import ProfileOptions, check_schedule
 from swift_nb.record import TRACE_FILE
-from swift_nb.trace_names import step_of
 
 
 @dataclass
@@ -67,85 +64,41 @@ class ProfilerConfig:
         return "warmup" if pos < self.wait + self.warmup else "active"
 
 
-#: What the layers above do with a finished trace while the cell still runs (for
-#: ``swift_nb.api``: build the analyses' tables, draw the figures the trace alone
-#: determines), handed to ``TraceRecorder`` by whoever starts the capture. Called off the
-#: training thread as soon as the profiler's last cycle is exported, as
-#: ``on_trace(events, trace_path, written)``: ``trace_path`` is the name the trace will
-#: have, ``written`` the file holding it until then (its bytes already final). What it
-#: returns is ``TraceResult.tables``.
-OnTrace = Callable[[list[dict[str, Any]], Path, Path], Any]
+class OnTrace(Protocol):
+    """What the layers above do with a finished trace, handed to ``TraceRecorder`` by
+    whoever starts the capture: ``build`` names a function (``"module:function"``) that
+    the trace's digest calls with ``(events, trace_path, written)`` in the helper process
+    (``trace_path``: the name the trace will have; ``written``: the file holding it until
+    then, its bytes already final), e.g. to build the analyses' tables and draw the
+    figures the trace alone determines. What it returns is ``TraceResult.tables``."""
+
+    build: str
 
 
 @dataclass
 class TraceResult:
-    """The merged trace file, its events (for the memory replay), the recorded steps, and
-    what was derived from the events while the cell ran (None: not derived): what
-    ``on_trace`` returned (``tables``) and the memory replay (``TraceRecorder.digest``)."""
+    """The merged trace file, its number of events, the recorded steps, and what the
+    digest derived from it (``capture.digest.DigestResult``): what ``OnTrace.build``
+    returned (``tables``; None: not built) and the memory replay (``memory``)."""
 
     path: Path | None
-    events: list[dict[str, Any]]
+    events: int
     recorded_steps: list[int]
     tables: Any = None
     memory: Any = None
+    digested: DigestResult | None = None
 
 
-class _ExportedCycle:
-    """One exported cycle, worked on in a background thread while the training goes on:
-    gzipped into ``gz`` (when it is the trace's only cycle), decoded, handed to ``build``
-    (``OnTrace``) and replayed for memory (``memory``). ``result()`` waits for it; an error
-    in reading or writing the trace is raised there, on the caller's thread."""
-
-    def __init__(
-        self, part: Path, gz: Path | None, build: OnTrace | None, memory: Callable | None, out: Path
-    ) -> None:
-        self.part, self.gz = part, gz
-        self._jobs: dict[str, Callable[[list[dict[str, Any]]], Any] | None] = {
-            "tables": (lambda events: build(events, out, gz))
-            if build is not None and gz is not None
-            else None,
-            "memory": memory,
-        }
-        self.doc: dict[str, Any] | None = None
-        self.derived: dict[str, Any] = {}
-        self._error: BaseException | None = None
-        # Not a daemon: an interpreter exiting right after the cell still completes the file.
-        self._thread = threading.Thread(target=self._run, name="swift_nb-trace", daemon=False)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            data = self.part.read_bytes()
-            if self.gz is not None:
-                with gzip.open(self.gz, "wb", compresslevel=3) as dst:
-                    dst.write(data)  # zlib lets the training thread run meanwhile
-            with paused():  # decoding makes millions of objects at once (see gc_pause)
-                self.doc = orjson.loads(data)
-            del data
-            self.derived["recorded"] = recorded_steps(self.doc["traceEvents"])
-        except BaseException as e:
-            self._error = e
-            return
-        for name, job in self._jobs.items():
-            if job is not None:
-                try:
-                    self.derived[name] = job(self.doc["traceEvents"])
-                except Exception:  # done again after the cell, where a failure is reported
-                    pass
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> dict[str, Any]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self.doc
+#: the digest, as the helper process finds it
+DIGEST = f"{digest.__module__}:{digest.__name__}"
 
 
 class TraceRecorder:
-    """Owns one scheduled torch profiler for a run. ``on_trace``: called with the trace of
-    a one-cycle schedule once it is exported (``OnTrace``); None: nothing is."""
+    """Owns one scheduled torch profiler for a run. The exported cycles are digested
+    (``capture.digest``) by ``helper``, off the training process: a one-cycle trace as
+    soon as it is exported, several cycles once the run ends. ``build``: what the digest
+    hands the events to (``OnTrace.build``; None: nothing); ``rank``: the run is a rank of
+    a job, whose digest measures what the rank reports about itself."""
 
     def __init__(
         self,
@@ -153,15 +106,20 @@ class TraceRecorder:
         folder: Path,
         note: Callable[[str], None],
         name: str = TRACE_FILE,
-        on_trace: OnTrace | None = None,
+        *,
+        helper: Helper,
+        build: str | None = None,
+        rank: bool = False,
     ) -> None:
         self.cfg = cfg
         self._folder = folder
         self._name = name
         self._note = note
-        self._on_trace = on_trace
+        self._helper = helper
+        self._build = build
+        self._rank = rank
         self._parts: list[Path] = []
-        self._cycles: list[_ExportedCycle] = []
+        self._pending: Pending | None = None
         self._steps = 0  # step() calls so far
         self._stopped = False
         with warnings.catch_warnings():
@@ -219,22 +177,20 @@ class TraceRecorder:
 
     @property
     def undigested(self) -> bool:
-        """Whether a cycle was exported that ``digest`` has not been started on."""
-        return len(self._cycles) < len(self._parts)
+        """Whether the trace's only cycle was exported and not yet given to the helper."""
+        return self.cfg.repeat == 1 and bool(self._parts) and self._pending is None
 
-    def digest(self, memory: Callable[[list[dict[str, Any]]], Any] | None = None) -> None:
-        """Start working on the exported cycles in the background, while the cell goes on.
-        With one cycle (the default) its part is the whole trace: it is gzipped, decoded,
-        handed to ``on_trace`` and replayed for memory (``memory``) there, instead of
-        after the cell's last step."""
-        only = self.cfg.repeat == 1
-        for part in self._parts[len(self._cycles) :]:
-            build = self._on_trace if only else None
-            self._cycles.append(
-                _ExportedCycle(
-                    part, self._gz_tmp if only else None, build, memory if only else None, self._out
-                )
-            )
+    def digest(self, replay: tuple[dict, int] | None = None) -> None:
+        """Give the exported cycles to the helper, to digest while the cell goes on;
+        ``replay``: the optimizers' snapshots and device for the memory replay
+        (``MemoryRecorder.replay_input``)."""
+        if self._pending is not None or not self._parts:
+            return
+        snapshots, device = replay if replay is not None else (None, 0)
+        job = DigestJob(
+            list(self._parts), self._gz_tmp, self._out, snapshots, device, self._rank, self._build
+        )
+        self._pending = self._helper.submit(DIGEST, job)
 
     @property
     def _out(self) -> Path:
@@ -244,37 +200,23 @@ class TraceRecorder:
     def _gz_tmp(self) -> Path:
         return self._folder / f".{self._name}.tmp"
 
-    def finish(self) -> TraceResult:
-        """Merge the exported cycles into the gzipped trace (complete once it has its
-        name) and read the step memory."""
-        self.digest()
-        digests = [d for d in self._cycles if d.part.exists()]
-        if not digests:
-            return TraceResult(None, [], [])
+    def finish(self, replay: tuple[dict, int] | None = None) -> TraceResult:
+        """The digested trace, complete once it has its name (a trace of several cycles
+        is digested now: ``replay`` as for ``digest``)."""
+        self.digest(replay)
+        if self._pending is None:
+            return TraceResult(None, 0, [])
         out, tmp = self._out, self._gz_tmp
         try:
-            docs = [d.result() for d in digests]
-            doc = docs[0]
-            for extra in docs[1:]:
-                doc["traceEvents"].extend(extra["traceEvents"])
-            events = doc["traceEvents"]
-            recorded = digests[0].derived["recorded"] if len(digests) == 1 else recorded_steps(events)
-            if digests[0].gz is None or len(digests) > 1:
-                with gzip.open(tmp, "wb", compresslevel=3) as dst:
-                    dst.write(orjson.dumps(doc))
+            done: DigestResult = self._pending.result()
             os.replace(tmp, out)
         finally:
-            for d in self._cycles:
-                d.wait()
-                d.part.unlink(missing_ok=True)
+            for p in self._parts:
+                p.unlink(missing_ok=True)
             tmp.unlink(missing_ok=True)
-        derived = digests[0].derived if len(digests) == 1 else {}
-        return TraceResult(out, events, recorded, derived.get("tables"), derived.get("memory"))
-
-
-def recorded_steps(events: list[dict[str, Any]]) -> list[int]:
-    """The steps whose spans the trace holds, in order."""
-    return sorted(k for e in events if e.get("ph") == "X" and (k := step_of(e.get("name", ""))) is not None)
+        for problem in done.problems:
+            self._note(problem)
+        return TraceResult(out, done.events, done.recorded, done.built, done.memory, done)
 
 
 def _release_results(prof: torch.profiler.profile) -> None:

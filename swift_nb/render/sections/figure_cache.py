@@ -73,6 +73,9 @@ class FigureCache:
     def __len__(self) -> int:
         return len(self._pngs)
 
+    def png(self, key: str) -> bytes:
+        return self._pngs[key]
+
     def put(self, key: str, png: bytes) -> None:
         self._pngs[key] = png
         self._trim()
