@@ -1,0 +1,157 @@
+"""Jobs of many ranks: import_trace reads the ranks in worker processes, and the Ranks
+section (render/rank_figures.py's ranks × steps figure, the slowest ranks) stays one
+section of one figure however many ranks there are. Jobs are built from the two real
+ranks of the 128-rank GPU job, renumbered; one rank's clock stretched makes a straggler."""
+
+from __future__ import annotations
+
+import gzip
+import html
+import re
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+import swift_nb
+from swift_nb.analysis.ranks import per_rank, rank_step_metrics, slowest_ranks
+from swift_nb.render.rank_figures import rank_step_heatmap
+from swift_nb.render.sections import ranks as ranks_section
+from swift_nb.render.sections.base import FigurePart, ReportInputs
+
+GPU = Path(__file__).parent / "data" / "gpu"
+SOURCES = [GPU / "gpu_128ranks_rank0.json.gz", GPU / "gpu_128ranks_rank1.json.gz"]
+
+
+def write_job(folder: Path, n: int, slow: dict[int, float] | None = None) -> Path:
+    """``n`` rank traces in ``folder``: the two real ranks in turn, renumbered; ``slow``:
+    rank → factor its clock is stretched by (every span that much longer)."""
+    docs = [orjson.loads(gzip.decompress(p.read_bytes())) for p in SOURCES]
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in range(n):
+        doc = dict(docs[r % 2])
+        doc["distributedInfo"] = {**doc["distributedInfo"], "rank": r, "world_size": n}
+        factor = (slow or {}).get(r)
+        if factor:
+            t0 = min(e["ts"] for e in doc["traceEvents"] if "ts" in e)
+            doc["traceEvents"] = [
+                {
+                    **e,
+                    "ts": t0 + (e["ts"] - t0) * factor,
+                    **({"dur": e["dur"] * factor} if "dur" in e else {}),
+                }
+                if "ts" in e
+                else e
+                for e in doc["traceEvents"]
+            ]
+        (folder / f"rank{r}.json.gz").write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1))
+    return folder
+
+
+def _text(fragment: str) -> str:
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", fragment)))
+
+
+def test_a_job_is_read_by_worker_processes_as_in_one_process(tmp_path):
+    job = write_job(tmp_path / "job", 3, slow={1: 1.3})
+    pooled = swift_nb.import_trace(job, tmp_path / "runs", report=False, workers=2)
+    alone = swift_nb.import_trace(job, tmp_path / "runs", report=False, workers=1)
+    assert list(pooled.ranks["rank"]) == [0, 1, 2]
+    cols = ["rank", "steps", "step_time_median_s", "collective_share", "device_idle_pct"]
+    assert pooled.ranks[cols].equals(alone.ranks[cols])
+    for r in range(3):
+        assert (pooled.path / f"trace.rank{r}.json.gz").exists()
+        assert (pooled.path / f"trace.rank{r}.tables.npz").exists()
+        assert (pooled.path / f"rank{r}" / "run.json").exists()
+    assert not list(pooled.path.glob(".staged-*"))
+    assert sorted(pooled.rank_steps["rank"].unique()) == [0, 1, 2]
+
+
+def test_a_worker_that_dies_is_an_error_naming_the_unread_traces(tmp_path):
+    job = write_job(tmp_path / "job", 8)
+    out = tmp_path / "runs"
+    outcome: dict = {}
+
+    def run():
+        try:
+            swift_nb.import_trace(job, out, report=False, workers=2)
+        except Exception as e:  # what the caller sees
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    killed = False
+    deadline = time.monotonic() + 120
+    while thread.is_alive() and not killed and time.monotonic() < deadline:
+        for p in psutil.Process().children(recursive=True):
+            try:
+                parent = p.parent()
+                if parent is not None and "forkserver" in " ".join(parent.cmdline()):
+                    p.kill()
+                    killed = True
+                    break
+            except psutil.Error:
+                continue
+        time.sleep(0.01)
+    thread.join(180)
+    assert not thread.is_alive(), "the import waits for a dead worker"
+    assert killed
+    error = outcome.get("error")
+    assert isinstance(error, RuntimeError), outcome
+    assert "worker process reading the traces died" in str(error) and "rank" in str(error)
+    assert "workers=1" in str(error)
+    assert not [p for p in out.iterdir() if not p.name.startswith(".")]
+
+
+@pytest.fixture(scope="module")
+def many_ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("many")
+    job = write_job(tmp / "job", 40, slow={7: 1.5})
+    return swift_nb.import_trace(job, tmp / "runs", report=False)
+
+
+def test_the_ranks_section_at_many_ranks_is_one_figure_and_the_slowest_ranks(many_ranks):
+    section = ranks_section.SECTION.section(ReportInputs(run=many_ranks))
+    figures = [p for p in section.parts if isinstance(p, FigurePart)]
+    assert [f.alt for f in figures] == ["Ranks by steps: step time, exposed communication and GPU idle"]
+    text = _text(section.html())
+    assert "1 of 40 ranks straggle" in text
+    assert "Every rank's row: ranks.csv in the run folder (40 ranks)" in text
+    ranks = per_rank(many_ranks).set_index("rank")
+    slow = slowest_ranks(ranks.reset_index())
+    assert len(slow) == 10 and int(slow.loc[0, "rank"]) == 7 and bool(slow.loc[0, "straggler"])
+    # rank 7 is rank 5's trace (the same real rank) with its clock 1.5× slower
+    assert slow.loc[0, "work_s"] == pytest.approx(1.5 * ranks.loc[5, "busy_s"], rel=1e-6)
+    excess = 100.0 * (slow.loc[0, "work_s"] / ranks["busy_s"].median() - 1.0)
+    assert slow.loc[0, "work_over_median_pct"] == pytest.approx(excess) and 45 < excess < 60
+    assert not slow["straggler"].iloc[1:].any()
+    # the table's first row as a reader sees it: rank, step time, work, work over the median
+    assert re.search(rf"work over median .* straggler 7 [\d.]+ ms [\d.]+ ms {excess:.0f} % .*? True 1 ", text)
+
+
+def test_the_figure_has_a_row_per_rank_and_a_column_per_step(many_ranks):
+    metrics = rank_step_metrics(many_ranks)
+    assert sorted(metrics["rank"].unique()) == list(range(40))
+    steps = metrics["step"].nunique()
+    fig = rank_step_heatmap(metrics)
+    images = [im for ax in fig.axes for im in ax.get_images()]
+    assert len(images) == 3
+    assert all(im.get_array().shape == (40, steps) for im in images)
+    assert fig.get_size_inches()[1] == pytest.approx(rank_step_heatmap(metrics.head(4)).get_size_inches()[1])
+    slow = metrics[metrics["rank"] == 7]["step_s"].median()
+    assert slow == pytest.approx(1.5 * metrics[metrics["rank"] != 7]["step_s"].median(), rel=0.1)
+
+
+def test_a_few_ranks_keep_their_bars_table_and_timeline(tmp_path):
+    run = swift_nb.import_trace(write_job(tmp_path / "job", 3), tmp_path / "runs", report=False)
+    section = ranks_section.SECTION.section(ReportInputs(run=run))
+    alts = [p.alt for p in section.parts if isinstance(p, FigurePart)]
+    assert alts == [
+        "Ranks by steps: step time, exposed communication and GPU idle",
+        "Bars of each rank's step time and peak memory",
+        "Each rank's steps against time",
+    ]
+    assert "no straggler among 3 ranks" in _text(section.html())
