@@ -56,6 +56,33 @@ SIMT_SGEMM = re.compile(r"(?<![a-z])(?:maxwell|pascal|volta|turing|ampere|sm\d+)
 LAUNCH = re.compile(
     r"^(?:cuda|hip)(?:LaunchKernel|LaunchCooperativeKernel|Memcpy|Memset|GraphLaunch)|^cuLaunchKernel"
 )
+# -- compiled code (torch.compile), as torch 2.13 names it in a trace --------------------------
+# The spans compiled code runs inside: dynamo's compiled frame (``Torch-Compiled Region:
+# 0/0``, its compile id), AOTAutograd's forward and backward (``CompiledFunction``,
+# ``CompiledFunctionBackward`` and the autograd engine's span around the latter), and an
+# Inductor graph's call (``## Call CompiledFxGraph <hash> ##``). Operators nested in them
+# are compiled code too: on CPU, Inductor's C++ kernels are not profiler events themselves
+# (unless its kernel profiling is on), so their time is the self time of these spans.
+COMPILED_REGION = re.compile(
+    r"^(?:Torch-Compiled Region: |CompiledFunction(?:Backward)?$|## Call CompiledFxGraph "
+    r"|autograd::engine::evaluate_function: CompiledFunctionBackward$)"
+)
+# Inductor's generated kernels: Triton on GPU (triton_poi_/per_/red_/tem_…), C++ on CPU
+# with inductor's cpp.enable_kernel_profile (``cpp_fused_…``, ``graph_0_cpp_fused_…``).
+INDUCTOR_KERNEL = re.compile(r"^(?:triton_|(?:graph_\d+_)?cpp_fused_)")
+# dynamo's own work around each call of a compiled frame: the guard checks of its cache
+# lookup, the bytecode before the graph, AOTAutograd's prologue.
+COMPILED_RUNTIME = re.compile(
+    r"^(?:TorchDynamo Cache Lookup|Pregraph bytecode|AOTDispatcher Runtime Wrapper Prologue)$"
+)
+
+
+def is_compiled(name: str) -> bool:
+    """Whether an event of this name is torch.compile's code (a region, a generated kernel,
+    or dynamo's runtime around a call); what runs nested in a region is too."""
+    return bool(COMPILED_REGION.match(name) or INDUCTOR_KERNEL.match(name) or COMPILED_RUNTIME.match(name))
+
+
 WORKER_LOADER = "_MultiProcessingDataLoaderIter"  # in a DATA span's name: batches come from workers
 COLLATE_STACK = "aten::stack"  # the default collate stacks each field of the samples
 OPTIMIZER = re.compile(r"^Optimizer\.(?:step|zero_grad)#")

@@ -20,7 +20,7 @@ from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.memory import memory_timeline
-from swift_nb.analysis.operators import by_memory, top_operators
+from swift_nb.analysis.operators import by_memory, compiling_steps, top_operators
 from swift_nb.analysis.run_data import run_data
 from swift_nb.analysis.throughput import Throughput, throughput
 from swift_nb.analysis.trace import Trace
@@ -74,7 +74,10 @@ def analyze(
     data = run_data(run, trace)
     trace = data.trace
     evidence, verdict, findings = advise_with_evidence(run, thresholds=thresholds, data=data)
-    ops = top_operators(None, by="self_time", n=None, trace=trace, nesting=data.nesting)
+    # the steps that compiled are left out: their tracing and code generation is not the loop's work
+    ops = top_operators(
+        None, by="self_time", n=None, trace=trace, nesting=data.nesting, skip_steps=compiling_steps(run)
+    )
     per_rank = rank_analysis.per_rank(run)
     if rank_analysis.is_job(run):
         comm = job_collectives(run, {0: trace})

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS = ("data-bound", "overhead-bound", "compute-bound", "memory-bound", "communication-bound", "unknown")
+VERDICTS = (
+    "data-bound",
+    "overhead-bound",
+    "compute-bound",
+    "memory-bound",
+    "communication-bound",
+    "compile-bound",
+    "unknown",
+)
 
 
 @dataclass

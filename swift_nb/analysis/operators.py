@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from swift_nb import trace_names as tn
 from swift_nb.analysis.trace import Trace, derived, load_trace
 from swift_nb.record import Run
 
@@ -28,6 +29,7 @@ def top_operators(
     n: int | None = 15,
     trace: Trace | None = None,
     nesting: Nesting | None = None,
+    skip_steps: set[int] | frozenset[int] = frozenset(),
 ) -> pd.DataFrame:
     """The ``n`` heaviest operators of the profiled steps (all of them when ``n`` is None).
 
@@ -36,9 +38,14 @@ def top_operators(
     summed over calls; ``self_pct``, its share of all operators' summed self time (host
     operators and GPU kernels together); ``alloc_bytes``, bytes allocated on any device
     while it was the innermost operator; ``input_shapes``, its most common input shapes
-    (JSON text, empty for kernels). ``by`` is ``"self_time"`` or ``"memory"``
+    (JSON text, empty for kernels); ``compiled``, only when the steps ran torch.compile's
+    code: whether the row is that code (a compiled region such as ``CompiledFunction``, an
+    Inductor kernel, or an operator nested in one; an operator met both ways has a row for
+    each). ``by`` is ``"self_time"`` or ``"memory"``
     (``alloc_bytes``), largest first. ``trace``: the run's trace when the caller holds
-    it (``run`` is then not read); ``nesting``: ``op_nesting`` of its events, likewise.
+    it (``run`` is then not read); ``nesting``: ``op_nesting`` of its events, likewise;
+    ``skip_steps``: steps left out (those that compiled: ``compiling_steps``), unless they
+    are every profiled step.
     """
     if by not in SORT_COLUMNS:
         raise ValueError(f"by must be one of {', '.join(map(repr, SORT_COLUMNS))}; got {by!r}")
@@ -46,17 +53,18 @@ def top_operators(
         if run is None:
             raise ValueError("top_operators needs a run or its trace")
         trace = load_trace(run)
-    key = f"operators/{by}/{id(trace.memory)}/{id(trace.steps)}"
+    skip = frozenset(skip_steps)
+    key = f"operators/{by}/{id(trace.memory)}/{id(trace.steps)}/{sorted(skip)}"
     held = trace
     out = derived(
         trace.events,
         key,
-        lambda: _operators(held, by, nesting if nesting is not None else op_nesting(held.events)),
+        lambda: _operators(held, by, nesting if nesting is not None else op_nesting(held.events), skip),
     ).copy()
     return out if n is None else out.head(n).reset_index(drop=True)
 
 
-def _operators(trace: Trace, by: str, nesting: Nesting) -> pd.DataFrame:
+def _operators(trace: Trace, by: str, nesting: Nesting, skip: frozenset[int] = frozenset()) -> pd.DataFrame:
     ops = nesting.ops
     if ops.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -73,11 +81,31 @@ def _operators(trace: Trace, by: str, nesting: Nesting) -> pd.DataFrame:
         pos, nbytes = owner
         alloc[idx] = np.bincount(pos, weights=nbytes, minlength=len(idx))
 
-    codes, names = pd.factorize(ops["name"])
+    compiled = _compiled(ops, idx, parent)
+    step = ops["step"].to_numpy()
+    keep = ~np.isin(step, list(skip)) if skip else np.ones(len(ops), bool)
+    if skip and keep.any() and not keep.all():
+        ops, self_us, dur, alloc, compiled = (
+            ops[keep].reset_index(drop=True),
+            self_us[keep],
+            dur[keep],
+            alloc[keep],
+            compiled[keep],
+        )
+    if compiled.any():
+        # one row per (name, compiled): an operator that runs both inside compiled code and
+        # eagerly shows each part apart
+        codes, keys = pd.factorize(pd.Series(list(zip(ops["name"], compiled, strict=True))))
+        names = pd.Index([k[0] for k in keys])
+        flags: dict[str, np.ndarray] = {"compiled": np.array([bool(k[1]) for k in keys])}
+    else:
+        codes, names = pd.factorize(ops["name"])
+        flags = {}
     self_total = np.bincount(codes, weights=self_us, minlength=len(names))
     out = pd.DataFrame(
         {
             "name": names,
+            **flags,
             "calls": np.bincount(codes, minlength=len(names)),
             "self_time_s": self_total / 1e6,
             "total_time_s": np.bincount(codes, weights=dur, minlength=len(names)) / 1e6,
@@ -87,6 +115,50 @@ def _operators(trace: Trace, by: str, nesting: Nesting) -> pd.DataFrame:
         }
     )
     return _sorted(out, SORT_COLUMNS[by])
+
+
+def _compiled(ops: pd.DataFrame, order: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Per op, whether it is torch.compile's code: a compiled region, a generated kernel or
+    dynamo's runtime by its name (``trace_names.is_compiled``), an op nested in a compiled
+    region on its thread, or a kernel launched by one (same external id)."""
+    names = ops["name"].astype(str)
+    marker = names.map(tn.is_compiled).to_numpy(dtype=bool)
+    if not marker.any():
+        return marker
+    in_order = marker[order]
+    has_parent = parent >= 0
+    up = np.clip(parent, 0, None)
+    while True:  # inherit the parent's flag; as many rounds as the nesting is deep
+        nested = in_order | (has_parent & in_order[up])
+        if (nested == in_order).all():
+            break
+        in_order = nested
+    out = marker.copy()
+    out[order] = in_order
+    kernel = (ops["cat"] == "kernel").to_numpy()
+    if kernel.any():
+        launched = ops.loc[out & ~kernel, "ext_id"].dropna()
+        out |= kernel & ops["ext_id"].isin(launched).to_numpy()
+    return out
+
+
+def compiling_steps(run: Run) -> set[int]:
+    """The steps that spent time compiling (steps.csv's ``compile_s``): torch.compile's
+    tracing and code generation, apart from what a steady step runs."""
+    steps = run.steps
+    if "compile_s" not in steps or not len(steps):
+        return set()
+    compile_s = pd.to_numeric(steps["compile_s"], errors="coerce").fillna(0.0)
+    return set(pd.to_numeric(steps.loc[compile_s > 0, "step"], errors="coerce").dropna().astype(int))
+
+
+def compiled_share(table: pd.DataFrame) -> tuple[float, float] | None:
+    """(compiled self seconds, all self seconds) of a ``top_operators`` table over every
+    operator (``n=None``); None when nothing in it is compiled code."""
+    if "compiled" not in table or not table["compiled"].any():
+        return None
+    self_s = pd.to_numeric(table["self_time_s"], errors="coerce").fillna(0.0)
+    return float(self_s[table["compiled"].astype(bool)].sum()), float(self_s.sum())
 
 
 def by_memory(table: pd.DataFrame) -> pd.DataFrame:

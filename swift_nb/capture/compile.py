@@ -34,8 +34,12 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+import sysconfig
 import time
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 #: a graph break's log record: its first line and its reason (up to the user's traceback)
@@ -48,6 +52,36 @@ _GUARD_ID = re.compile(r"^\d+/\d+:\s*")
 _USER_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 #: dynamo's preamble before the reason proper
 _PREAMBLE = "Encountered graph break"
+
+
+@cache
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose code is not the user's: the standard library, installed packages
+    (torch among them) and swift_nb itself."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.add(str(Path(__file__).resolve().parents[1]))
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        dirs.add(str(Path(torch.__file__).resolve().parent))
+    return tuple(d.rstrip("/") + "/" for d in dirs)
+
+
+def is_user_file(filename: str | None) -> bool:
+    """Whether ``filename`` is the user's code (a script, a notebook cell's file), not a
+    library's or Python's own."""
+    return bool(filename) and not filename.startswith(_library_dirs()) and not filename.startswith("<frozen")
+
+
+def _user_site() -> str | None:
+    """The innermost line of the user's code on this thread's stack (file:line): where the
+    compiled model was called from, while dynamo compiles it."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 @dataclass
@@ -85,6 +119,7 @@ class CompileRecorder:
         self.unavailable: str | None = None
         self._spans: list[_Span] = []
         self._open: dict[str, tuple[int, float]] = {}
+        self._sites: dict[str, str | None] = {}  # compile id → the user's line calling it
         self._booked = 0  # spans already charged to a step
         self._metrics: dict[str, Any] = {}  # compile id → its CompilationMetrics
         self._breaks: list[tuple[str, int, str | None]] = []
@@ -145,7 +180,10 @@ class CompileRecorder:
     # -- dynamo's callbacks (on the compiling thread, inside dynamo's compile lock) ----------
 
     def _on_start(self, args: Any) -> None:
-        self._open[str(args.compile_id)] = (self.step, time.perf_counter())
+        cid = str(args.compile_id)
+        if cid not in self._sites:
+            self._sites[cid] = _user_site()
+        self._open[cid] = (self.step, time.perf_counter())
 
     def _on_end(self, args: Any) -> None:
         t = time.perf_counter()
@@ -206,8 +244,9 @@ class CompileRecorder:
         was first met, in step order. Keys: kind (compile | recompile | graph_break), step,
         seconds (compiling, s; None for a graph break: it costs at run time, not to
         compile), reason (the guard that failed; the break's reason), where (the user's
-        file:line: the compiled function's, the failed guard's source line when dynamo
-        names it, the break's line), function, compile_id; a graph break adds
+        file:line: the compiled function's when it is the user's code, else the line that
+        called it; the failed guard's source line when dynamo names it; the break's line),
+        function, compile_id; a graph break adds
         explanation, hints and url as dynamo words them."""
         by_id: dict[str, dict[str, Any]] = {}
         for s in self._spans:
@@ -228,12 +267,15 @@ class CompileRecorder:
         m = self._metrics.get(s.compile_id)
         guard = getattr(m, "recompile_reason", None) if m is not None else None
         recompile = bool(guard) or not s.compile_id.endswith("/0")
-        where = f"{m.co_filename}:{m.co_firstlineno}" if m is not None else None
+        # the compiled function when it is the user's; else (a module of torch's own, such as
+        # nn.Sequential, whose frame is dynamo's wrapper) the user's line that called it
+        own = m is not None and is_user_file(m.co_filename)
+        where = f"{m.co_filename}:{m.co_firstlineno}" if own else self._sites.get(s.compile_id)
         reason = None
         if guard:
             first = guard.splitlines()[0]
             reason = _GUARD_ID.sub("", first.split("  #")[0]).strip()
-            lines = _USER_LINE.findall(guard)
+            lines = [found for found in _USER_LINE.findall(guard) if is_user_file(found[0])]
             if lines:
                 where = f"{lines[-1][0]}:{lines[-1][1]}"
         return {
@@ -242,7 +284,7 @@ class CompileRecorder:
             "seconds": 0.0,
             "reason": reason,
             "where": where,
-            "function": getattr(m, "co_name", None),
+            "function": m.co_name if own else None,  # not torch's wrapper
             "compile_id": s.compile_id,
         }
 

@@ -39,6 +39,18 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             f"{fmt_seconds(s.get('step_time_median_s'))} / {fmt_seconds(s.get('step_time_p90_s'))}",
         ),
         ("throughput", fmt_rate(s.get("steps_per_s"), "steps/s")),
+        *(
+            [
+                (
+                    "torch.compile",
+                    f"{fmt_seconds(s['compile_s'])} compiling; {s.get('recompiles', 0)} recompiles, "
+                    f"{s.get('graph_breaks', 0)} graph breaks; step time with the compiling steps "
+                    f"{fmt_seconds(s.get('step_time_median_all_s'))} / {fmt_seconds(s.get('step_time_p90_all_s'))}",
+                )
+            ]
+            if s.get("compile_s")
+            else []
+        ),
         ("peak tensor memory", _or(absent, s.get("peak_mem_bytes"), fmt_bytes)),
         ("peak RSS", _or(absent, s.get("peak_rss_bytes"), fmt_bytes)),
         (

@@ -21,6 +21,7 @@ from swift_nb.analysis.device import (
     window_work,
 )
 from swift_nb.analysis.memory import memory_growth
+from swift_nb.analysis.operators import compiling_steps
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
 from swift_nb.analysis.trace import Trace, per_name, per_value
@@ -65,6 +66,8 @@ class Thresholds:
     # many small kernels: this many per step, with a median below this
     small_kernels_per_step: int = 500
     small_kernel_us: float = 20.0
+    # compiling (torch.compile) that holds this much of the steps' time decides the verdict
+    compile_share: float = 0.5
 
 
 @dataclass
@@ -153,6 +156,35 @@ class DeviceTime:
         }
 
 
+@dataclass(frozen=True)
+class Compiled:
+    """What torch.compile did in the run (``swift_nb.capture.compile``).
+
+    compile_s: seconds spent compiling, all steps; events: ``context["compile"]["events"]``
+    (kind, step, seconds, reason, where …); steady_step_s: median duration of the steps that
+    did not compile (s); steps / compiling_steps: steps recorded, and those that compiled;
+    steps_s: the steps' summed duration, compiling included (s); eager_step_s: the same loop's
+    median step without compile, when the run's context names one
+    (``context["compile"]["eager_step_s"]``; None: unknown).
+    """
+
+    compile_s: float
+    events: tuple[dict, ...]
+    steady_step_s: float
+    steps: int
+    compiling_steps: int
+    steps_s: float
+    eager_step_s: float | None = None
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e.get("kind") == kind]
+
+    @property
+    def share(self) -> float:
+        """Part of the steps' time spent compiling, 0..1."""
+        return self.compile_s / self.steps_s if self.steps_s > 0 else 0.0
+
+
 @dataclass
 class Evidence:
     """The numbers the rules look at (medians over the profiled steps)."""
@@ -187,6 +219,8 @@ class Evidence:
     matmul_types: frozenset[str] = frozenset()
     # the GPU's time, when the trace has device work (None: a CPU run)
     device: DeviceTime | None = None
+    # torch.compile's work in the run (None: nothing compiled)
+    compiled: Compiled | None = None
 
     @property
     def exposed_comm(self) -> float:
@@ -232,6 +266,19 @@ def gather(
     th = thresholds or Thresholds()
     data = data if data is not None else run_data(run, trace, breakdown)
     trace, bd, ops = data.trace, data.breakdown, data.cpu_ops
+    compiled = compiled_evidence(run)
+    self_us = data.cpu_op_self_us
+    n_steps = max(1, len(trace.steps))
+    # Steps that compiled are apart from the steady ones: their tracing and code
+    # generation is no part of what the step is bound by.
+    compiling = compiling_steps(run)
+    if not len(bd) or bd["step"].isin(compiling).all():
+        compiling = set()  # every profiled step compiled: they are all there is to read
+    if compiling:
+        n_steps = max(1, len(set(trace.steps["step"]) - compiling)) if len(trace.steps) else n_steps
+        bd = bd[~bd["step"].isin(compiling)]
+        keep = ~ops["step"].isin(compiling)
+        ops, self_us = ops[keep], self_us[keep]
     step_s = float(bd["step_s"].median()) if len(bd) else float("nan")
     shares = {}
     for col in (
@@ -245,11 +292,10 @@ def gather(
         "untraced_s",
     ):
         shares[col.removesuffix("_s")] = float((bd[col] / bd["step_s"]).median()) if len(bd) else 0.0
-    n_steps = max(1, len(trace.steps))
     ops_per_step = len(ops) / n_steps
-    self_us = data.cpu_op_self_us
     median_op_us = float(self_us.median()) if len(ops) else float("nan")
-    span_us = float(trace.steps["dur_us"].sum()) if len(trace.steps) else 0.0
+    spans = trace.steps[~trace.steps["step"].isin(compiling)] if compiling else trace.steps
+    span_us = float(spans["dur_us"].sum()) if len(spans) else 0.0
     heavy = float(self_us[self_us >= th.tiny_op_us].sum() / span_us) if span_us else 0.0
     seq, shape, layers = eager_attention(ops, n_steps)
     sdpa = int(ops["name"].eq(SDPA).sum())
@@ -281,6 +327,29 @@ def gather(
         loader=_loader(trace, bd, ops, run, data.traced_batch_and_seq[0]),
         matmul_types=_matmul_types(ops),
         device=device_time(trace, data.collectives, data.device_work),
+        compiled=compiled,
+    )
+
+
+def compiled_evidence(run: Run) -> Compiled | None:
+    """torch.compile's work in ``run`` as the rules read it (None: nothing compiled)."""
+    found = run.context.get("compile")
+    compile_s = float(run.summary.get("compile_s") or 0.0)
+    if not isinstance(found, dict) or (not found.get("events") and compile_s <= 0):
+        return None
+    steps = run.steps
+    dur = pd.to_numeric(steps["duration_s"], errors="coerce") if len(steps) else pd.Series(dtype=float)
+    compiling = compiling_steps(run)
+    steady = dur[~steps["step"].isin(compiling)].dropna() if len(steps) else dur
+    eager = found.get("eager_step_s")
+    return Compiled(
+        compile_s=compile_s,
+        events=tuple(e for e in found.get("events", ()) if isinstance(e, dict)),
+        steady_step_s=float(steady.median()) if len(steady) else float("nan"),
+        steps=int(run.summary.get("steps") or len(steps)),
+        compiling_steps=len(compiling),
+        steps_s=float(dur.sum()) if len(dur) else 0.0,
+        eager_step_s=float(eager) if eager else None,
     )
 
 

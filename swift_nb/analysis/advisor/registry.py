@@ -10,14 +10,17 @@ from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
 from swift_nb.analysis.advisor.rules import (
     activations,
     communication,
+    compile_time,
     data_loading,
     eager_attention,
     fp32_activations,
     fp32_gemm,
+    graph_break,
     leak,
     optimizer_state,
     overhead,
     pageable_copies,
+    recompile,
     sequence_parallel,
     sync_stalls,
 )
@@ -28,6 +31,9 @@ Rule = Callable[[Evidence, Thresholds, Mapping[str, Any]], Finding | None]
 RULES: list[Rule] = [
     data_loading.rule,
     overhead.rule,
+    compile_time.rule,
+    recompile.rule,
+    graph_break.rule,
     eager_attention.rule,
     activations.rule,
     fp32_activations.rule,

@@ -4,6 +4,7 @@ share with it (slow loading, a tiny step, launch overhead)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from swift_nb.analysis.advisor.evidence import DeviceTime, Evidence, Thresholds
 from swift_nb.analysis.advisor.words import ms, pct
@@ -15,6 +16,9 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
     """The step's dominant limit, from the evidence: what keeps the GPU from computing when
     the run has device work (``device_verdict``), else the host's breakdown of the step."""
     th = th or Thresholds()
+    c = ev.compiled
+    if c is not None and c.compile_s > 0 and c.share >= th.compile_share:
+        return compile_verdict(ev, th)
     s = ev.shares
     if not math.isfinite(ev.step_s):
         return Verdict("unknown", "the profiler recorded no step", {})
@@ -54,6 +58,32 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
         )
     return Verdict(
         "compute-bound", f"{pct(compute)} % of the step is forward, backward and optimizer work", base
+    )
+
+
+def compile_verdict(ev: Evidence, th: Thresholds) -> Verdict:
+    """torch.compile's compiling holds most of the steps' time: that is the run's limit,
+    and the steady steps' own verdict is quoted beside it, never mixed with it."""
+    c = ev.compiled
+    assert c is not None
+    steady = bottleneck(replace(ev, compiled=None), th)
+    why = (
+        f"compiling took {_secs(c.compile_s)}, {pct(c.share)} % of the steps' time "
+        f"({c.compiling_steps} of {c.steps} steps compiled)"
+    )
+    if math.isfinite(c.steady_step_s):
+        why += f"; the steady steps (median {ms(c.steady_step_s)}) are {steady.kind}: {steady.reason}"
+    return Verdict(
+        "compile-bound",
+        why,
+        {
+            "compile_s": round(c.compile_s, 6),
+            "compile_pct": pct(c.share),
+            "compiling_steps": c.compiling_steps,
+            "steady_step_s": round(c.steady_step_s, 6) if math.isfinite(c.steady_step_s) else None,
+            "steady_verdict": steady.kind,
+            **steady.evidence,
+        },
     )
 
 

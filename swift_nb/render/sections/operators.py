@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from swift_nb.analysis.operators import compiled_share
 from swift_nb.record import Run
 from swift_nb.render.figures import operators_figure
 from swift_nb.render.html import empty, frame_table
 from swift_nb.render.sections.base import FigurePart, Part, has_rows, not_analysed
 from swift_nb.render.sections.figure_cache import figure_key
 from swift_nb.render.tables import is_imported
+from swift_nb.units import fmt_seconds
 
 ALLOCATIONS_NOT_RECORDED = (
     "Memory allocated by operators was not recorded in this trace: it needs the "
@@ -24,6 +26,24 @@ def _allocations_absent(run: Run, operators: pd.DataFrame) -> bool:
     if not is_imported(run) or not has_rows(operators) or "alloc_bytes" not in operators:
         return False
     return not pd.to_numeric(operators["alloc_bytes"], errors="coerce").fillna(0).gt(0).any()
+
+
+def compiled_caption(operators: pd.DataFrame) -> str:
+    """What the ``compiled`` column means, and the compiled rows' share of the self time."""
+    shown = compiled_share(operators)
+    share = ""
+    if shown is not None and shown[1] > 0:
+        share = (
+            f" In the rows shown, compiled code holds {fmt_seconds(shown[0])} of {fmt_seconds(shown[1])} "
+            f"self time ({100 * shown[0] / shown[1]:.1f} %)."
+        )
+    return (
+        "Rows marked compiled are torch.compile's code: its regions (CompiledFunction for the forward, "
+        "CompiledFunctionBackward for the backward, Torch-Compiled Region, an Inductor graph's call), Inductor's "
+        "kernels, dynamo's guard checks, and the operators run inside them; on CPU, Inductor's C++ kernels are "
+        "the regions' own self time. An operator run both ways has a row for each. Steps that compiled are left "
+        "out." + share
+    )
 
 
 def operator_parts(
@@ -44,6 +64,9 @@ def operator_parts(
             return [empty(ALLOCATIONS_NOT_RECORDED)]
         operators = operators.drop(columns="alloc_bytes")
     shown = operators
+    if "compiled" in operators:
+        caption = f"{caption} {compiled_caption(operators)}"
+        shown = operators.assign(compiled=operators["compiled"].map({True: "compiled", False: "eager"}))
     return [
         FigurePart(
             lambda: operators_figure(shown, metric=metric),

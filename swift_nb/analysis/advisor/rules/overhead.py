@@ -13,6 +13,8 @@ from swift_nb.analysis.advisor.verdict import overhead, tiny_step
 from swift_nb.analysis.advisor.words import loader_evidence, ms, pct, per_sample
 from swift_nb.analysis.findings import Finding
 
+#: the toggle that compiles the loop (an eager loop only: a compiled one already is)
+COMPILE = "torch_compile"
 FUSE = (
     "use fewer Python-level ops (fuse them with torch.compile(model)), and on CUDA capture the step with "
     "CUDA graphs (torch.compile(mode='reduce-overhead'))"
@@ -44,9 +46,11 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             evidence=evidence,
             suggestion="The step is dominated by launch and Python overhead, not math: "
             + (frameworks.phrased(context, fix) or f"raise the batch size, {FUSE}."),
+            toggle=COMPILE if ev.compiled is None else None,
             predicted_effect=(
                 f"up to −{pct(light)} % step time (the part not spent in substantial operators, loading or "
                 "communication)"
+                + (", with torch.compile fusing the small ops" if ev.compiled is None else "")
             ),
             formula=(
                 "t_step' ≈ t_step × (heavy_op_share + data_share + comm_share) once fused; a k× larger batch "
@@ -166,6 +170,7 @@ def _launch_gaps(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Fi
             )
             + kernels
         ),
+        toggle=COMPILE if ev.compiled is None else None,
         predicted_effect=f"up to −{pct(share)} % of the GPU's window: the launch gaps",
         formula="t' ≥ t − t_gaps: CUDA graphs replay the step's launches at once; a k× batch keeps the launches per step",
         severity="critical" if share >= 0.5 else "warning",
