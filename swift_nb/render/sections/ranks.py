@@ -1,6 +1,6 @@
-"""For a job of several ranks: a ranks × steps figure (step time, exposed communication,
-GPU idle), the slowest ranks against the median, and, for a few ranks, each rank's bars,
-row and steps against time. One section whatever the number of ranks."""
+"""For a job of several ranks: the slowest ranks against the median; for a few ranks each
+rank's bars, row and steps against time, for more one ranks × steps figure (step time,
+exposed communication, GPU idle) instead. One section whatever the number of ranks."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ PER_RANK_TABLE = [
     "peak_mem_bytes",
     "straggler",
 ]
-#: up to this many ranks each rank also gets its bar, table row and row of steps against time
+#: up to this many ranks each rank gets its bar, table row and row of steps against time;
+#: past it the ranks × steps figure stands for them
 FEW_RANKS = 16
 SLOWEST = 10
 
@@ -62,18 +63,19 @@ def build(inputs: ReportInputs) -> list[Part] | None:
     if per_rank is None or len(per_rank) < 2:
         return None
     parts: list[Part] = []
-    metrics = rank_analysis.rank_step_metrics(run) if run.path is not None else None
-    if metrics is not None and len(metrics):
-        parts.append(
-            FigurePart(
-                lambda: rank_step_heatmap(metrics),
-                "Ranks by steps: step time, exposed communication and GPU idle",
-                "One row per rank, one column per profiled step. A straggler is a row unlike the others: "
-                "longer work, and less exposed communication, since the others wait for it inside the "
-                "collectives; a column unlike the others is a slow step on every rank.",
-                figure_key("rank_step_heatmap", metrics),
+    if len(per_rank) > FEW_RANKS and run.path is not None:
+        metrics = rank_analysis.rank_step_metrics(run)
+        if len(metrics):
+            parts.append(
+                FigurePart(
+                    lambda: rank_step_heatmap(metrics),
+                    "Ranks by steps: step time, exposed communication and GPU idle",
+                    "One row per rank, one column per profiled step. A straggler is a row unlike the others: "
+                    "longer work, and less exposed communication, since the others wait for it inside the "
+                    "collectives; a column unlike the others is a slow step on every rank.",
+                    figure_key("rank_step_heatmap", metrics),
+                )
             )
-        )
     parts += _slowest_part(per_rank)
     if len(per_rank) > FEW_RANKS:
         parts.append(f"<p>Every rank's row: ranks.csv in the run folder ({len(per_rank)} ranks).</p>")
