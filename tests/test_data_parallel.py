@@ -17,8 +17,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import free_port
 
+import swift_nb
+from swift_nb.analysis.compare import rank_memory
 from swift_nb.errors import ConfigError
-from swift_nb.rerun import parse_variants
+from swift_nb.render.compare import rank_memory_table
+from swift_nb.rerun import parse_variants, run_variants
 from swift_nb.toggles import get
 
 CFG = dict(n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=64)
@@ -80,6 +83,14 @@ def _rank(rank: int, toggle_id: str, port: int, out: mp.Queue) -> None:
         get(toggle_id, world_size=4).apply({})
     except ConfigError as e:
         errors.append(str(e))
+    late = get(toggle_id)
+    late.apply({})
+    try:
+        _model()[0](x[:, :-1])
+    except RuntimeError as e:
+        errors.append(str(e))
+    finally:
+        late.undo()
     out.put(
         (
             rank,
@@ -140,6 +151,10 @@ def test_training_on_two_ranks_matches_one_process_and_undo_gives_the_model_back
         assert (
             f"{toggle_id} world_size must equal the number of processes of this job (2); got 4" in errors[0]
         )
+        assert (
+            f"{toggle_id} wraps the models that exist before the profiled cell; GPT was built inside it"
+            in (errors[1])
+        )
         assert report["details"]["world_size"] == 2 and report["details"]["sharded_loaders"] == 1
         if toggle_id == "fsdp":
             assert types == {"DTensor"} or types == {"Parameter"}, types
@@ -165,3 +180,58 @@ def test_bad_parameters_and_no_job_are_clear_errors():
     ):
         get("ddp").apply({})
     assert get("fsdp", ws=4).processes == 4
+
+
+SETUP = (
+    "import torch\n"
+    "torch.set_num_threads(1)\n"
+    "from swift_nb.demo import make_model\n"
+    "torch.manual_seed(0)\n"
+    "model = make_model(n_layer=2, n_head=2, d_model=64, seq_len=32, vocab_size=128)\n"
+    "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+)
+TRAIN = (
+    "for _ in range(5):\n"
+    "    idx = torch.randint(0, 128, (2, 32))\n"
+    "    model(idx, idx).backward()\n"
+    "    opt.step(); opt.zero_grad()\n"
+)
+
+
+@pytest.mark.slow
+def test_compare_fsdp_and_ddp_shows_each_ranks_memory_against_the_forecast(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    variants = parse_variants("fsdp(world_size=2),ddp(world_size=2)")
+    outcomes = run_variants(
+        [SETUP], TRAIN, "--wait 0 --warmup 1 --active 3", variants, tmp_path, timeout_s=300
+    )
+    assert [o.status for o in outcomes] == ["ok"] * 3, [(o.status, o.error) for o in outcomes]
+    compared = swift_nb.rerun.comparison([(o, swift_nb.load_run(o.run_path)) for o in outcomes])
+    table = compared.table.set_index("variant")
+    assert list(table["ranks"]) == [1, 2, 2]
+    assert "every rank ran the same batches" in table.loc["fsdp(world_size=2)", "notes"]
+
+    shown = rank_memory_table(compared.runs)
+    fsdp = shown[shown["variant"] == "fsdp(world_size=2)"]
+    assert sorted(set(fsdp["rank"])) == [0, 1]
+    held = fsdp[fsdp["category"].isin(["parameters", "gradients", "optimizer state"])]
+    assert len(held) == 6 and held["error"].str.endswith("✓").all(), held.to_string()
+    ddp = shown[shown["variant"] == "ddp(world_size=2)"]
+    assert (
+        ddp[ddp["category"].isin(["parameters", "gradients", "optimizer state"])]["error"]
+        .str.endswith("✓")
+        .all()
+    )
+
+    # the numbers behind them: each FSDP rank holds half the baseline's parameters, gradients
+    # and optimizer state (d_model 64: every parameter splits evenly, no padding)
+    numbers = rank_memory(compared.runs).set_index(["variant", "rank", "category"])
+    for category in ("parameters", "gradients", "optimizer_state"):
+        base = numbers.loc[("baseline", 0, category), "held_bytes"]
+        for rank in (0, 1):
+            row = numbers.loc[("fsdp(world_size=2)", rank, category)]
+            assert row["forecast_held_bytes"] == base / 2
+            assert abs(row["error_pct"]) <= 10.0, (category, rank, row.to_dict())
+            assert numbers.loc[("ddp(world_size=2)", rank, category), "held_bytes"] == base
+    page = compared.html_path.read_text()
+    assert "Memory per rank against the forecast" in page and "fsdp(world_size=2)" in page

@@ -1,6 +1,13 @@
 """Side-by-side comparison of runs: one row per variant, ratios to the baseline, and the
 advisor's predicted effect next to the measured one.
 
+A variant that compiles (``torch_compile``) shows its compile time apart: ``compile_s``,
+``recompiles`` and ``graph_breaks`` from its summary, ``step_time_median_s`` over the steps
+that did not compile and ``step_time_median_all_s`` over all of them. A variant run on
+several ranks (``fsdp``, ``ddp``, ``sequence_parallel``) has each rank's memory by category
+in ``rank_memory``, beside the forecast of the baseline with the variant's toggles over
+that many ranks.
+
 Predictions come from the baseline's own numbers: its memory by category and its
 findings' evidence, plus what each toggle reported it did in the variant's run
 (``run.context["toggles"]``). Where a single-toggle variant's measured peak memory differs
@@ -14,9 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from swift_nb import vocabulary
 from swift_nb.analysis import ranks as rank_analysis
-from swift_nb.analysis.effects import toggle_peak
+from swift_nb.analysis.effects import Applied, toggle_peak
 from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.forecast import forecast, parse_toggles
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.record import MEMORY_CATEGORIES, Run
 
@@ -26,6 +35,10 @@ COMPARE_COLUMNS = [
     "status",
     "steps",
     "step_time_median_s",
+    "step_time_median_all_s",
+    "compile_s",
+    "recompiles",
+    "graph_breaks",
     "steps_per_s",
     "peak_mem_bytes",
     *[f"{c}_bytes" for c in MEMORY_CATEGORIES],
@@ -64,6 +77,10 @@ def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> di
     row.update(
         steps=s.get("steps"),
         step_time_median_s=s.get("step_time_median_s"),
+        step_time_median_all_s=s.get("step_time_median_all_s", s.get("step_time_median_s")),
+        compile_s=s.get("compile_s", 0.0),
+        recompiles=s.get("recompiles", 0),
+        graph_breaks=s.get("graph_breaks", 0),
         steps_per_s=(1.0 / s["step_time_median_s"]) if s.get("step_time_median_s") else np.nan,
         peak_mem_bytes=sum(cats.values()) if cats else s.get("peak_mem_bytes"),
         mean_util_pct=s.get("mean_util_pct"),
@@ -104,7 +121,9 @@ def compare_runs(
     """The comparison table. ``runs``: ``(variant, run or None, status override, notes)``
     with the baseline first; ``findings``: the baseline's advisor findings.
 
-    Columns: step_time_median_s (s), steps_per_s, peak_mem_bytes and ``<category>_bytes``
+    Columns: step_time_median_s (s, over the steps that did not compile),
+    step_time_median_all_s (s, over every step), compile_s (s spent compiling, all steps),
+    recompiles, graph_breaks (counts), steps_per_s (from the steady median), peak_mem_bytes and ``<category>_bytes``
     (tensor bytes at the step peak; rank 0's in a job of several ranks), mean_util_pct (%),
     device_idle_pct and device_compute_pct (% of the GPU's window; GPU runs only),
     ranks (processes of the run), step_time_max_rank_s (s), peak_mem_max_rank_bytes and
@@ -142,3 +161,100 @@ def compare_runs(
                     )
                     row["notes"] = "; ".join(filter(None, [row["notes"], note]))
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+RANK_MEMORY_COLUMNS = [
+    "variant",
+    "rank",
+    "category",
+    "measured_bytes",
+    "forecast_bytes",
+    "held_bytes",
+    "forecast_held_bytes",
+    "error_pct",
+    "expected_error_pct",
+]
+#: the categories sharding divides, held to the issue's target (within 10 %)
+SHARDED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
+
+
+def rank_memory(runs: Sequence[tuple[str, Run]]) -> pd.DataFrame:
+    """Each rank's tensor bytes by category, for the baseline (the first of ``runs``) and
+    each variant, against the forecast of the baseline with the variant's toggles over the
+    variant's ranks. One row per variant, rank and category; empty when no run recorded
+    memory by category.
+
+    measured_bytes: at the rank's step peak; forecast_bytes: the forecast's, per rank, at
+    its peak (NaN for the baseline, or when no forecast can be made); held_bytes: the
+    category's own maximum in a recorded step (the median over the recorded steps, so one
+    step whose allocations the replay attributes differently does not decide it);
+    forecast_held_bytes (parameters, gradients,
+    optimizer state): the baseline's maximum divided as the forecast shards it
+    (``effects.Applied.shards``). error_pct (%, + = more measured): held against
+    forecast_held for those three categories — the step's peak moves under sharding (it
+    falls in another phase of the step, with another share of the gradients alive), while
+    what a rank holds of them does not — and measured against forecast for the others.
+    expected_error_pct: how far off the forecast said its total may be (±%)."""
+    rows: list[dict] = []
+    if not runs:
+        return pd.DataFrame(columns=RANK_MEMORY_COLUMNS)
+    base = runs[0][1]
+    base_held = _held(base)
+    for i, (name, run) in enumerate(runs):
+        records = (
+            rank_analysis.rank_records(run)
+            if rank_analysis.is_job(run)
+            else {int(run.environment.get("rank", 0)): run}
+        )
+        predicted: dict[str, float] = {}
+        held: dict[str, float] = {}
+        expected = np.nan
+        if i and (rank_analysis.is_job(run) or run.context.get("toggles")):
+            toggles = {
+                t["toggle"]: t.get("params") or {}
+                for t in run.context.get("toggles") or []
+                if t.get("toggle") in vocabulary.TOGGLES
+            }
+            world = max(1, len(records))
+            try:
+                f = forecast(base, toggles=toggles, world_size=world)
+            except (ValueError, KeyError):
+                f = None
+            if f is not None:
+                predicted, expected = dict(f.categories), f.expected_error_pct
+                shards = dict(
+                    zip(SHARDED_CATEGORIES, Applied(parse_toggles(toggles)).shards(world), strict=True)
+                )
+                held = {c: base_held[c] / n for c, n in shards.items() if c in base_held}
+        for rank, record in sorted(records.items()):
+            most = _held(record)
+            for r in memory_footprint(record).itertuples():
+                want, want_held = predicted.get(r.category, np.nan), held.get(r.category, np.nan)
+                most_held = most.get(r.category, float(r.max_bytes))
+                sharded = r.category in SHARDED_CATEGORIES
+                got, ref = (most_held, want_held) if sharded else (r.at_peak_bytes, want)
+                rows.append(
+                    {
+                        "variant": name,
+                        "rank": rank,
+                        "category": r.category,
+                        "measured_bytes": float(r.at_peak_bytes),
+                        "forecast_bytes": want,
+                        "held_bytes": most_held,
+                        "forecast_held_bytes": want_held,
+                        "error_pct": 100.0 * (got - ref) / ref if ref and np.isfinite(ref) else np.nan,
+                        "expected_error_pct": expected,
+                    }
+                )
+    return pd.DataFrame(rows, columns=RANK_MEMORY_COLUMNS)
+
+
+def _held(run: Run) -> dict[str, float]:
+    """Each category's own maximum in a recorded step, the median over the recorded steps
+    (bytes); the footprint's maximum when the run has no memory timeline."""
+    cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+    mem = run.memory
+    if len(mem) and set(cols) <= set(mem.columns) and "step" in mem:
+        per_step = mem.groupby("step")[cols].max().median()
+        return {c: float(per_step[f"{c}_bytes"]) for c in MEMORY_CATEGORIES}
+    return {r.category: float(r.max_bytes) for r in memory_footprint(run).itertuples()}

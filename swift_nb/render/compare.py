@@ -1,6 +1,7 @@
 """The comparison view: the table (HTML and text), step times and memory of every variant
-overlaid, what changed from the baseline to each variant (``analysis.diff``), and a
-self-contained ``compare.html``."""
+overlaid, each rank's memory against the forecast (variants on several ranks), what changed
+from the baseline to each variant (``analysis.diff``), and a self-contained
+``compare.html``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from swift_nb.analysis.compare import SHARDED_CATEGORIES, rank_memory
 from swift_nb.analysis.diff import RunDiff, diff
 from swift_nb.errors import RecordError
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
@@ -48,6 +50,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             "status": table["status"],
             "step (median)": [_num(x, fmt_seconds) for x in table["step_time_median_s"]],
             "step × base": [_ratio(x) for x in table["step_time_ratio"]],
+            **_compile_columns(table),
             "steps/s": [_num(x, lambda v: f"{v:.2f}") for x in table["steps_per_s"]],
             "peak memory": [_num(x, fmt_bytes) for x in table["peak_mem_bytes"]],
             "memory × base": [_ratio(x) for x in table["peak_mem_ratio"]],
@@ -69,24 +72,114 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _compiles(table: pd.DataFrame) -> bool:
+    """Whether any variant compiled (its steady step time is then apart from compile time)."""
+    cols = [c for c in ("compile_s", "recompiles", "graph_breaks") if c in table]
+    return bool(cols) and bool(
+        (table[cols].apply(pd.to_numeric, errors="coerce").fillna(0) > 0).any(axis=None)
+    )
+
+
+def _compile_columns(table: pd.DataFrame) -> dict[str, list[str]]:
+    """Compile time apart from the steady steps, when a variant compiled: "step (median)"
+    is then the median of the steps that did not compile."""
+    if not _compiles(table):
+        return {}
+    return {
+        "step incl. compile": [_num(x, fmt_seconds) for x in table["step_time_median_all_s"]],
+        "compile": [_num(x, fmt_seconds) for x in table["compile_s"]],
+        "recompiles": [_num(x, lambda v: f"{v:.0f}") for x in table["recompiles"]],
+        "graph breaks": [_num(x, lambda v: f"{v:.0f}") for x in table["graph_breaks"]],
+    }
+
+
 def compare_table_html(table: pd.DataFrame) -> str:
     return display_table(table).to_html(index=False, classes="swift-nb-compare", border=0, escape=True)
 
 
 def compare_table_text(table: pd.DataFrame) -> str:
     cols = ["variant", "status", "step (median)", "step × base", "peak memory", "memory × base", "notes"]
+    if _compiles(table):
+        cols[3:3] = ["compile", "recompiles", "graph breaks"]
     return display_table(table)[cols].to_string(index=False)
 
 
+def rank_memory_table(runs: Sequence[tuple[str, Run]]) -> pd.DataFrame:
+    """Each rank's memory by category against the forecast, as strings, for the variants
+    run on several ranks (with the baseline's own numbers first); empty when there are
+    none. "error" is measured against forecast; parameters, gradients and optimizer
+    state are held to ``RANK_TARGET_PCT`` (✓ within it, ✗ beyond): what the rank holds of
+    them at most against the forecast's sharding (``analysis.compare.rank_memory``)."""
+    df = rank_memory(runs)
+    multi = df.groupby("variant")["rank"].nunique() > 1 if len(df) else pd.Series(dtype=bool)
+    if not multi.any():
+        return pd.DataFrame()
+    keep = df[df["variant"].isin(multi[multi].index) | (df["variant"] == runs[0][0])]
+
+    def error(row) -> str:
+        if not np.isfinite(row.error_pct):
+            return "–"
+        mark = ""
+        if row.category in SHARDED_CATEGORIES:
+            mark = " ✓" if abs(row.error_pct) <= RANK_TARGET_PCT else " ✗"
+        return f"{row.error_pct:+.1f} %{mark}"
+
+    return pd.DataFrame(
+        {
+            "variant": keep["variant"],
+            "rank": keep["rank"].astype(int),
+            "category": keep["category"].str.replace("_", " "),
+            "at peak": [_num(x, fmt_bytes) for x in keep["measured_bytes"]],
+            "forecast at peak": [_num(x, fmt_bytes) for x in keep["forecast_bytes"]],
+            "held (max)": [_num(x, fmt_bytes) for x in keep["held_bytes"]],
+            "forecast held": [_num(x, fmt_bytes) for x in keep["forecast_held_bytes"]],
+            "error": [error(r) for r in keep.itertuples()],
+        }
+    )
+
+
+#: how close (±%) each rank's parameters, gradients and optimizer state should come to the forecast
+RANK_TARGET_PCT = 10.0
+
+
+def rank_memory_html(runs: Sequence[tuple[str, Run]]) -> str:
+    """The "Memory per rank" section ("" when no variant ran on several ranks)."""
+    table = rank_memory_table(runs)
+    if table.empty:
+        return ""
+    return (
+        "<h2>Memory per rank against the forecast</h2>"
+        "<p>Tensor bytes of each rank at its step peak and the most it held of each category; the "
+        "forecast is the baseline's with the variant's toggles over its ranks. The error compares what a "
+        "rank held of parameters, gradients and optimizer state with the forecast's sharding "
+        f"(✓ within ±{RANK_TARGET_PCT:.0f} %), and the other categories at the peak.</p>"
+        + table.to_html(index=False, classes="swift-nb-compare", border=0, escape=True)
+    )
+
+
 def step_times_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -> Figure:
-    """Step duration per step, one line per variant."""
+    """Step duration per step, one line per variant; steps that compiled marked ✕."""
     fig = new_figure(width_in, 3.0)
     ax = fig.add_subplot()
+    marked = False
     for name, run in runs:
         steps = run.steps[run.steps["trigger"] != "end"]
-        ax.plot(
-            steps["step"], pd.to_numeric(steps["duration_s"], errors="coerce") * 1e3, marker="o", label=name
+        ms = pd.to_numeric(steps["duration_s"], errors="coerce") * 1e3
+        (line,) = ax.plot(steps["step"], ms, marker="o", label=name)
+        compiling = (
+            pd.to_numeric(steps.get("compile_s", pd.Series(0.0, index=steps.index)), errors="coerce") > 0
         )
+        if compiling.any():
+            ax.plot(
+                steps["step"][compiling],
+                ms[compiling],
+                linestyle="none",
+                marker="X",
+                markersize=10,
+                color=line.get_color(),
+                label=None if marked else "compiling",
+            )
+            marked = True
     ax.set_xlabel("step")
     ax.set_ylabel("step time (ms)")
     ax.set_ylim(bottom=0)
@@ -164,15 +257,18 @@ def compare_html(
     figures: Sequence[tuple[str, bytes]],
     title: str = "comparison",
     diffs: Sequence[Changed] = (),
+    runs: Sequence[tuple[str, Run]] = (),
 ) -> str:
-    """A self-contained document: the table, the figures inlined, and what changed from
-    the baseline to each variant (``variant_diffs``)."""
+    """A self-contained document: the table, the figures inlined, each rank's memory
+    against the forecast (of ``runs``, the baseline first) and what changed from the
+    baseline to each variant (``variant_diffs``)."""
+    ranks = rank_memory_html(runs) if runs else ""
     imgs = "".join(figure_html(png, alt, alt.capitalize()) for alt, png in figures)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
         f"<title>swift_nb — {escape(title)}</title><style>{STYLE}</style></head><body>"
-        f"<h1>swift_nb — {escape(title)}</h1>{compare_table_html(table)}{imgs}{changed_html(diffs)}"
+        f"<h1>swift_nb — {escape(title)}</h1>{compare_table_html(table)}{imgs}{ranks}{changed_html(diffs)}"
         "</body></html>\n"
     )
 
@@ -188,5 +284,5 @@ def write_compare(
     ``variant_diffs`` when the caller holds them."""
     path = Path(path)
     diffs = variant_diffs(runs) if diffs is None else diffs
-    atomic_write_text(path, compare_html(table, compare_figures(runs), title, diffs))
+    atomic_write_text(path, compare_html(table, compare_figures(runs), title, diffs, runs))
     return path
