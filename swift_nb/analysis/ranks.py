@@ -17,7 +17,7 @@ import pandas as pd
 
 from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
 from swift_nb.analysis.comm import comm_per_step
-from swift_nb.analysis.device import device_steps
+from swift_nb.analysis.device import _shares, _step_windows, device_work
 from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.trace import load_trace_file
 from swift_nb.errors import RecordError
@@ -94,7 +94,7 @@ def rank_step_metrics(run: Run) -> pd.DataFrame:
     """One row per rank and profiled step of a job (``RANK_STEP_COLUMNS``): the step's
     time (s, the profiler's step span), its exposed communication (s inside a collective
     and outside any compute, ``comm.comm_per_step``) and its GPU idle time (% of the
-    step's device window, ``device.device_steps``; NaN without device work). Each
+    step's device window, ``device.device_steps``' idle_pct; NaN without device work). Each
     rank's tables are read, reduced to its rows and let go before the next rank's, so
     memory does not grow with the number of ranks. A rank whose trace is missing or
     damaged has no rows."""
@@ -105,13 +105,14 @@ def rank_step_metrics(run: Run) -> pd.DataFrame:
         except (OSError, RecordError):
             continue
         comm = comm_per_step(trace)[["step", "step_s", "exposed_comm_s"]]
-        idle = device_steps(trace)
-        if len(idle):
-            comm = comm.merge(
-                idle[["step", "idle_pct"]].rename(columns={"idle_pct": "device_idle_pct"}),
-                on="step",
-                how="left",
+        # device_steps' idle_pct without its idle causes, which cost ten times as much
+        work = device_work(trace)
+        steps, windows = _step_windows(work)
+        if len(steps):
+            idle = pd.DataFrame(
+                {"step": steps, "device_idle_pct": _shares(windows, work)["idle_pct"].to_numpy()}
             )
+            comm = comm.merge(idle, on="step", how="left")
         else:
             comm = comm.assign(device_idle_pct=np.nan)
         frames.append(comm.assign(rank=rank))
