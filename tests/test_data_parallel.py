@@ -91,6 +91,15 @@ def _rank(rank: int, toggle_id: str, port: int, out: mp.Queue) -> None:
         errors.append(str(e))
     finally:
         late.undo()
+    if toggle_id == "fsdp":  # an optimizer that stepped before the wrap is left alone, and refused
+        again = get(toggle_id)
+        notes = again.apply({"model": model, "opt": opt}).notes
+        try:
+            opt.step()
+        except ConfigError as e:
+            errors.append(f"{notes[0]} | {e}")
+        finally:
+            again.undo()
     out.put(
         (
             rank,
@@ -155,6 +164,13 @@ def test_training_on_two_ranks_matches_one_process_and_undo_gives_the_model_back
             f"{toggle_id} wraps the models that exist before the profiled cell; GPT was built inside it"
             in (errors[1])
         )
+        if toggle_id == "fsdp":
+            assert errors[2] == (
+                "`opt` (AdamW) has stepped already: left on the whole parameters (an optimizer built in the "
+                "profiled cell trains the shards) | fsdp cannot step `opt`: it stepped before the model was "
+                "wrapped and its state is per whole parameter; build the optimizer in the profiled cell "
+                "(opt = torch.optim.AdamW(model.parameters())); got 'AdamW'"
+            )
         assert report["details"]["world_size"] == 2 and report["details"]["sharded_loaders"] == 1
         if toggle_id == "fsdp":
             assert types == {"DTensor"} or types == {"Parameter"}, types

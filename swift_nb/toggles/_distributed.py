@@ -61,6 +61,7 @@ class DataParallel:
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
         self._moved: dict[int, nn.Parameter] = {}  # id(parameter before) -> parameter after
+        self._stale: dict[int, str] = {}  # optimizers left on the whole parameters -> their names
         self._rank = 0
         self._loaders = 0
 
@@ -81,7 +82,7 @@ class DataParallel:
             raise ConfigError(
                 f"{self.id} world_size", f"must equal the number of processes of this job ({world})", size
             )
-        self._rank, self._moved, self._loaders = dist.get_rank(), {}, 0
+        self._rank, self._moved, self._stale, self._loaders = dist.get_rank(), {}, {}, 0
         report = super().apply(namespace)
         try:
             for name, value in _candidates(namespace or {}):
@@ -137,8 +138,8 @@ class DataParallel:
 
         self._undo.append(restore)
         self._moved.update(moved)
-        for _, opt in self._optimizers():
-            self._move_optimizer(opt)
+        for opt_name, opt in self._optimizers():
+            self._move_optimizer(opt, opt_name)
 
     def _wrap(self, model: nn.Module, name: str) -> dict[int, nn.Parameter]:
         raise NotImplementedError
@@ -150,32 +151,44 @@ class DataParallel:
 
     def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """An optimizer built while applied holds the parameters the model had before it
-        was wrapped when it was built from them before the wrap: move it at its first step."""
+        was wrapped when it was built from them before the wrap: move it at its first step.
+        One that had stepped before (left on the whole parameters) cannot step here."""
+        if id(opt) in self._stale:
+            raise ConfigError(
+                self.id,
+                f"cannot step `{self._stale[id(opt)]}`: it stepped before the model was wrapped and its "
+                "state is per whole parameter; build the optimizer in the profiled cell "
+                "(opt = torch.optim.AdamW(model.parameters()))",
+                type(opt).__name__,
+            )
         if id(opt) not in self._seen_optimizers:
             self._seen_optimizers.add(id(opt))
-            self._move_optimizer(opt)
+            self._move_optimizer(opt, self._name_of(opt))
 
-    def _move_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        """Point ``opt``'s parameter groups at the wrapped parameters (back again on undo)."""
+    def _move_optimizer(self, opt: torch.optim.Optimizer, name: str) -> None:
+        """Point ``opt``'s parameter groups at the wrapped parameters (back again on undo).
+        One that has stepped already keeps its parameters (its state is per whole
+        parameter): it is remembered, and refused if the cell steps it."""
+        assert self.report is not None
         self._seen_optimizers.add(id(opt))
         if not self._moved:
+            return
+        held = [p for group in opt.param_groups for p in group["params"] if id(p) in self._moved]
+        if any(opt.state.get(p) for p in held):
+            self._stale[id(opt)] = name
+            self.report.note(
+                f"`{name}` ({type(opt).__name__}) has stepped already: left on the whole parameters (an "
+                "optimizer built in the profiled cell trains the shards)"
+            )
             return
         swapped: list[tuple[list, int, nn.Parameter]] = []
         for group in opt.param_groups:
             params = group["params"]
             for i, p in enumerate(params):
                 new = self._moved.get(id(p))
-                if new is None:
-                    continue
-                if opt.state.get(p):
-                    raise ConfigError(
-                        self.id,
-                        "needs an optimizer that has not stepped yet (its state is per full parameter); "
-                        "build the optimizer again in the cell before the one that is profiled",
-                        type(opt).__name__,
-                    )
-                params[i] = new
-                swapped.append((params, i, p))
+                if new is not None:
+                    params[i] = new
+                    swapped.append((params, i, p))
         if swapped:
             self._undo.append(lambda: self._move_back(opt, swapped))
 
