@@ -249,3 +249,30 @@ def test_kinds_of_a_real_nccl_trace():
     assert len(nccl) == 21 and all(tn.collective_kind(n) for n in nccl)
     steps = sorted(k for e in events if (k := tn.step_of(e["name"])) is not None)
     assert steps == [4, 5, 6]
+
+
+@pytest.mark.parametrize(
+    "name, compiled",
+    [
+        # as torch 2.13 names them in a CPU trace of a compiled MLP (inductor and aot_eager)
+        ("Torch-Compiled Region: 0/0", True),
+        ("CompiledFunction", True),
+        ("CompiledFunctionBackward", True),
+        ("autograd::engine::evaluate_function: CompiledFunctionBackward", True),
+        ("## Call CompiledFxGraph fuhpizaumh5ya7ucqnnhrbpes5zqnzc227in6tfuma2s6ydatdku ##", True),
+        ("TorchDynamo Cache Lookup", True),
+        ("Pregraph bytecode", True),
+        ("AOTDispatcher Runtime Wrapper Prologue", True),
+        # Inductor's kernels: Triton on GPU, C++ with kernel profiling on CPU
+        ("triton_poi_fused_gelu_0", True),
+        ("triton_per_fused__log_softmax_1", True),
+        ("graph_0_cpp_fused_relu_0", True),
+        # eager operators, and a user's function that merely mentions compiling
+        ("aten::mm", False),
+        ("autograd::engine::evaluate_function: AddmmBackward0", False),
+        ("CompiledFunctionality", False),
+        ("ampere_sgemm_128x64_nn", False),
+    ],
+)
+def test_compiled_code_by_name(name, compiled):
+    assert tn.is_compiled(name) is compiled

@@ -111,9 +111,14 @@ def batch_and_seq(events: pd.DataFrame) -> tuple[int | None, int | None]:
 
 def _steps_per_s(steps: pd.DataFrame) -> float | None:
     """1 / median duration of the steps an optimizer or ``swift_nb.step()`` ended; the
-    ``end`` row is the tail after the last boundary, not a step."""
+    ``end`` row is the tail after the last boundary, not a step; steps that compiled
+    (torch.compile) are left out while others remain."""
     if steps.empty:
         return None
-    dur = pd.to_numeric(steps.loc[steps["trigger"] != "end", "duration_s"], errors="coerce").dropna()
+    steps = steps[steps["trigger"] != "end"]
+    if "compile_s" in steps:
+        steady = steps[pd.to_numeric(steps["compile_s"], errors="coerce").fillna(0.0) <= 0]
+        steps = steady if len(steady) else steps
+    dur = pd.to_numeric(steps["duration_s"], errors="coerce").dropna()
     median = float(dur.median()) if len(dur) else 0.0
     return 1.0 / median if median > 0 else None
