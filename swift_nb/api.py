@@ -7,6 +7,7 @@ notebook magic and the CLI call these same functions.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -17,7 +18,7 @@ from swift_nb.analysis.compare import compare_runs
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
 from swift_nb.capture.session import Session
-from swift_nb.errors import RecordError
+from swift_nb.errors import RecordError, RecordWriteWarning
 from swift_nb.options import ProfileOptions
 from swift_nb.record import (
     COMPARE_FILE,
@@ -146,16 +147,41 @@ def _reuse_earlier_figures(run: Run, figures: FigureCache) -> None:
 def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
     """Stop a session, save its record, then (its options' ``report``) analyse it and
     write the report; without, the record is complete and ``swift-nb report`` analyses it
-    later. A session made with a ``ReportAhead`` hands its figures to the report."""
-    run = session.stop(status, error)
+    later. A session made with a ``ReportAhead`` hands its figures to the report.
+
+    Never raises its own failure to write (a full disk, the folder removed while the cell
+    ran) into the user's code after the training has run: that is said once, as a
+    ``RecordWriteWarning``, with the run's notes; what was written stays readable and the
+    Run in memory is complete."""
+    try:
+        run = session.stop(status, error)
+    except OSError as e:
+        return Reported(_write_failed(session.run, e), None, [])
     built = session.take_trace_tables()
     if not session.options.report:
         return Reported(run, None, [])
     ahead = session.on_trace
-    if not isinstance(ahead, ReportAhead):
-        return report(run)
-    ahead.take(built)
-    return report(run, figures=ahead.figures)
+    try:
+        if not isinstance(ahead, ReportAhead):
+            return report(run)
+        ahead.take(built)
+        return report(run, figures=ahead.figures)
+    except OSError as e:
+        return Reported(_write_failed(run, e), None, [])
+
+
+def _write_failed(run: Run, error: OSError) -> Run:
+    where = f" in {run.path}" if run.path is not None else ""
+    said = (
+        f"swift_nb could not write the run's record{where} ({type(error).__name__}: {error}); "
+        "the training was not affected, what was written before stays readable, and the "
+        "measurements are in the returned run"
+    )
+    if said not in run.notes:
+        run.notes.append(said)
+        # said as swift_nb's, not as a line of its code: the user reads it under their cell
+        warnings.warn_explicit(said, RecordWriteWarning, "swift_nb", 0)
+    return run
 
 
 def apply_toggles(session: Session, toggles: Sequence[Toggle], namespace: Mapping[str, Any]) -> None:

@@ -24,6 +24,11 @@ class RunDirError(OSError):
     """The run folder cannot be created or written."""
 
 
+class RecordWriteWarning(UserWarning):
+    """A run's record could not be written at its end (a full disk, its folder removed);
+    said instead of raised into the user's code after the training has run."""
+
+
 class MissingDependencyError(ImportError):
     """An optional package a feature needs is not installed; the message says how to install it."""
 

@@ -110,6 +110,7 @@ class Session:
         self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
         self.trace_tables: Any = None  # what on_trace's build made of the trace (take_trace_tables)
         self._helper: Helper | None = None  # digests the trace off this process (capture.helper)
+        self._trace_lost = False  # the trace was recorded, then could not be written
         self.digested: DigestResult | None = None  # ... and what it found, once the run ends
         self._sampler: Sampler | None = None
         self._trace: TraceRecorder | None = None
@@ -252,7 +253,7 @@ class Session:
         steps = self._steps_table(end_s)
         if trace is not None and trace.path is not None:
             self._add_trace(run, steps, trace)
-        elif self.profiler_cfg is not None:
+        elif self.profiler_cfg is not None and not self._trace_lost:
             self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
         run.steps = steps
         run.samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
@@ -326,6 +327,7 @@ class Session:
                 self._trace.stop()
                 trace = self._trace.finish(self._memory.replay_input())
             except Exception as e:
+                self._trace_lost = True
                 self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
         if self._helper is not None:  # no helper outlives its run
             self._helper.close()

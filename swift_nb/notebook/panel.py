@@ -89,7 +89,7 @@ def results_panel(
 
 def files_html(run: Run) -> str:
     """The run folder and its files, the trace with a pointer to Perfetto."""
-    if run.path is None:
+    if run.path is None or not run.path.is_dir():
         return "<p class='empty'>The run was not saved.</p>"
     rows = []
     for path in sorted(p for p in run.path.iterdir() if p.is_file()):

@@ -1,0 +1,149 @@
+"""Does the training wait for swift_nb? Step by step, on a plain PyTorch model the project
+does not ship (a 4-layer Transformer LM from ``torch.nn``), the way a user runs it:
+``swift_nb.profile()`` with the default schedule and the report on.
+
+Two modes, interleaved round by round so that drift of the machine hits both alike:
+  bare      the loop alone
+  profiled  the same loop inside ``with swift_nb.profile():`` (the wall time includes the
+            report written after the block)
+Per mode, for torch on every core and with one core left free (``--free-core``):
+  - each step's time against the bare median step, over the steps after the profiler's
+    window except the one that exports the trace (target: none above 1.25x);
+  - the whole run's wall time, results included, against the bare one (target: 1.05x with
+    torch on every core, 1.02x with a core free);
+  - the training process's RSS while the trace is digested, against the bare loop's
+    (target: at most +100 MB).
+
+    python benchmarks/never_waits.py [--steps 120] [--rounds 3] [--threads 2] [--free-core]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import psutil
+import torch
+from torch import nn
+
+import swift_nb
+
+
+class LM(nn.Module):
+    def __init__(self, vocab: int, width: int, layers: int, seq: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.pos = nn.Parameter(torch.zeros(seq, width))
+        layer = nn.TransformerEncoderLayer(
+            width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.head(self.blocks(self.embed(x) + self.pos, mask=mask, is_causal=True))
+
+
+def loop(model, opt, batches, times: list[float], rss: list[float]) -> None:
+    proc = psutil.Process()
+    for x, y in batches:
+        t = time.perf_counter()
+        logits = model(x)
+        nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+        rss.append(proc.memory_info().rss / 2**20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=psutil.cpu_count(logical=True))
+    ap.add_argument("--free-core", action="store_true", help="torch uses one core fewer than --threads")
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    threads = max(1, args.threads - 1) if args.free_core else args.threads
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    vocab = 2000
+    model = LM(vocab, args.width, args.layers, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [
+        (torch.randint(0, vocab, (args.batch, args.seq)), torch.randint(0, vocab, (args.batch, args.seq)))
+        for _ in range(args.steps)
+    ]
+    loop(model, opt, batches[:3], [], [])  # warm up allocator and kernels
+    out = tempfile.mkdtemp(prefix="swift_nb_never_waits_")
+
+    steps: dict[str, list[list[float]]] = {"bare": [], "profiled": []}
+    walls: dict[str, list[float]] = {"bare": [], "profiled": []}
+    rss: dict[str, list[list[float]]] = {"bare": [], "profiled": []}
+    window_end = 0
+
+    def bare(times, mem):
+        loop(model, opt, batches, times, mem)
+
+    def profiled(times, mem):
+        nonlocal window_end
+        with swift_nb.profile(out_dir=out, keep=2) as run:
+            loop(model, opt, batches, times, mem)
+        window_end = run.schedule["wait"] + run.schedule["warmup"] + run.schedule["active"]
+        assert run.status == "ok" and (run.path / "report.html").exists()
+
+    modes = {"bare": bare, "profiled": profiled}
+    names = list(modes)
+    for r in range(args.rounds):
+        for name in names[r % 2 :] + names[: r % 2]:
+            times: list[float] = []
+            mem: list[float] = []
+            t = time.perf_counter()
+            modes[name](times, mem)
+            walls[name].append(time.perf_counter() - t)
+            steps[name].append(times)
+            rss[name].append(mem)
+
+    bare_median = statistics.median(s for run in steps["bare"] for s in run)
+    export = window_end - 1  # the step whose end exports the trace
+    after = [run[export + 1 :] for run in steps["profiled"]]
+    worst = max(max(a) for a in after)
+    per_position = [max(run[k] for run in after) / bare_median for k in range(min(len(a) for a in after))]
+    over = sum(1 for a in after for s in a if s > 1.25 * bare_median)
+    wall_ratio = statistics.median(walls["profiled"]) / statistics.median(walls["bare"])
+    bare_rss = max(max(m) for m in rss["bare"])
+    digest_rss = max(max(m[export:]) for m in rss["profiled"])
+
+    print(
+        f"torch.nn Transformer LM: {args.layers} layers, width {args.width}, seq {args.seq}, "
+        f"batch {args.batch}; {args.steps}-step runs, {args.rounds} interleaved rounds; "
+        f"torch {torch.__version__} on {threads} of {psutil.cpu_count()} cores"
+    )
+    print(f"bare median step {bare_median * 1e3:.1f} ms; profiler window ends with step {export}")
+    print(
+        f"{'':<44}{'measured':>10}{'target':>10}\n"
+        f"{'worst step after the window / bare median':<44}{worst / bare_median:>10.2f}{'1.25':>10}\n"
+        f"{'steps after the window above 1.25x':<44}{over:>10d}{'0':>10}\n"
+        f"{'exporting step / bare median':<44}"
+        f"{max(run[export] for run in steps['profiled']) / bare_median:>10.2f}{'-':>10}\n"
+        f"{'whole run incl. report / bare':<44}{wall_ratio:>10.3f}"
+        f"{'1.02' if args.free_core else '1.05':>10}\n"
+        f"{'RSS while digesting - bare (MB)':<44}{digest_rss - bare_rss:>+10.0f}{'+100':>10}"
+    )
+    print("worst ratio per step after the export: " + " ".join(f"{r:.2f}" for r in per_position[:12]))
+    print(
+        "walls (s): bare "
+        + " ".join(f"{w:.2f}" for w in walls["bare"])
+        + "; profiled "
+        + " ".join(f"{w:.2f}" for w in walls["profiled"])
+    )
+
+
+if __name__ == "__main__":
+    main()
