@@ -61,6 +61,21 @@ def test_models_are_compiled_for_the_block_and_eager_after(tmp_path):
     assert _frames() == before
 
 
+@pytest.mark.slow
+def test_the_toggle_itself_causes_no_recompile(tmp_path):
+    """Its hook that finds models built in the block runs inside compiled forwards too;
+    dynamo must not guard on what it has seen (aot_eager calls a graph module each step)."""
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    toggles = ["torch_compile(backend=aot_eager)"]
+    with swift_nb.profile(toggles=toggles, out_dir=tmp_path, wait=0, warmup=1, active=2, report=False) as run:
+        for _ in range(5):
+            model(torch.randn(4, 8)).sum().backward()
+            swift_nb.step()
+    assert run.summary["recompiles"] == 0, run.context["compile"]["events"]
+    assert run.summary["compile_s"] > 0
+
+
 def test_bad_parameters_and_a_missing_compiler_are_refused_before_any_work(monkeypatch):
     with pytest.raises(
         ConfigError,

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from swift_nb.errors import ConfigError
 from swift_nb.toggles.base import Toggle
@@ -64,6 +65,21 @@ class TorchCompile(Toggle):
                 "(e.g. apt-get install g++) or use backend=aot_eager",
                 "inductor",
             )
+
+    def _watch(self) -> None:
+        """The base class's hook, made invisible to dynamo: traced inside a compiled forward
+        (global hooks run for every submodule) its set of models seen would become a guard
+        that fails whenever the set grows, as it does at each call of a backend's graph
+        module (``aot_eager``), recompiling every step."""
+        seen = self._seen_modules
+
+        def hook(module: nn.Module, args: Any) -> None:
+            if torch.compiler.is_compiling() or id(module) in seen:
+                return
+            self._model(module, self._name_of(module))
+
+        handle = register_module_forward_pre_hook(hook)
+        self._hooks.append(handle.remove)
 
     def _apply_model(self, model: nn.Module, name: str) -> None:
         assert self.report is not None
