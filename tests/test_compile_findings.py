@@ -45,6 +45,9 @@ def test_the_recompile_names_its_guard_and_the_dynamic_fix(analysed):
         in (f.suggestion)
     )
     assert f.toggle == "torch_compile"
+    # the float from .item() crossing the break is guarded too, and named as such
+    assert "after its graph break at line" in f.suggestion
+    assert "crossed a graph break and was baked into the next graph" in f.suggestion
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ from swift_nb.units import fmt_seconds
 SIZE = re.compile(
     r"tensor '(?P<name>[^']+)' size mismatch at index (?P<dim>\d+)\. expected (?P<was>\d+), actual (?P<now>\d+)"
 )
+#: the function dynamo compiles for the rest of ``fn`` after a graph break at ``line``
+RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)")
 #: a Python value baked into the graph as a constant: ``___stack0 == 0.25``, ``L['n'] == 3``
 VALUE = re.compile(r"^(?P<name>\S+) == (?P<value>\S+)$")
 
@@ -44,6 +46,9 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             "batches to one of them instead (a last, smaller batch: drop_last=True)."
         )
         toggle = "torch_compile"
+        values = [e for e in recompiles if VALUE.match((e.get("reason") or "").strip())]
+        if values:
+            fix += " " + _value_fix(values[0].get("reason") or "")
     else:
         title = f"torch.compile recompiled {len(recompiles)}× ({fmt_seconds(seconds)}): guard `{first.get('reason')}` failed"
         fix = _value_fix(first.get("reason") or "")
@@ -67,8 +72,14 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
 
 def _line(e: Mapping[str, Any]) -> str:
     where = f" at {e['where']}" if e.get("where") else ""
-    fn = f" in {e['function']}" if e.get("function") else ""
+    fn = f" in {_function(e['function'])}" if e.get("function") else ""
     return f"step {e.get('step')}: `{e.get('reason')}`{fn}{where} ({fmt_seconds(float(e.get('seconds') or 0.0))})"
+
+
+def _function(name: str) -> str:
+    """A compiled function's name; dynamo's resume functions as what they are."""
+    m = RESUME.fullmatch(name)
+    return f"{m['fn']} after its graph break at line {m['line']}" if m else name
 
 
 def _mark_dynamic(guard_name: str, dim: str) -> str:
