@@ -5,6 +5,7 @@ compiled model with a batch-size change and a ``.item()`` graph break."""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,19 @@ def test_dynamo_logger_and_callbacks_are_restored():
     rec.remove()
     assert (log.level, log.propagate, list(log.handlers)) == before
     assert (len(callback_handler.start_callbacks), len(callback_handler.end_callbacks)) == (starts, ends)
+
+
+def test_without_dynamo_the_recorder_says_so_and_records_nothing(monkeypatch):
+    from swift_nb.record import Run
+
+    monkeypatch.setitem(
+        sys.modules, "torch._dynamo.callback", None
+    )  # an import that fails, as without dynamo
+    rec = CompileRecorder()
+    rec.install()
+    assert rec.unavailable is not None and "torch._dynamo" in rec.unavailable
+    assert rec.at_boundary() == 0.0
+    rec.remove()
+    run = Run(id="r")
+    rec.add_to(run)
+    assert run.notes == [rec.unavailable] and "compile" not in run.context and "compile_s" not in run.summary
