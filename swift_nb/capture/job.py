@@ -270,7 +270,8 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
     job_run.notes.extend(_group_notes(others, run0.notes))
     job_run.notes.extend(notes)
     missing = [r for r in range(world) if r not in parts]
-    never_done = [r for r, p in parts.items() if p["row"]["status"] == "running"]
+    # "crashed": a running record whose process is gone (record.status_as_found)
+    never_done = [r for r, p in parts.items() if p["row"]["status"] in ("running", "crashed")]
     if missing:
         job_run.notes.append(
             f"{fmt_ranks(missing)} never arrived: no data from "
