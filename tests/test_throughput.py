@@ -81,9 +81,11 @@ def test_non_token_model_gives_batch_from_its_first_linear(tmp_path):
 
 
 def _synthetic(device: str, devices: list[str], flops: float | None) -> Run:
-    rows = [(i, i * 0.01, (i + 1) * 0.01, 0.01, "none", "optimizer", 0.0, None, None, None) for i in range(3)]
+    rows = [
+        (i, i * 0.01, (i + 1) * 0.01, 0.01, "none", "optimizer", 0.0, None, None, None, 0.0) for i in range(3)
+    ]
     # The trailing "end" row is the tail after the last step, far slower: it must not count.
-    rows.append((3, 0.03, 5.03, 5.0, "none", "end", 0.0, None, None, None))
+    rows.append((3, 0.03, 5.03, 5.0, "none", "end", 0.0, None, None, None, 0.0))
     return Run(
         id="synthetic",
         environment={"device": device, "devices": devices},
