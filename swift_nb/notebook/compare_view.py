@@ -16,7 +16,7 @@ from swift_nb.render.compare import (
     compare_table_html,
     compare_table_text,
     rank_memory_html,
-    rank_memory_table,
+    rank_memory_text,
 )
 from swift_nb.rerun import Compared, compare_cell
 from swift_nb.rerun.launcher import Variant
@@ -93,11 +93,8 @@ def show_comparison(compared: Compared) -> None:
     )
     for alt, png in compare_figures(compared.runs):
         display({"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"[{alt}]"}, raw=True)
-    per_rank = rank_memory_table(compared.runs)
-    if not per_rank.empty:
-        display(
-            {"text/html": rank_memory_html(compared.runs), "text/plain": per_rank.to_string(index=False)},
-            raw=True,
-        )
+    per_rank = rank_memory_text(compared.runs)
+    if per_rank:
+        display({"text/html": rank_memory_html(compared.runs), "text/plain": per_rank}, raw=True)
     if compared.html_path is not None:
         print(f"comparison: {compared.html_path}")

@@ -142,9 +142,21 @@ def rank_memory_table(runs: Sequence[tuple[str, Run]]) -> pd.DataFrame:
 RANK_TARGET_PCT = 10.0
 
 
+def rank_memory_text(runs: Sequence[tuple[str, Run]]) -> str:
+    """``rank_memory_table`` as text ("" when no variant ran on several ranks)."""
+    try:
+        table = rank_memory_table(runs)
+    except Exception as e:  # as in rank_memory_html
+        return f"memory per rank not shown: {type(e).__name__}: {e}"
+    return "" if table.empty else table.to_string(index=False)
+
+
 def rank_memory_html(runs: Sequence[tuple[str, Run]]) -> str:
     """The "Memory per rank" section ("" when no variant ran on several ranks)."""
-    table = rank_memory_table(runs)
+    try:
+        table = rank_memory_table(runs)
+    except Exception as e:  # a failing forecast or damaged rank record must not cost the comparison
+        return f"<h2>Memory per rank against the forecast</h2>{empty(f'not shown: {type(e).__name__}: {e}')}"
     if table.empty:
         return ""
     return (
