@@ -63,11 +63,13 @@ def _rank(rank: int, toggle_id: str, port: int, out: mp.Queue) -> None:
     batches = [x[2 * rank : 2 * rank + 2] for x in _batches(STEPS)]
     loader = torch.utils.data.DataLoader(list(range(10)), batch_size=2, shuffle=False)
     toggle = get(toggle_id)
-    ns = {"model": model, "opt": opt, "loader": loader}
+    shuffled = torch.utils.data.DataLoader(list(range(10)), batch_size=5, shuffle=True)
+    ns = {"model": model, "opt": opt, "loader": loader, "shuffled": shuffled}
     toggle.apply(ns)
     try:
         types = {type(p).__name__ for p in model.parameters()}
         seen = [int(i) for b in loader for i in b]
+        passes = [[int(i) for b in shuffled for i in b] for _ in range(2)]
         losses = _train(model, opt, batches)
     finally:
         report = toggle.undo()
@@ -105,7 +107,7 @@ def _rank(rank: int, toggle_id: str, port: int, out: mp.Queue) -> None:
             rank,
             losses,
             types,
-            seen,
+            (seen, passes),
             same_objects,
             whole,
             bool(torch.equal(every[0], every[1])),
@@ -150,7 +152,23 @@ def test_training_on_two_ranks_matches_one_process_and_undo_gives_the_model_back
     model, opt = _model()
     baseline = _train(model, opt, _batches(STEPS))
     results = _job(toggle_id)
-    for rank, (losses, types, seen, same, whole, identical, _after, errors, report, state) in results.items():
+    orders = {rank: result[2][1] for rank, result in results.items()}
+    # a shuffled loader: each rank reads half, the halves make the dataset, each pass a new order
+    for one_pass in range(2):
+        assert sorted(orders[0][one_pass] + orders[1][one_pass]) == list(range(10))
+    assert orders[0][0] != orders[0][1] and len(orders[0][0]) == 5
+    for rank, (
+        losses,
+        types,
+        (seen, _),
+        same,
+        whole,
+        identical,
+        _after,
+        errors,
+        report,
+        state,
+    ) in results.items():
         # the loss printed on each rank is its half's; their mean is the whole batch's
         assert len(losses) == STEPS
         assert same and whole, "undo did not put the original parameters back"
@@ -171,7 +189,7 @@ def test_training_on_two_ranks_matches_one_process_and_undo_gives_the_model_back
                 "wrapped and its state is per whole parameter; build the optimizer in the profiled cell "
                 "(opt = torch.optim.AdamW(model.parameters())); got 'AdamW'"
             )
-        assert report["details"]["world_size"] == 2 and report["details"]["sharded_loaders"] == 1
+        assert report["details"]["world_size"] == 2 and report["details"]["sharded_loaders"] == 2
         if toggle_id == "fsdp":
             assert types == {"DTensor"} or types == {"Parameter"}, types
             assert any(

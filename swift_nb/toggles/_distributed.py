@@ -13,7 +13,8 @@ Each rank's share of the data, for a cell written for one process:
   a ``DistributedSampler`` in place of its sampler, shuffled when the original was: each
   rank reads ``1/world_size`` of the samples, in batches of the loader's ``batch_size``
   (the global batch is ``world_size × batch_size``, and an epoch has ``1/world_size`` of
-  the steps). The sampler's epoch is not advanced, so every pass reads the same order;
+  the steps). Each pass over the loader starts a new epoch of the sampler (a new order
+  when shuffled, the same on every rank), as a training loop's ``set_epoch`` would;
 - anything else (batches made by the cell, an iterable dataset): every rank runs the same
   batches. Per-rank memory and step time are then those of the job with the cell's batch
   on each rank, but the ranks learn from duplicated samples (the averaged gradient equals
@@ -216,7 +217,7 @@ class DataParallel:
                 "all of it"
             )
             return
-        shared = DistributedSampler(
+        shared = _EveryPass(
             loader.dataset,
             num_replicas=self.values["world_size"],
             rank=self._rank,
@@ -237,6 +238,16 @@ class DataParallel:
             f"`{name}`: DistributedSampler over {self.values['world_size']} ranks "
             f"({len(shared)} of {len(loader.dataset)} samples on each, batches of {loader.batch_size})"
         )
+
+
+class _EveryPass(DistributedSampler):
+    """A DistributedSampler that moves to its next epoch at each pass, so a shuffled
+    loader reads a new order every epoch without the cell calling ``set_epoch``."""
+
+    def __iter__(self):
+        order = super().__iter__()
+        self.set_epoch(self.epoch + 1)
+        return order
 
 
 def _hook_keys(m: nn.Module) -> dict[str, set]:
