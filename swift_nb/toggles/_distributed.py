@@ -129,8 +129,11 @@ class DataParallel:
         def restore() -> None:
             for m, (cls, attrs, hooks) in before.items():
                 m.__class__ = cls
+                # what the wrapper added (its state, "_is_fsdp_managed_module", …); public
+                # attributes the cell set meanwhile stay
                 for key in set(m.__dict__) - attrs:
-                    del m.__dict__[key]
+                    if key.startswith("_"):
+                        del m.__dict__[key]
                 for attr, keys in hooks.items():
                     table = getattr(m, attr, None)
                     for key in set(table or ()) - keys:
