@@ -22,6 +22,7 @@ from swift_nb import trace_names as tn
 from swift_nb.analysis.trace_decode import (
     DEFAULT_MAX_BYTES,
     decode_events,
+    give_back_freed_memory,
     read_json_bytes,
     split_document,
 )
@@ -303,12 +304,15 @@ def read_trace_with_meta(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tupl
     data = read_json_bytes(path, max_bytes)
     meta, raw_events = split_document(path, data)
     with paused():
-        columns = decode_events(path, raw_events)
+        columns = decode_events(path, raw_events, data)
         del raw_events, data  # the JSON text goes before the frames are built
         try:
-            return _trace_from_columns(*columns.columns()), meta
+            trace = _trace_from_columns(*columns.columns())
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+    del columns
+    give_back_freed_memory()
+    return trace, meta
 
 
 def read_trace_document(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
