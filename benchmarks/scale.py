@@ -29,7 +29,6 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -131,11 +130,16 @@ def write_big(path: Path, mb: float, source: Path) -> int:
     return path.stat().st_size
 
 
-def _tree_rss(proc: psutil.Process) -> int:
+def _tree(proc: psutil.Process, cpu: dict[int, float]) -> int:
+    """RSS summed over ``proc`` and its descendants; ``cpu``: each one's CPU seconds so
+    far, updated (a worker's last reading stays when it is gone)."""
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
+            with p.oneshot():
+                total += p.memory_info().rss
+                t = p.cpu_times()
+                cpu[p.pid] = t.user + t.system
         except psutil.Error:
             pass
     return total
@@ -143,22 +147,20 @@ def _tree_rss(proc: psutil.Process) -> int:
 
 def measured(code: str) -> tuple[float, int, str]:
     """Run ``code`` in a fresh Python; (wall s, peak RSS summed over its process tree,
-    its last line of output). The CPU seconds it and its children used are in
+    its last line of output). The CPU seconds of that tree (sampled every 50 ms) are in
     ``LAST_CPU_S``: on a machine shared with other work, wall time says less."""
     global LAST_CPU_S
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    ps, peak = psutil.Process(proc.pid), 0
+    ps, peak, cpu = psutil.Process(proc.pid), 0, {}
     while proc.poll() is None:
         try:
-            peak = max(peak, _tree_rss(ps))
+            peak = max(peak, _tree(ps, cpu))
         except psutil.Error:
             pass
         time.sleep(0.05)
     wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    LAST_CPU_S = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    LAST_CPU_S = sum(cpu.values())
     out = proc.stdout.read().decode().strip().splitlines()
     if proc.returncode:
         raise SystemExit(f"failed ({proc.returncode}):\n" + "\n".join(out[-30:]))
