@@ -136,6 +136,10 @@ def test_sharding_divides_by_the_world_size(adam):
     assert ddp.categories["other"] == 10 * MIB + 4 * P
     with pytest.raises(ConfigError, match="at least 2 to shard"):
         forecast(adam, toggles=["zero:stage=2"])
+    # a one-process run forecast as the fsdp variant: over the variant's ranks
+    for toggle, ranks in (("fsdp", 2), ("fsdp(world_size=4)", 4)):
+        f = forecast(adam, toggles=toggle)
+        assert f.world_size == ranks and f.categories["optimizer_state"] == 8 * P / ranks
 
 
 def _with_scores(run: Run, **scores) -> object:

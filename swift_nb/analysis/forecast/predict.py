@@ -87,6 +87,8 @@ def _config(
     """The configuration to price: the arguments given, the run's own for the rest; checks
     what the toggles need of it."""
     world = world_size or m.world_size
+    if world_size is None and m.world_size == 1:  # a one-process run sharded as a variant would be
+        world = max([world, *_variant_ranks(wanted)])
     applied = Applied(wanted)
     if applied.shard_stage and world < 2:
         raise ConfigError("world_size", f"must be at least 2 to shard with {', '.join(wanted)}", world)
@@ -105,6 +107,16 @@ def _config(
         toggles=wanted,
         world_size=world,
     )
+
+
+def _variant_ranks(wanted: Mapping[str, Mapping[str, Any]]) -> list[int]:
+    """The ranks the toggles' variants run on (``fsdp(world_size=4)``: 4)."""
+    ranks = []
+    for toggle, params in wanted.items():
+        processes = vocabulary.entry(toggle).processes
+        if processes == "world_size" and processes in params:
+            ranks.append(int(params[processes]))
+    return ranks
 
 
 def _result(
