@@ -20,7 +20,9 @@ children (psutil, sampled every 50 ms).
 big: one ``--big-mb`` MB JSON trace (plain .json) imported the same way.
 
 HTA (HolisticTraceAnalysis, optional as in hta_compare.py) loads the 16-rank folder with
-``TraceAnalysis`` when it is installed, for the ratio.
+``TraceAnalysis`` and computes its temporal breakdown, when it is installed here or in the
+interpreter ``--hta-python`` names (``python -m venv .venv-hta; .venv-hta/bin/pip install
+HolisticTraceAnalysis psutil``).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def write_job(
     size = 0
     for r in range(ranks):
         info = {**meta.get("distributedInfo", {}), "rank": r, "world_size": ranks}
-        head = orjson.dumps({**meta, "distributedInfo": info})[:-1] + b', "traceEvents": '
+        # json's spacing ("rank": 3), as Kineto writes it: HTA finds a file's rank by that text
+        head = json.dumps({**meta, "distributedInfo": info})[:-1].encode() + b', "traceEvents": '
         factor = (slow or {}).get(r)
         if factor:
             if factor not in stretched:
@@ -145,13 +148,15 @@ def _tree(proc: psutil.Process, cpu: dict[int, float]) -> int:
     return total
 
 
-def measured(code: str) -> tuple[float, int, str]:
+def measured(code: str, python: str | None = None) -> tuple[float, int, str]:
     """Run ``code`` in a fresh Python; (wall s, peak RSS summed over its process tree,
     its last line of output). The CPU seconds of that tree (sampled every 50 ms) are in
     ``LAST_CPU_S``: on a machine shared with other work, wall time says less."""
     global LAST_CPU_S
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [python or sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     ps, peak, cpu = psutil.Process(proc.pid), 0, {}
     while proc.poll() is None:
         try:
@@ -207,16 +212,19 @@ def import_case(folder: Path, report: bool = True) -> tuple[float, int, str]:
     return measured(code)
 
 
-def hta_case(folder: Path) -> tuple[float, int] | None:
-    try:
-        import hta  # noqa: F401
-    except ImportError:
-        return None
+def hta_case(folder: Path, python: str | None = None) -> tuple[float, int] | None:
+    """HTA's load and temporal breakdown of ``folder``: with ``python`` (an interpreter
+    where HTA is installed, e.g. its own venv: it pins older pandas), else in this one."""
+    if python is None:
+        try:
+            import hta  # noqa: F401
+        except ImportError:
+            return None
     code = (
         "import logging\nfrom hta.trace_analysis import TraceAnalysis\nlogging.getLogger('hta').setLevel(40)\n"
         f"a = TraceAnalysis(trace_dir={str(folder)!r})\na.get_temporal_breakdown(visualize=False)\nprint('ok')"
     )
-    wall, peak, _ = measured(code)
+    wall, peak, _ = measured(code, python)
     return wall, peak
 
 
@@ -237,6 +245,7 @@ def main() -> int:
     ap.add_argument("--decode-mb", type=float, default=300.0)
     ap.add_argument("--big-mb", type=float, default=1024.0)
     ap.add_argument("--no-report", action="store_true", help="import without writing the report")
+    ap.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed (default: this one)")
     args = ap.parse_args()
     parts = set(args.only or ["decode", "job", "big"])
     source = _source_path(args.source)
@@ -280,7 +289,7 @@ def main() -> int:
                     ]
                 )
                 if n == 16:
-                    theirs = hta_case(folder)
+                    theirs = hta_case(folder, args.hta_python)
                     if theirs is not None:
                         rows.append(
                             ["  HTA, the same folder", f"{theirs[0]:.1f}", f"{theirs[1] / 2**30:.2f}", ""]
