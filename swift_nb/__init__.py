@@ -7,17 +7,49 @@ swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere
 swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the measured memory
 """
 
+import importlib
 import sys
+from typing import TYPE_CHECKING
 
-from swift_nb.analysis.diff import diff
-from swift_nb.analysis.forecast import forecast
-from swift_nb.api import compare, profile, report
-from swift_nb.capture.steps import step
 from swift_nb.errors import ConfigError, RunDirError
-from swift_nb.importer import import_trace
-from swift_nb.monitor import Report, ResourceMonitor
-from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
 from swift_nb.record import Run, load_run, pin, prune, runs, save
+
+if TYPE_CHECKING:
+    from swift_nb.analysis.diff import diff
+    from swift_nb.analysis.forecast import forecast
+    from swift_nb.api import compare, profile, report
+    from swift_nb.capture.steps import step
+    from swift_nb.importer import import_trace
+    from swift_nb.monitor import Report, ResourceMonitor
+    from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
+
+#: the package's names that need torch, imported when first used: a process that only
+#: reads runs (the digest's helper process, the importer's workers) never imports torch
+_LAZY = {
+    "diff": "swift_nb.analysis.diff",
+    "forecast": "swift_nb.analysis.forecast",
+    "compare": "swift_nb.api",
+    "profile": "swift_nb.api",
+    "report": "swift_nb.api",
+    "step": "swift_nb.capture.steps",
+    "import_trace": "swift_nb.importer",
+    "Report": "swift_nb.monitor",
+    "ResourceMonitor": "swift_nb.monitor",
+    "gather_sequence": "swift_nb.parallel",
+    "ring_attention": "swift_nb.parallel",
+    "shard_sequence": "swift_nb.parallel",
+    "ulysses_attention": "swift_nb.parallel",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swift_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConfigError",

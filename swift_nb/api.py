@@ -31,7 +31,13 @@ from swift_nb.record import (
     tables_path,
 )
 from swift_nb.render.compare import write_compare
-from swift_nb.render.document import analysis_fields, document_html, draw_ahead, report_sections, write_report
+from swift_nb.render.document import (
+    analysis_fields,
+    build_ahead,
+    document_html,
+    report_sections,
+    write_report,
+)
 from swift_nb.render.sections import Section
 from swift_nb.render.sections.figure_cache import FigureCache
 from swift_nb.toggles import Toggle, ToggleReport, build
@@ -47,29 +53,12 @@ class Reported:
     sections: list[Section]
 
 
-def build_ahead(events: list[dict], trace_path: Path, written: Path) -> FigureCache:
-    """What a profiled run does with its finished trace while the cell still runs, in the
-    helper process (``capture.helper``): the trace's tables, built and kept beside the
-    trace (``written``: the file holding it until it is named ``trace_path``), and the
-    figures the trace alone determines, drawn and returned. The analyses read the tables
-    from their file after the cell."""
-    trace = parse_events(events)
-    del events
-    save_tables(trace, tables_path(trace_path), source=written)
-    figures = FigureCache()
-    try:
-        draw_ahead(trace, figures)
-    except Exception:  # drawn again, and any failure reported, after the cell
-        pass
-    return figures
-
-
 class ReportAhead:
     """The ``on_trace`` this layer hands its Session: ``build_ahead`` runs on the
     finished trace in the helper process, and the figures it drew join ``figures``, this
     run's cache, which its report takes (``finish``)."""
 
-    build = f"{build_ahead.__module__}:{build_ahead.__name__}"
+    build = f"{build_ahead.__module__}:{build_ahead.__name__}"  # imported by the helper: no torch
 
     def __init__(self) -> None:
         self.figures = FigureCache()

@@ -130,7 +130,11 @@ class Helper:
         except OSError as e:
             self.tell(f"the helper process could not start ({e}); the trace was digested in this process")
             return
-        try:  # from its first instruction: its imports too give way to the training
+        # From its first instruction (its imports too) it gives way to the training. Not
+        # SCHED_IDLE: starved, the helper stays runnable for the rest of the run and its
+        # cache and memory traffic slowed every later step (1.4x, benchmarks/never_waits.py)
+        # where nice 19 lets it finish within a few steps.
+        try:
             os.setpriority(os.PRIO_PROCESS, self.proc.pid, _NICE)
         except OSError:
             pass

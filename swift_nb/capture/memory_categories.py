@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
 from swift_nb.trace_names import AUTOGRAD_PREFIX, step_of, union
@@ -37,6 +36,8 @@ Snapshot = dict[int, tuple[str, int]]
 
 def snapshot(optimizers) -> Snapshot:
     """Address -> (category, bytes) of every storage the optimizers hold."""
+    import torch  # here: the replay (``step_memory``) runs where torch is not imported
+
     out: Snapshot = {}
 
     def add(t, category):

@@ -16,8 +16,8 @@ from typing import Any
 from swift_nb.analysis import Analysis
 from swift_nb.analysis.breakdown import trace_breakdown
 from swift_nb.analysis.operators import by_memory, top_operators
-from swift_nb.analysis.trace import Trace
-from swift_nb.record import REPORT_FILE, Run, atomic_write_text
+from swift_nb.analysis.trace import Trace, parse_events, save_tables
+from swift_nb.record import REPORT_FILE, Run, atomic_write_text, tables_path
 from swift_nb.render import sections
 from swift_nb.render.html import CSP, STYLE
 from swift_nb.render.sections import breakdown, operators_memory, operators_time
@@ -86,6 +86,23 @@ def draw_ahead(trace: Trace, figures: FigureCache, top_n: int = 15) -> None:
     for part in parts:
         if isinstance(part, FigurePart):
             figures.keep(part)
+
+
+def build_ahead(events: list[dict], trace_path: Path, written: Path) -> FigureCache:
+    """What a profiled run does with its finished trace while the cell still runs, in the
+    helper process (``capture.helper``, through ``api.ReportAhead``): the trace's tables, built and kept beside the
+    trace (``written``: the file holding it until it is named ``trace_path``), and the
+    figures the trace alone determines, drawn and returned. The analyses read the tables
+    from their file after the cell."""
+    trace = parse_events(events)
+    del events
+    save_tables(trace, tables_path(trace_path), source=written)
+    figures = FigureCache()
+    try:
+        draw_ahead(trace, figures)
+    except Exception:  # drawn again, and any failure reported, after the cell
+        pass
+    return figures
 
 
 def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:

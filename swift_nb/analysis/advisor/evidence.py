@@ -468,6 +468,26 @@ _USER_FRAME = re.compile(
 )
 
 
+def _by_start(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A thread's spans as (starts, ends, names), by start (ties in their order)."""
+    order = np.argsort(spans["ts_us"].to_numpy(), kind="stable")
+    return (
+        spans["ts_us"].to_numpy()[order],
+        spans["end_us"].to_numpy()[order],
+        spans["name"].to_numpy()[order],
+    )
+
+
+def _innermost(spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None, ts: float) -> str | None:
+    """The name of the latest-starting span that holds ``ts`` (None: none does)."""
+    if spans is None:
+        return None
+    starts, ends, names = spans
+    last = int(np.searchsorted(starts, ts, side="right"))
+    holding = np.flatnonzero(ends[:last] >= ts)
+    return str(names[holding[-1]]) if len(holding) else None
+
+
 def _sync_callers(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
     """Synchronising runtime calls in the profiled steps, by the innermost operator that
     made each on its thread (``aten::item``, ``aten::nonzero``, ``aten::_to_copy`` …; the
@@ -483,14 +503,11 @@ def _sync_callers(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
     ]
     callers: dict[str, int] = {}
     sites: dict[str, int] = {}
-    for tid, ts, name in sync[["tid", "ts_us", "name"]].itertuples(index=False):
-        for table, found, fallback in ((ops, callers, str(name)), (frames, sites, None)):
-            around = table[
-                (table["tid"] == tid).to_numpy()
-                & (table["ts_us"] <= ts).to_numpy()
-                & (table["end_us"] >= ts).to_numpy()
-            ]
-            key = str(around.sort_values("ts_us")["name"].iloc[-1]) if len(around) else fallback
+    for table, found, fallback in ((ops, callers, True), (frames, sites, False)):
+        by_tid = {tid: _by_start(group) for tid, group in table.groupby("tid", sort=False)}
+        for tid, ts, name in sync[["tid", "ts_us", "name"]].itertuples(index=False):
+            key = _innermost(by_tid.get(tid), ts)
+            key = key if key is not None else (str(name) if fallback else None)
             if key is not None:
                 found[key] = found.get(key, 0) + 1
     return (
