@@ -16,11 +16,13 @@ the folder as on any captured run.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import multiprocessing
 import os
 import shutil
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields
@@ -216,6 +218,23 @@ def _context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """While workers start, the caller's script is not named as the main module: spawn and
+    forkserver would run it again in each worker (as ``__mp_main__``), and a script that
+    calls ``import_trace`` at its top level, without ``if __name__ == "__main__":``, would
+    then import again in every worker. The workers need nothing of it."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        for k in saved:
+            setattr(main, k, None)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 def _reduce_in_workers(
     files: list[Path], folder: Path, max_bytes: int, workers: int | None
 ) -> list[RankRecord]:
@@ -225,7 +244,8 @@ def _reduce_in_workers(
     n = min(len(files), workers or os.cpu_count() or 1)
     staged = [folder / f".staged-{i}.json.gz" for i in range(len(files))]
     with ProcessPoolExecutor(max_workers=n, mp_context=_context()) as pool:
-        futures = [pool.submit(reduce_rank, f, s, max_bytes) for f, s in zip(files, staged, strict=True)]
+        with _main_script_hidden():  # the workers start as these are submitted
+            futures = [pool.submit(reduce_rank, f, s, max_bytes) for f, s in zip(files, staged, strict=True)]
         try:
             return [f.result() for f in futures]
         except BrokenProcessPool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import gzip
 import html
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -151,3 +153,18 @@ def test_a_few_ranks_keep_their_bars_table_and_timeline(tmp_path):
     alts = [p.alt for p in section.parts if isinstance(p, FigurePart)]
     assert alts == ["Bars of each rank's step time and peak memory", "Each rank's steps against time"]
     assert "no straggler among 3 ranks" in _text(section.html())
+
+
+def test_a_script_without_a_main_guard_imports_a_job_with_workers(tmp_path):
+    """Worker processes start without running the caller's script again: a plain script
+    calling import_trace at its top level (no ``if __name__ == "__main__":``) works."""
+    job = write_job(tmp_path / "job", 3)
+    script = tmp_path / "analyse.py"
+    script.write_text(
+        "import swift_nb\n"
+        f"run = swift_nb.import_trace({str(job)!r}, {str(tmp_path / 'runs')!r}, report=False, workers=2)\n"
+        "print('ranks', len(run.ranks))\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ranks 3"

@@ -376,8 +376,9 @@ def device_time(
     dur_us = (chosen["end_us"] - chosen["ts_us"]).to_numpy()
     names = chosen["name"].astype(str)
     is_kernel = ~chosen["kind"].isin(("memcpy", "memset")).to_numpy()
-    pageable = names.map(lambda n: tn.PAGEABLE_COPY.search(n) is not None).to_numpy()
-    simt = names.map(lambda n: tn.SIMT_SGEMM.search(n) is not None).to_numpy()
+    # once per distinct name: a job's traces hold 10^5 kernels of a few hundred names
+    pageable = per_value(names, lambda n: tn.PAGEABLE_COPY.search(n) is not None)
+    simt = per_value(names, lambda n: tn.SIMT_SGEMM.search(n) is not None)
     steps = chosen.loc[chosen["step"] >= 0, "step"].nunique()
     return DeviceTime(
         steps=max(1, steps),
