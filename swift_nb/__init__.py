@@ -17,20 +17,21 @@ from swift_nb.record import Run, load_run, pin, prune, runs, save
 if TYPE_CHECKING:
     from swift_nb.analysis.diff import diff
     from swift_nb.analysis.forecast import forecast
-    from swift_nb.api import compare, profile, report
+    from swift_nb.api import profile
     from swift_nb.capture.steps import step
     from swift_nb.importer import import_trace
     from swift_nb.monitor import Report, ResourceMonitor
     from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
+    from swift_nb.reporting import compare, report
 
 #: the package's names that need torch, imported when first used: a process that only
 #: reads runs (the digest's helper process, the importer's workers) never imports torch
 _LAZY = {
     "diff": "swift_nb.analysis.diff",
     "forecast": "swift_nb.analysis.forecast",
-    "compare": "swift_nb.api",
+    "compare": "swift_nb.reporting",
     "profile": "swift_nb.api",
-    "report": "swift_nb.api",
+    "report": "swift_nb.reporting",
     "step": "swift_nb.capture.steps",
     "import_trace": "swift_nb.importer",
     "Report": "swift_nb.monitor",

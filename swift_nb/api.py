@@ -9,48 +9,21 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import fields
 from typing import Any
 
-from swift_nb.analysis import Analysis, analyze
-from swift_nb.analysis.compare import compare_runs
-from swift_nb.analysis.device import RUN_SUMMARY_KEYS
-from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
+from swift_nb.analysis import Analysis
 from swift_nb.capture.session import Session
-from swift_nb.errors import RecordError, RecordWriteWarning
+from swift_nb.errors import RecordWriteWarning
 from swift_nb.options import ProfileOptions
-from swift_nb.record import (
-    COMPARE_FILE,
-    REPORT_FILE,
-    STEPS_MISSING,
-    Run,
-    load_run,
-    save_meta,
-    steps_missing,
-    tables_path,
-)
-from swift_nb.render.compare import write_compare
-from swift_nb.render.document import (
-    analysis_fields,
-    build_ahead,
-    document_html,
-    report_sections,
-    write_report,
-)
-from swift_nb.render.sections import Section
+from swift_nb.record import Run
+from swift_nb.render.document import build_ahead
 from swift_nb.render.sections.figure_cache import FigureCache
+
+# the reading half of the API, torch-free, named here too: the magic, the monitor and the
+# reruns compose it with capture
+from swift_nb.reporting import Reported, compare, findings_of, report  # noqa: F401
 from swift_nb.toggles import Toggle, ToggleReport, build
-
-
-@dataclass
-class Reported:
-    """A saved run with its analyses (None when they failed) and the report's sections
-    (figures rendered once, for report.html and the notebook alike)."""
-
-    run: Run
-    analysis: Analysis | None
-    sections: list[Section]
 
 
 class ReportAhead:
@@ -68,69 +41,6 @@ class ReportAhead:
         if isinstance(built, FigureCache):
             for key in built:
                 self.figures.put(key, built.png(key))
-
-
-def report(
-    run: Run | Path | str,
-    trace_events: list[dict] | None = None,
-    trace_tables: Trace | None = None,
-    figures: FigureCache | None = None,
-) -> Reported:
-    """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
-    damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
-    reason is in ``run.problems`` and the report, never raised: what was measured is never
-    lost to it. Only run.json is rewritten (the report's name in ``files``), never the
-    tables read. ``trace_events``: the trace's events when the caller holds them already
-    (saves reading the file); ``trace_tables``: their tables, when built already (saves
-    building them); ``figures``: figures drawn already (``ReportAhead.figures``). Figures
-    of the report this one replaces that show the same are not drawn again either."""
-    run = run if isinstance(run, Run) else load_run(run)
-    analysis, failure = None, None
-    if steps_missing(run):
-        failure = STEPS_MISSING
-    else:
-        try:
-            trace = None
-            if run.trace_path is not None:  # tables of a trace the run did not keep are not its own
-                trace = trace_tables
-                if trace is None and trace_events is not None:
-                    trace = parse_events(trace_events)
-                if trace is not None and not tables_fresh(run.trace_path):
-                    save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
-            analysis = analyze(run, trace=trace)
-        except RecordError as e:
-            failure = f"{e.path.name} is damaged ({e.problem}): the analysis could not run"
-        except Exception as e:  # a bug in an analysis must not cost the user the run
-            failure = f"the analysis failed ({type(e).__name__}: {e}); the run's data is intact"
-    if failure is not None and failure not in run.problems:
-        run.problems.append(failure)
-        if failure not in run.notes:
-            run.notes.append(failure)
-    if analysis is not None:  # the device's figures, where it has some, join the summary
-        run.summary.update(
-            {
-                k: round(float(analysis.device[k]), 3)
-                for k in RUN_SUMMARY_KEYS
-                if analysis.device.get(k) is not None
-            }
-        )
-    figures = figures if figures is not None else FigureCache()
-    _reuse_earlier_figures(run, figures)
-    sections = report_sections(run, figures, **analysis_fields(analysis), not_analysed=failure)
-    write_report(run, document_html(run, sections))
-    save_meta(run)
-    return Reported(run, analysis, sections)
-
-
-def _reuse_earlier_figures(run: Run, figures: FigureCache) -> None:
-    """A report written again (``swift-nb report``, ``--open``) keeps the figures of the
-    one it replaces that show the same: drawing them is most of a report's time."""
-    if run.path is None:
-        return
-    try:
-        figures.reuse((Path(run.path) / REPORT_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):  # no report yet, or one that cannot be read: draw them
-        pass
 
 
 def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
@@ -271,32 +181,3 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     def __exit__(self, exc_type, exc, tb) -> None:
         undo_toggles(self.session, self.toggles)
         self.analysis = finish(self.session, exit_status(exc_type), exc).analysis
-
-
-def findings_of(run: Run | None) -> list:
-    """The advisor's findings for ``run`` (empty when it cannot be analysed)."""
-    if run is None:
-        return []
-    try:
-        return analyze(run).findings
-    except Exception:  # predictions are optional; a missing trace must not stop the table
-        return []
-
-
-def compare(*runs: Run | Path | str, names: Sequence[str] | None = None, html: bool = False):
-    """Compare runs side by side; the first is the baseline. Returns the table (one row
-    per run: step time, throughput, peak memory by category, utilisation, ratios to the
-    baseline, the baseline advisor's prediction for each variant's toggles).
-    ``html=True`` also writes ``compare.html`` into the baseline's folder."""
-    loaded = [r if isinstance(r, Run) else load_run(r) for r in runs]
-    if names is None:
-        names = [r.context.get("variant") or r.label or r.id for r in loaded]
-    rows: list[tuple[str, Run | None, str | None, list[str]]] = [
-        (n, r, None, []) for n, r in zip(names, loaded, strict=True)
-    ]
-    table = compare_runs(rows, findings_of(loaded[0] if loaded else None))
-    if html and loaded and loaded[0].path is not None:
-        write_compare(
-            loaded[0].path / COMPARE_FILE, table, list(zip(names, loaded, strict=True)), "comparison"
-        )
-    return table

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from swift_nb.analysis.diff import REGRESSION, diff, gate
-from swift_nb.api import compare, report
 from swift_nb.errors import ConfigError, RecordError
 from swift_nb.importer import import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
@@ -18,6 +17,7 @@ from swift_nb.render.compare import compare_table_text
 from swift_nb.render.diff import SHOWN_ROWS, diff_text
 from swift_nb.render.oom import oom_text
 from swift_nb.render.tables import runs_text, summary_text
+from swift_nb.reporting import compare, report
 
 EPILOG = """\
 exit status:

@@ -36,6 +36,7 @@ import pandas as pd
 from swift_nb import trace_names as tn
 from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
+from swift_nb.analysis.ranks import RankAnalysis, analyse_rank
 from swift_nb.analysis.trace import Trace, read_trace_with_meta, save_tables
 from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
 from swift_nb.capture.job import RANK_COLUMNS
@@ -93,6 +94,7 @@ class RankRecord:
     world_size: int
     record: Run
     staged: Path
+    analysis: RankAnalysis | None = None  # made while the tables were held, for a job's report
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
@@ -164,16 +166,18 @@ def import_trace(
     folder = root / new_run_id(label or "import")
     folder.mkdir()
     try:
-        run = _import_into(files, folder, max_bytes, workers)
+        # a job's report reads every rank's findings and collectives: each rank's are made
+        # while its tables are held (in the workers), not by reading every trace again
+        run, analysed = _import_into(files, folder, max_bytes, workers, analyse=report and len(files) > 1)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)  # no half-imported run is left behind
         raise
     run.id, run.label, run.path = folder.name, label, folder
     save(run)
     if report:
-        from swift_nb import api  # the API composes the layers above
+        from swift_nb import reporting  # the API composes the layers above
 
-        return api.report(run).run
+        return reporting.report(run, ranks=analysed).run
     return run
 
 
@@ -182,29 +186,39 @@ def import_trace(
 IN_PROCESS_BYTES = 16 << 20
 
 
-def _import_into(files: list[Path], folder: Path, max_bytes: int, workers: int | None) -> Run:
+def _import_into(
+    files: list[Path], folder: Path, max_bytes: int, workers: int | None, analyse: bool = False
+) -> tuple[Run, dict[int, RankAnalysis] | None]:
+    """The run record of ``files`` in ``folder``, and (``analyse``) each rank's analysis."""
     small = sum(f.stat().st_size for f in files) < IN_PROCESS_BYTES
     if len(files) == 1 or workers == 1 or (workers is None and small):
-        reduced = [reduce_rank(f, folder / f".staged-{i}.json.gz", max_bytes) for i, f in enumerate(files)]
+        reduced = [
+            reduce_rank(f, folder / f".staged-{i}.json.gz", max_bytes, analyse) for i, f in enumerate(files)
+        ]
     else:
-        reduced = _reduce_in_workers(files, folder, max_bytes, workers)
+        reduced = _reduce_in_workers(files, folder, max_bytes, workers, analyse)
     by_rank = _by_rank(reduced)
     if len(by_rank) == 1:
         rr = next(iter(by_rank.values()))
         _place(rr, folder / TRACE_FILE)
         rr.record.files["trace"] = TRACE_FILE
-        return rr.record
-    return _job_record(by_rank, folder)
+        return rr.record, None
+    analysed = {r: rr.analysis for r, rr in by_rank.items() if rr.analysis is not None}
+    return _job_record(by_rank, folder), (analysed if analyse else None)
 
 
-def reduce_rank(path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankRecord:
+def reduce_rank(
+    path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES, analyse: bool = False
+) -> RankRecord:
     """Read one rank's trace, copy it (gzipped) to ``staged`` with its tables beside it,
-    and keep only its record: the events and tables are dropped when this returns.
-    Runs in a worker process for a job's ranks."""
+    and keep only its record (and, ``analyse``, its ``RankAnalysis``): the events and
+    tables are dropped when this returns. Runs in a worker process for a job's ranks."""
     rt = read_trace_file(path, max_bytes)
     _copy_gzipped(rt.path, staged)
     save_tables(rt.trace, tables_path(staged), source=staged)
-    return RankRecord(rt.path, rt.rank, rt.world_size, _rank_record(rt), staged)
+    record = _rank_record(rt)
+    analysis = analyse_rank(record, rt.trace, rt.rank, rt.world_size) if analyse else None
+    return RankRecord(rt.path, rt.rank, rt.world_size, record, staged, analysis)
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -236,7 +250,7 @@ def _main_script_hidden() -> Iterator[None]:
 
 
 def _reduce_in_workers(
-    files: list[Path], folder: Path, max_bytes: int, workers: int | None
+    files: list[Path], folder: Path, max_bytes: int, workers: int | None, analyse: bool = False
 ) -> list[RankRecord]:
     """Every file reduced by ``reduce_rank`` in at most ``workers`` processes (default:
     the cores); a worker that dies (killed, out of memory) is an error naming the traces
@@ -245,7 +259,9 @@ def _reduce_in_workers(
     staged = [folder / f".staged-{i}.json.gz" for i in range(len(files))]
     with ProcessPoolExecutor(max_workers=n, mp_context=_context()) as pool:
         with _main_script_hidden():  # the workers start as these are submitted
-            futures = [pool.submit(reduce_rank, f, s, max_bytes) for f, s in zip(files, staged, strict=True)]
+            futures = [
+                pool.submit(reduce_rank, f, s, max_bytes, analyse) for f, s in zip(files, staged, strict=True)
+            ]
         try:
             return [f.result() for f in futures]
         except BrokenProcessPool:
@@ -462,7 +478,7 @@ def _job_record(by_rank: dict[int, RankRecord], folder: Path) -> Run:
             {
                 **dict.fromkeys(RANK_COLUMNS),
                 "rank": r,
-                "host": rec.host,
+                "host": rec.host or None,  # as ranks.csv reads an empty one back
                 "device": rec.environment.get("rank_device", rec.environment["device"]),
                 "status": "ok",
                 "source": "trace",

@@ -95,6 +95,50 @@ def test_ranks_of_one_job_make_a_job_record(tmp_path):
     assert "not analysed" not in text
 
 
+def test_a_jobs_report_made_in_the_import_equals_one_made_from_its_folder(tmp_path):
+    """The import's workers analyse each rank while they hold its tables; the report they
+    feed says word for word what a report made later from the folder says."""
+    run = swift_nb.import_trace(JOB, tmp_path, workers=2)
+    first = _report_text(run)
+    again = swift_nb.report(load_run(run.path))  # every rank's trace read again
+    assert _report_text(again.run) == first
+    assert sorted(again.analysis.collectives["rank"].unique()) == [0, 1]
+    assert all("(ranks 0, 1)" in f.title for f in again.analysis.findings if "ranks" in f.evidence)
+
+
+def test_a_job_imported_in_part_keeps_its_ranks_numbers(tmp_path):
+    """Ranks 1 and 2 of a job: the record's own trace is rank 1's, not a rank 0's."""
+    doc = json.loads(gzip.decompress(JOB[0].read_bytes()))
+    doc["distributedInfo"]["rank"] = 2
+    rank2 = tmp_path / "rank2.json.gz"
+    rank2.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+    run = swift_nb.import_trace([JOB[1], rank2], tmp_path / "runs")
+    assert set(run.rank_trace_paths()) == {1, 2}
+    analysis = swift_nb.report(load_run(run.path)).analysis
+    assert sorted(analysis.collectives["rank"].unique()) == [1, 2]
+    titles = [f.title for f in analysis.findings if "ranks" in f.evidence]
+    assert titles and all("(ranks 1, 2)" in t for t in titles)
+    assert "not analysed" not in _report_text(run)
+
+
+def test_importing_and_reporting_imports_no_torch(tmp_path):
+    """A laptop reading a cluster's traces needs no torch: import_trace and its report,
+    the report written again and the CLI's list run without importing it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, swift_nb\n"
+        f"run = swift_nb.import_trace({[str(p) for p in JOB]!r}, {str(tmp_path)!r})\n"
+        "swift_nb.report(run.path)\n"
+        "from swift_nb import cli\n"
+        f"assert cli.main(['list', {str(tmp_path)!r}]) == 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr
+
+
 def test_a_folder_of_traces_and_plain_json_from_torch_profiler(tmp_path):
     """What torch.profiler itself writes on this machine: tensorboard_trace_handler's
     plain .pt.trace.json in a folder, with memory events."""

@@ -37,6 +37,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.devices": ("test_forecast.py", "test_throughput.py"),
     "swift_nb.errors": ("test_options.py", "test_damaged_records.py"),
     "swift_nb.importer": ("test_import.py", "test_gpu_traces.py"),
+    "swift_nb.reporting": ("test_report.py", "test_import.py", "test_rerun.py"),
     "swift_nb.units": ("test_report.py", "test_forecast.py"),
     "swift_nb.analysis.breakdown": ("test_analysis.py", "test_analysis_pure.py"),
     "swift_nb.analysis.comm": ("test_analysis_pure.py", "test_gpu_traces.py", "test_ranks.py"),

@@ -15,7 +15,7 @@ import pandas as pd
 from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
 from swift_nb.analysis.breakdown import device_busy
-from swift_nb.analysis.comm import collectives, job_collectives
+from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
@@ -67,10 +67,16 @@ def forecasts_of(run: Run, trace: Trace | None = None) -> tuple[list[Forecast], 
 
 
 def analyze(
-    run: Run, thresholds: Thresholds | None = None, top_n: int = 15, trace: Trace | None = None
+    run: Run,
+    thresholds: Thresholds | None = None,
+    top_n: int = 15,
+    trace: Trace | None = None,
+    ranks: dict[int, rank_analysis.RankAnalysis] | None = None,
 ) -> Analysis:
     """All analyses of ``run``, each once, over its data read once (``run_data``);
-    ``trace`` saves reading the trace file when the caller already holds it."""
+    ``trace`` saves reading the trace file when the caller already holds it; ``ranks``,
+    for a job, the other ranks' analyses made already (``analysis.ranks.analyse_rank``,
+    with default thresholds: used only when ``thresholds`` is None)."""
     data = run_data(run, trace)
     trace = data.trace
     evidence, verdict, findings = advise_with_evidence(run, thresholds=thresholds, data=data)
@@ -80,8 +86,15 @@ def analyze(
     )
     per_rank = rank_analysis.per_rank(run)
     if rank_analysis.is_job(run):
-        comm = job_collectives(run, {0: trace})
-        findings = rank_analysis.findings_across_ranks(run, findings, thresholds, evidence)
+        own = rank_analysis.RankAnalysis(
+            data.rank,
+            findings,
+            {rule: float(share(evidence)) for rule, share in rank_analysis.SHARE_OF_STEP.items()},
+            data.collectives,
+        )
+        analysed = rank_analysis.analyse_ranks(run, own, thresholds, ranks)
+        comm = rank_analysis.job_collectives(analysed)
+        findings = rank_analysis.findings_across_ranks(run, analysed)
         for across in (
             rank_analysis.straggler_finding(per_rank, comm),
             rank_analysis.idle_rank_finding(per_rank),

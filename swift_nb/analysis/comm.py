@@ -41,8 +41,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, load_trace_file, per_name, per_value
-from swift_nb.record import Run
+from swift_nb.analysis.trace import Trace, derived, per_name, per_value
 
 DTYPE_BYTES = {
     "float": 4,
@@ -290,16 +289,3 @@ def _inside(spans: np.ndarray, other: np.ndarray, total_us: float) -> float:
     if total_us <= 0:
         return float("nan")
     return (total_us - tn.length(tn.subtract(spans, other))) / total_us
-
-
-def job_collectives(run: Run, traces: dict[int, Trace] | None = None) -> pd.DataFrame:
-    """``collectives`` of every rank's trace in the run folder, one table."""
-    world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
-    paths = run.rank_trace_paths()
-    frames = []
-    for rank, path in paths.items():
-        trace = traces.get(rank) if traces else None
-        trace = trace if trace is not None else load_trace_file(path)
-        frames.append(collectives(trace, world, rank))
-    frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)

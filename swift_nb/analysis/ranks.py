@@ -9,17 +9,17 @@ of the others and the findings are merged by rule, each saying the ranks it hold
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.advisor import Evidence, Thresholds, advise_with_evidence
-from swift_nb.analysis.comm import comm_per_step
+from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
+from swift_nb.analysis.comm import COLUMNS, collectives, comm_per_step
 from swift_nb.analysis.device import _shares, _step_windows, device_work
 from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.trace import load_trace_file
+from swift_nb.analysis.trace import Trace, load_trace_file
 from swift_nb.errors import RecordError
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder
 from swift_nb.units import fmt_ranks
@@ -190,27 +190,72 @@ SHARE_OF_STEP = {
 }
 
 
-def findings_across_ranks(
-    run: Run,
-    rank0_findings: list[Finding],
-    thresholds: Thresholds | None = None,
-    rank0_evidence: Evidence | None = None,
-) -> list[Finding]:
-    """Rank 0's findings and the other ranks', merged by rule id: each says on which ranks
-    it holds (``evidence["ranks"]`` and a title suffix), rank 0's (or the first rank's)
-    numbers kept; a rule about a share of the step also gets every rank's share
-    (``evidence["per_rank_pct"]``) and says how high it is where the rule does not fire."""
-    records = rank_records(run)
-    world = int(run.context.get("world_size") or len(run.ranks))  # a job imported in part has fewer rows
-    by_rank: dict[int, list[Finding]] = {0: rank0_findings}
-    evidence: dict[int, Evidence] = {0: rank0_evidence} if rank0_evidence is not None else {}
-    for rank, rec in records.items():
-        if rank == 0:
-            continue
+@dataclass
+class RankAnalysis:
+    """What a job's analysis needs of one rank, from that rank's own trace: its findings
+    (None when its advisor could not run), the share of its step each rule of
+    ``SHARE_OF_STEP`` reads (0..1), and its collectives (``comm.collectives``). Small and
+    picklable: the importer's workers make it while they hold the rank's tables."""
+
+    rank: int
+    findings: list[Finding] | None
+    shares: dict[str, float]
+    collectives: pd.DataFrame
+
+
+def analyse_rank(
+    record: Run | None, trace: Trace, rank: int, world: int, thresholds: Thresholds | None = None
+) -> RankAnalysis:
+    """``RankAnalysis`` of one rank: ``record`` its own record (None: no findings), ``trace``
+    its tables."""
+    found, shares = None, {}
+    if record is not None:
         try:
-            evidence[rank], _, by_rank[rank] = advise_with_evidence(rec, thresholds=thresholds)
+            ev, _, found = advise_with_evidence(record, trace=trace, thresholds=thresholds)
+            shares = {rule: float(share(ev)) for rule, share in SHARE_OF_STEP.items()}
         except Exception:  # one rank's unreadable trace must not hide the others' findings
+            found = None
+    return RankAnalysis(rank, found, shares, collectives(trace, world, rank))
+
+
+def analyse_ranks(
+    run: Run,
+    rank0: RankAnalysis,
+    thresholds: Thresholds | None = None,
+    given: dict[int, RankAnalysis] | None = None,
+) -> dict[int, RankAnalysis]:
+    """Every rank's ``RankAnalysis`` in a job folder: ``rank0`` the analysed rank's own
+    (the job's view), ``given`` those made already (the importer's, with default
+    thresholds); each other rank's trace is read once, analysed and let go before the
+    next, so memory does not grow with the ranks."""
+    world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
+    records = rank_records(run)
+    out = {rank0.rank: rank0}
+    for rank, path in run.rank_trace_paths().items():
+        if rank in out:
             continue
+        if given is not None and rank in given and thresholds is None:
+            out[rank] = given[rank]
+            continue
+        trace = load_trace_file(path)
+        out[rank] = analyse_rank(records.get(rank), trace, rank, world, thresholds)
+        del trace
+    return dict(sorted(out.items()))
+
+
+def job_collectives(analysed: dict[int, RankAnalysis]) -> pd.DataFrame:
+    """Every rank's collectives, one table (``comm.COLUMNS``)."""
+    frames = [a.collectives for a in analysed.values() if not a.collectives.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+def findings_across_ranks(run: Run, analysed: dict[int, RankAnalysis]) -> list[Finding]:
+    """The ranks' findings merged by rule id: each says on which ranks it holds
+    (``evidence["ranks"]`` and a title suffix), the lowest rank's numbers kept; a rule
+    about a share of the step also gets every rank's share (``evidence["per_rank_pct"]``)
+    and says how high it is where the rule does not fire."""
+    world = int(run.context.get("world_size") or len(run.ranks))  # a job imported in part has fewer rows
+    by_rank = {r: a.findings for r, a in analysed.items() if a.findings is not None}
     merged: dict[str, tuple[Finding, list[int]]] = {}
     for rank in sorted(by_rank):
         for f in by_rank[rank]:
@@ -222,10 +267,13 @@ def findings_across_ranks(
         extra = {"ranks": holds}
         others = [r for r in sorted(by_rank) if r not in holds]
         where = fmt_ranks(holds, world)
-        share = SHARE_OF_STEP.get(f.id)
-        if share is not None and evidence:
-            pct = {r: round(100.0 * share(ev), 1) for r, ev in sorted(evidence.items())}
-            extra["per_rank_pct"] = {str(r): v for r, v in pct.items()}
+        if f.id in SHARE_OF_STEP:
+            pct = {
+                r: round(100.0 * by_share[f.id], 1)
+                for r, a in analysed.items()
+                if f.id in (by_share := a.shares)
+            }
+            extra["per_rank_pct"] = {str(r): v for r, v in sorted(pct.items())}
             rest = [pct[r] for r in others if r in pct]
             if rest:
                 where += f"; others ≤ {max(rest):g} %"

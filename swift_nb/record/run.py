@@ -122,12 +122,13 @@ class Run:
         """Each rank's trace file in this folder (rank 0's is ``trace_path``)."""
         if self.path is None:
             return {}
-        out = {0: self.trace_path} if self.trace_path is not None else {}
+        # the record's own trace is its rank's: a job's lowest rank, which need not be 0
+        # when a job is imported in part
+        own = int(self.environment.get("rank", 0))
+        out = {own: self.trace_path} if self.trace_path is not None else {}
         for key, name in self.files.items():
             if key.startswith("trace_rank"):
                 out[int(key.removeprefix("trace_rank"))] = self.path / name
-        if not len(self.ranks) and out:
-            out = {int(self.environment.get("rank", 0)): out[0]}
         return dict(sorted(out.items()))
 
     @property
