@@ -136,19 +136,24 @@ def _nested(outer: pd.DataFrame, inner: pd.DataFrame) -> pd.DataFrame:
     return hit
 
 
-def _recorded_payload(issued: pd.DataFrame, ev: pd.DataFrame, world: int) -> tuple[np.ndarray, np.ndarray]:
+def _recorded_payload(
+    issued: pd.DataFrame, ev: pd.DataFrame, world: int, among: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(bytes, group size) of each issued op (in ``ts_us`` order) from what the profiler
-    recorded inside it (see the module's docstring); NaN where nothing says."""
+    recorded inside it (see the module's docstring), among the events ``among`` selects;
+    NaN where nothing says."""
     n = len(issued)
     nbytes, group = np.full(n, np.nan), np.full(n, np.nan)
     cols = ["ts_us", "end_us", "tid"]
-    params = ev[(ev["name"] == tn.PARAM_COMMS) & ev["msg_nelems"].notna() & (ev["cat"] == "cpu_op")]
+    params = ev[among & (ev["name"] == tn.PARAM_COMMS).to_numpy() & ev["msg_nelems"].notna().to_numpy()]
+    params = params[params["cat"] == "cpu_op"]
     if len(params):
         hit = _nested(issued, params[[*cols, "msg_nelems", "msg_dtype", "group_size"]])
         elem = hit["msg_dtype"].map(MSG_DTYPE_BYTES).to_numpy(dtype=float)
         nbytes = hit["msg_nelems"].to_numpy(dtype=float) * elem
         group = hit["group_size"].to_numpy(dtype=float)
-    notes = ev[(ev["cat"] == "user_annotation") & (ev["input_dims"] != "")]
+    notes = ev[among & (ev["cat"] == "user_annotation").to_numpy()]
+    notes = notes[notes["input_dims"] != ""]
     notes = notes[per_value(notes["name"], lambda n: tn.collective_kind(n) in _INPUT_IS_PAYLOAD)]
     if len(notes) and np.isnan(nbytes).any():
         hit = _nested(issued, notes[[*cols, "name", "input_dims", "input_types"]])
@@ -223,21 +228,22 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
     n_steps = len(trace.steps)
     if ev.empty or not n_steps:
         return pd.DataFrame(columns=COLUMNS)
+    # masks over every event, and rows taken only where few: a trace's events are not
+    # copied whole (a 1 GB trace's table is hundreds of MB a copy)
     in_steps = (ev["step"] >= 0).to_numpy()
-    ev = ev[in_steps]
+    cats = ev["cat"].to_numpy(dtype=object)
 
-    def per_step_name(fn, dtype=bool, missing=False) -> np.ndarray:
-        return per_name(trace, fn, dtype, missing)[in_steps]
+    def rows(mask: np.ndarray) -> pd.DataFrame:
+        return ev.iloc[np.flatnonzero(mask & in_steps)]
 
-    is_cpu = (ev["cat"] == "cpu_op").to_numpy()
-    issued = ev[is_cpu].copy()
-    issued["kind"] = per_step_name(tn.collective_kind, object, None)[is_cpu]
-    issued = issued.dropna(subset=["kind"]).sort_values("ts_us", kind="stable")
+    kinds = per_name(trace, tn.collective_kind, object, None)
+    with_kind = (cats == "cpu_op") & pd.notna(kinds) & in_steps
+    issued = ev.iloc[np.flatnonzero(with_kind)].assign(kind=kinds[with_kind])
+    issued = issued.sort_values("ts_us", kind="stable")
     if issued.empty:
         return pd.DataFrame(columns=COLUMNS)
-    transfers = ev[
-        per_step_name(lambda n: bool(tn.TRANSFER.match(n))) & ev["cat"].isin(["user_annotation", "kernel"])
-    ]
+    is_transfer = per_name(trace, lambda n: bool(tn.TRANSFER.match(n)))
+    transfers = rows(is_transfer & ((cats == "user_annotation") | (cats == "kernel")))
     transfers = transfers.sort_values("ts_us", kind="stable")
     if len(transfers) == len(issued):
         issued["time_us"] = transfers["dur_us"].to_numpy()
@@ -247,15 +253,15 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
         issued["time_us"] = issued["dur_us"]
         issued["t0_us"] = issued["ts_us"]
         source = "issuing op"
-    optim = ev[per_step_name(lambda n: bool(tn.OPTIMIZER_STEP.match(n)))]
+    optim = rows(per_name(trace, lambda n: bool(tn.OPTIMIZER_STEP.match(n))))
     optim_iv = tn.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
-    compute = ev[tn.compute_mask(per_step_name(tn.is_collective), ev["cat"])]
-    compute_iv = tn.union(compute["ts_us"].to_numpy(), compute["end_us"].to_numpy())
+    computing = np.flatnonzero(tn.compute_mask(per_name(trace, tn.is_collective), cats) & in_steps)
+    compute_iv = tn.union(ev["ts_us"].to_numpy()[computing], ev["end_us"].to_numpy()[computing])
     issued["bytes"] = [
         _payload_bytes(n, k, d, t, world)
         for n, k, d, t in issued[["name", "kind", "input_dims", "input_types"]].itertuples(index=False)
     ]
-    recorded, group = _recorded_payload(issued, ev, world)
+    recorded, group = _recorded_payload(issued, ev, world, in_steps)
     issued["bytes"] = issued["bytes"].fillna(pd.Series(recorded, index=issued.index))
     issued["group"] = np.where(np.isnan(group), world, group)
     step_s = float(trace.steps["dur_us"].mean()) / 1e6
@@ -277,7 +283,7 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
                 "busbw_bytes_per_s": wire / time_s if time_s > 0 else float("nan"),
                 "step_share": time_s / step_s if step_s > 0 else float("nan"),
                 "optimizer_share": _inside(spans, optim_iv, total_us),
-                "overlap_share": _inside(spans, compute_iv, total_us) if len(compute) else float("nan"),
+                "overlap_share": _inside(spans, compute_iv, total_us) if len(computing) else float("nan"),
                 "time_source": source,
             }
         )

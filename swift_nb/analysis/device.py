@@ -247,9 +247,12 @@ def _host_spans(trace: Trace) -> dict[str, np.ndarray]:
 def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
     ev = trace.events
     is_host = ~ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
-    host = ev[is_host]
-    cat = host["cat"].to_numpy()
-    ts, te = _spans(host, _origin(trace))
+    # the host's columns this needs, taken as arrays: most of a trace's events are the
+    # host's, and a copy of their rows would hold every column of the table again
+    host = np.flatnonzero(is_host)
+    cat = ev["cat"].to_numpy(dtype=object)[host]
+    ts = ev["ts_us"].to_numpy(dtype=float)[host] - _origin(trace)
+    te = ts + ev["dur_us"].to_numpy(dtype=float)[host]
 
     def named(test) -> np.ndarray:
         return per_name(trace, test)[is_host]
@@ -267,7 +270,11 @@ def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
     return {
         "comm": tn.union(ts[comm], te[comm]),
         "sync": _until_next_launch(
-            host, ts, te, sync, runtime & named(lambda n: tn.LAUNCH.match(n) is not None)
+            ev["tid"].to_numpy()[host],
+            ts,
+            te,
+            sync,
+            runtime & named(lambda n: tn.LAUNCH.match(n) is not None),
         ),
         "copy": tn.union(ts[copy], te[copy]),
         "data": tn.union(ts[data], te[data]),
@@ -276,12 +283,11 @@ def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
 
 
 def _until_next_launch(
-    host: pd.DataFrame, ts: np.ndarray, te: np.ndarray, sync: np.ndarray, launch: np.ndarray
+    tid: np.ndarray, ts: np.ndarray, te: np.ndarray, sync: np.ndarray, launch: np.ndarray
 ) -> np.ndarray:
     """Spans from each synchronising call's start to the next launch on its thread (to its
     own end when none follows): the device drains during the call and stays idle until the
-    host puts work on it again."""
-    tid = host["tid"].to_numpy()
+    host puts work on it again (``tid``: each event's thread)."""
     starts, ends = [], []
     for thread in np.unique(tid[sync]):
         on = tid == thread

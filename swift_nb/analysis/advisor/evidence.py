@@ -469,16 +469,6 @@ _USER_FRAME = re.compile(
 )
 
 
-def _by_start(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A thread's spans as (starts, ends, names), by start (ties in their order)."""
-    order = np.argsort(spans["ts_us"].to_numpy(), kind="stable")
-    return (
-        spans["ts_us"].to_numpy()[order],
-        spans["end_us"].to_numpy()[order],
-        spans["name"].to_numpy()[order],
-    )
-
-
 def _innermost(spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None, ts: float) -> str | None:
     """The name of the latest-starting span that holds ``ts`` (None: none does)."""
     if spans is None:
@@ -495,20 +485,31 @@ def _sync_callers(trace: Trace) -> tuple[dict[str, int], dict[str, int]]:
     call itself when no operator encloses it), and by the innermost frame of the user's
     code around it (``train.py(42): step``) where the trace has Python stacks."""
     ev = trace.events
-    sync = ev[per_name(trace, lambda n: tn.SYNC.match(n) is not None) & (ev["step"] >= 0).to_numpy()]
-    if sync.empty:
+    sync = np.flatnonzero(
+        per_name(trace, lambda n: tn.SYNC.match(n) is not None) & (ev["step"] >= 0).to_numpy()
+    )
+    if not len(sync):
         return {}, {}
-    ops = ev[(ev["cat"] == "cpu_op").to_numpy()]
-    frames = ev[
-        (ev["cat"] == "python_function").to_numpy() & per_name(trace, lambda n: bool(_USER_FRAME.match(n)))
-    ]
+    # arrays, and only the threads that synchronise: a copy of the operators' rows would
+    # hold most of the table again
+    ts, ends = ev["ts_us"].to_numpy(), ev["end_us"].to_numpy()
+    names, tids = ev["name"].to_numpy(dtype=object), ev["tid"].to_numpy()
+    cats = ev["cat"].to_numpy(dtype=object)
+    ops = cats == "cpu_op"
+    frames = (cats == "python_function") & per_name(trace, lambda n: bool(_USER_FRAME.match(n)))
     callers: dict[str, int] = {}
     sites: dict[str, int] = {}
-    for table, found, fallback in ((ops, callers, True), (frames, sites, False)):
-        by_tid = {tid: _by_start(group) for tid, group in table.groupby("tid", sort=False)}
-        for tid, ts, name in sync[["tid", "ts_us", "name"]].itertuples(index=False):
-            key = _innermost(by_tid.get(tid), ts)
-            key = key if key is not None else (str(name) if fallback else None)
+    threads = list(dict.fromkeys(tids[sync]))
+    for among, found, fallback in ((ops, callers, True), (frames, sites, False)):
+        by_tid = {}
+        for tid in threads:
+            rows = np.flatnonzero(among & (tids == tid))
+            if len(rows):
+                rows = rows[np.argsort(ts[rows], kind="stable")]
+                by_tid[tid] = (ts[rows], ends[rows], names[rows])
+        for i in sync:
+            key = _innermost(by_tid.get(tids[i]), ts[i])
+            key = key if key is not None else (str(names[i]) if fallback else None)
             if key is not None:
                 found[key] = found.get(key, 0) + 1
     return (
