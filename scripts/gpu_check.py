@@ -344,9 +344,11 @@ def check_cuda_oom(ctx: Ctx) -> None:
     from swift_nb.analysis.oom import diagnosis_of
 
     limit = ctx.sizes.oom_limit_bytes
-    total = torch.cuda.get_device_properties(ctx.device).total_memory
+    # set_per_process_memory_fraction takes an index or an indexed device, never plain 'cuda'
+    index = torch.cuda.current_device() if ctx.device.index is None else ctx.device.index
+    total = torch.cuda.get_device_properties(index).total_memory
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(limit / total, ctx.device)
+    torch.cuda.set_per_process_memory_fraction(limit / total, index)
     raised = None
     try:
         cfg = ctx.config()
@@ -362,7 +364,7 @@ def check_cuda_oom(ctx: Ctx) -> None:
             raised = f"{type(e).__name__}: {str(e)[:300]}"
         del model, opt, small, big
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, ctx.device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
         torch.cuda.empty_cache()
     restored = torch.empty(2 * limit, dtype=torch.uint8, device=ctx.device).numel() == 2 * limit
     run = swift_nb.load_run(prof.run.path)

@@ -8,7 +8,8 @@
 # OUT_DIR defaults to swift_nb_runs/gpu_check (git ignores it). The Python: the first of
 # $PYTHON, .venv/bin/python and python3 whose torch sees CUDA (--cpu-smoke: any torch), used
 # as it is, with swift_nb (pip install -e . --no-deps) and only the dependencies it lacks
-# installed into it; with none, scripts/setup.sh makes .venv with $SWIFT_NB_TORCH (default:
+# installed into it (from the wheels in .whl/ where that folder has any, for a machine that
+# reaches no package index); with none, scripts/setup.sh makes .venv with $SWIFT_NB_TORCH (default:
 # torch 2.13.0 for CUDA 12.8). Exit status: 0 every check held, 1 one did not, 2 no Python.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --cpu-smoke) smoke=1 ;;
     -h | --help)
-      sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     -*)
@@ -78,13 +79,18 @@ complete_python() {
       note "could not pip install -e . into $PY (logs/setup.log): swift_nb is imported from $ROOT through PYTHONPATH"
     fi
   fi
-  local -A wheel=([pandas]=pandas [psutil]=psutil [matplotlib]=matplotlib [pynvml]=nvidia-ml-py [orjson]=orjson)
+  local -A wheel=([pandas]=pandas [psutil]=psutil [matplotlib]=matplotlib [pynvml]=nvidia-ml-py [orjson]=orjson
+    [msgspec]=msgspec)
   local missing=()
-  for module in pandas psutil matplotlib pynvml orjson; do
+  for module in pandas psutil matplotlib pynvml orjson msgspec; do
     "$PY" -c "import $module" >/dev/null 2>&1 || missing+=("${wheel[$module]}")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    if pip_quiet "${missing[@]}"; then
+    local source=()
+    if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+      source=(--no-index --find-links "$ROOT/.whl") # wheels brought along for a machine without an index
+    fi
+    if pip_quiet ${source[@]+"${source[@]}"} "${missing[@]}"; then
       note "installed the missing ${missing[*]} into $PY"
     else
       note "could not install ${missing[*]} into $PY (logs/setup.log)"
