@@ -2,7 +2,8 @@
 events and what the optimizer holds at the step's edges.
 
 At every edge of a recorded step the capture layer snapshots the storages of parameters,
-gradients and optimizer state (``Snapshot``: address -> category, bytes). Replaying the
+gradients and optimizer state, and the frozen weights of the cell's models (``Snapshot``:
+address -> category, bytes). Replaying the
 step's ``[memory]`` events on top of the snapshot at its start gives the live bytes of
 each category at every allocation:
 - an allocation never freed within the step whose address holds a gradient or optimizer
@@ -15,7 +16,8 @@ each category at every allocation:
 - a free is charged to the category of the allocation it ends, or to the snapshot's
   category for storages that existed when the step began (last step's gradients).
 The result is exact for what the profiler sees; tensors that existed before profiling and
-are not parameters, gradients or optimizer state are not counted.
+are none of the snapshot's (parameters, frozen weights, gradients, optimizer state) are not
+counted until they are freed.
 """
 
 from __future__ import annotations
@@ -34,10 +36,17 @@ MAX_TIMELINE_POINTS = 400  # per step
 Snapshot = dict[int, tuple[str, int]]
 
 
-def snapshot(optimizers) -> Snapshot:
-    """Address -> (category, bytes) of every storage the optimizers hold."""
+def snapshot(optimizers, models=()) -> Snapshot:
+    """Address -> (category, bytes) of every storage the optimizers hold, and of the
+    parameters and buffers of ``models`` (root modules) that they do not train
+    (``frozen_parameters``: a parameter an optimizer holds with ``requires_grad`` off is
+    frozen too). Quantized weights count at their packed storage plus their quantization
+    state. Only storages on the device the parameters train on (``device_type_code``)
+    count: the replay sees that device's allocations alone."""
     import torch  # here: the replay (``step_memory``) runs where torch is not imported
 
+    optimizers, models = list(optimizers), list(models)
+    device = "cuda" if device_type_code(optimizers, models) == 1 else "cpu"
     out: Snapshot = {}
 
     def add(t, category):
@@ -47,30 +56,55 @@ def snapshot(optimizers) -> Snapshot:
             inner = getattr(t, attr, None)
             if inner is not None:
                 t = inner
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+        if isinstance(t, torch.Tensor) and t.device.type == device:
             st = t.untyped_storage()
             ptr = st.data_ptr()
-            if ptr and ptr not in out:
+            if ptr and ptr not in out:  # a storage met twice keeps its first category
                 out[ptr] = (category, st.nbytes())
 
     for opt in optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
-                add(p, "parameters")
+                add(p, "parameters" if p.requires_grad else "frozen_parameters")
                 if p.grad is not None:
                     add(p.grad, "gradients")
         for state in opt.state.values():
             for t in state.values():
                 add(t, "optimizer_state")
+    for model in models:
+        for t in (*model.parameters(), *model.buffers()):
+            add(t, "frozen_parameters")
+            for q in quantization_state(t):
+                add(q, "frozen_parameters")
     return out
 
 
-def device_type_code(optimizers) -> int:
-    """The profiler's ``Device Type`` of the parameters' device (0 CPU, 1 CUDA)."""
+def quantization_state(t) -> list:
+    """The tensors a quantized weight keeps beside its packed data: bitsandbytes' 4-bit
+    ``quant_state`` (absmax, code, and the nested state of double quantization) and its
+    8-bit ``SCB`` scales. Empty for a plain tensor."""
+    found = []
+    scb = getattr(t, "SCB", None)
+    if scb is not None:
+        found.append(scb)
+    state = getattr(t, "quant_state", None)
+    seen = 0
+    while state is not None and seen < 4:  # double quantization nests one state in another
+        found += [v for v in vars(state).values() if hasattr(v, "untyped_storage")]
+        state, seen = getattr(state, "state2", None), seen + 1
+    return found
+
+
+def device_type_code(optimizers, models=()) -> int:
+    """The profiler's ``Device Type`` of the parameters' device (0 CPU, 1 CUDA): the
+    trained parameters', else the models' first parameter's."""
     for opt in optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
                 return 1 if p.device.type == "cuda" else 0
+    for model in models:
+        for p in model.parameters():
+            return 1 if p.device.type == "cuda" else 0
     return 0
 
 

@@ -17,14 +17,20 @@ from swift_nb.record import Run
 
 class MemoryRecorder:
     """Snapshots for one run. ``optimizers``: a live view of the optimizers seen so far;
-    ``note``: where a problem is told (the run's notes). Inactive (records nothing)
+    ``models``: the cell's root models (their weights that nothing trains are
+    ``frozen_parameters``); ``note``: where a problem is told (the run's notes). Inactive (records nothing)
     without a profiler recording memory."""
 
     def __init__(
-        self, cfg: ProfilerConfig | None, optimizers: Iterable[Any], note: Callable[[str], None]
+        self,
+        cfg: ProfilerConfig | None,
+        optimizers: Iterable[Any],
+        note: Callable[[str], None],
+        models: Callable[[], Iterable[Any]] = tuple,
     ) -> None:
         self.cfg = cfg
         self._optimizers = optimizers
+        self._models = models
         self._note = note
         self.snapshots: dict[int, memcat.Snapshot] = {}
         self.failed = False  # the parameters could not be snapshotted: no categories
@@ -41,7 +47,7 @@ class MemoryRecorder:
             return
         if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
             try:
-                self.snapshots[k] = memcat.snapshot(self._optimizers)
+                self.snapshots[k] = memcat.snapshot(self._optimizers, self._models())
             except RuntimeError as e:  # e.g. FSDP2's sharded parameters between steps
                 self._note(f"memory by category is not available for these parameters ({e})")
                 self.failed = True
@@ -51,7 +57,7 @@ class MemoryRecorder:
         taken so far and the parameters' device type; None when there is none to do."""
         if not self.active:
             return None
-        return dict(self.snapshots), memcat.device_type_code(self._optimizers)
+        return dict(self.snapshots), memcat.device_type_code(self._optimizers, self._models())
 
     def add_to(self, run: Run, steps: pd.DataFrame, trace: TraceResult, cuda: bool) -> None:
         """Per recorded step: category bytes at the step's peak (``steps``) and the

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from swift_nb.capture import memory_categories as memcat
+from swift_nb.capture import models as found_models
 from swift_nb.record import MEMORY_CATEGORIES
 
 _CPU_OOM = re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|out of memory", re.I)
@@ -44,7 +45,6 @@ _CUDA_REQUEST = re.compile(r"[Tt]ried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 TOP_TENSORS = 10
 SQUARE_MIN = 64  # an activation [.., T, T] with T at least this is taken for attention scores
-_TORCH_DIR = os.path.dirname(torch.__file__)
 _MAX_NODES = 200_000  # autograd nodes walked at most (a huge graph must not stall the save)
 
 
@@ -73,29 +73,6 @@ def _frames(tb: TracebackType | None) -> list[FrameType]:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
     return frames
-
-
-def _values(frame: FrameType, with_globals: bool) -> Iterator[tuple[str, Any]]:
-    """The frame's variables (and, for user code, its globals), and one level inside the
-    lists, tuples and dicts among them."""
-    scopes = [frame.f_locals]
-    if with_globals:
-        scopes.append(frame.f_globals)
-    for scope in scopes:
-        for name, value in list(scope.items()):
-            yield name, value
-            if isinstance(value, (list, tuple)) and len(value) <= 64:
-                for i, v in enumerate(value):
-                    yield f"{name}[{i}]", v
-            elif isinstance(value, dict) and len(value) <= 64 and name != "__builtins__":
-                for k, v in list(value.items()):
-                    if isinstance(k, str):
-                        yield f"{name}[{k!r}]", v
-
-
-def _is_library(frame: FrameType) -> bool:
-    path = frame.f_code.co_filename
-    return path.startswith(_TORCH_DIR) or "site-packages" in path or "dist-packages" in path
 
 
 class _Storages:
@@ -143,17 +120,6 @@ class _Storages:
 
     def top(self, n: int) -> list[dict[str, Any]]:
         return sorted(self.tensors.values(), key=lambda r: -r["bytes"])[:n]
-
-
-def _models(frames: list[FrameType]) -> dict[str, nn.Module]:
-    """The root models the frames hold, by variable name (user code first)."""
-    found: dict[int, tuple[str, nn.Module]] = {}
-    for frame in frames:
-        for name, v in _values(frame, with_globals=not _is_library(frame)):
-            if isinstance(v, nn.Module) and id(v) not in found and name != "self":
-                found[id(v)] = (name, v)
-    inner = {id(m) for _, root in found.values() for m in root.modules() if m is not root}
-    return {name: m for key, (name, m) in found.items() if key not in inner}
 
 
 def _module_paths(models: dict[str, nn.Module]) -> dict[int, str]:
@@ -278,8 +244,9 @@ def _cuda_state(device: torch.device, known: int) -> dict[str, Any]:
 
 
 def _count_optimizers(storages: _Storages, optimizers: list, models: dict[str, nn.Module]) -> None:
-    """Parameters, gradients and optimizer state: the snapshot's bytes, with names."""
-    for ptr, (cat, size) in memcat.snapshot(optimizers).items():
+    """Parameters (trained and frozen), gradients and optimizer state: the snapshot's
+    bytes, with names."""
+    for ptr, (cat, size) in memcat.snapshot(optimizers, models.values()).items():
         storages.category[ptr], storages.nbytes[ptr] = cat, size
     names = {id(p): n for var, m in models.items() for n, p in m.named_parameters(prefix=var)}
     for opt in optimizers:
@@ -294,8 +261,10 @@ def _count_optimizers(storages: _Storages, optimizers: list, models: dict[str, n
                 )
     for var, model in models.items():  # parameters no optimizer holds (frozen ones)
         for pname, p in model.named_parameters(prefix=var):
-            storages.add(p, "parameters", pname, "parameter")
+            storages.add(p, "frozen_parameters", pname, "parameter")
             storages.add(p.grad, "gradients", f"{pname}.grad", "backward")
+        for bname, b in model.named_buffers(prefix=var):
+            storages.add(b, "frozen_parameters", bname, "buffer")
 
 
 def _location(tb: TracebackType | None, paths: dict[int, str]) -> dict[str, str | None]:
@@ -307,7 +276,7 @@ def _location(tb: TracebackType | None, paths: dict[int, str]) -> dict[str, str 
         owner = frame.f_locals.get("self")
         if isinstance(owner, nn.Module) and id(owner) in paths:
             module = paths[id(owner)]
-        if not _is_library(frame):
+        if not found_models.is_library(frame):
             where = f"{frame.f_code.co_filename}:{lineno} in {frame.f_code.co_name}"
         op = _source_line(frame, lineno) or op
         tb = tb.tb_next
@@ -323,7 +292,7 @@ def _held(frames: list[FrameType], paths: dict[int, str]) -> list[tuple[torch.Te
         made_by = frame.f_code.co_name
         if isinstance(owner, nn.Module):
             made_by = paths.get(id(owner), made_by)
-        for name, v in _values(frame, with_globals=not _is_library(frame)):
+        for name, v in found_models.values(frame, with_globals=not found_models.is_library(frame)):
             if isinstance(v, torch.Tensor):
                 held.append((v, name, made_by))
     return held
@@ -334,10 +303,10 @@ def post_mortem(error: BaseException, *, step: int, optimizers: Iterable[torch.o
     as plain data (see the module's docstring; ``swift_nb.record.OutOfMemory`` holds it)."""
     frames = _frames(error.__traceback__)
     optimizers = list(optimizers)
-    models = _models(frames)
+    models = found_models.in_frames(frames)
     paths = _module_paths(models)
     for frame in frames:
-        for _, v in _values(frame, with_globals=False):
+        for _, v in found_models.values(frame, with_globals=False):
             if isinstance(v, torch.optim.Optimizer) and all(v is not o for o in optimizers):
                 optimizers.append(v)
     storages = _Storages()

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from swift_nb import trace_names
-from swift_nb.capture import dist, job, oom, signals
+from swift_nb.capture import dist, finetune, job, oom, signals
 from swift_nb.capture.compile import CompileRecorder
 from swift_nb.capture.digest import DigestResult
 from swift_nb.capture.environment import environment
@@ -38,6 +38,7 @@ from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecord
 from swift_nb.errors import ConfigError, RunDirError
 from swift_nb.options import ProfileOptions
 from swift_nb.record import (
+    FINETUNE_KEY,
     STEP_COLUMNS,
     TRACE_FILE,
     OutOfMemory,
@@ -106,7 +107,9 @@ class Session:
         self._step_start = 0.0
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
-        self._memory = MemoryRecorder(profiler, self._watcher.optimizers.values(), self.note)
+        self._memory = MemoryRecorder(
+            profiler, self._watcher.optimizers.values(), self.note, lambda: self._watcher.models.values()
+        )
         self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
         self.trace_tables: Any = None  # what on_trace's build made of the trace (take_trace_tables)
         self._helper: Helper | None = None  # digests the trace off this process (capture.helper)
@@ -268,7 +271,8 @@ class Session:
             self.trace_tables = None
             digested = trace.digested if trace is not None else None
             self._job.summarize(run, digested, self._watcher.optimizers.values())
-        self._watcher.optimizers.clear()  # do not keep the user's optimizers alive
+        self._watcher.optimizers.clear()  # do not keep the user's optimizers and models alive
+        self._watcher.models.clear()
         save(run)
         if self._job is not None:
             run = self._job.gather(run)
@@ -387,6 +391,14 @@ class Session:
             ctx.setdefault(key, value)
         if self._watcher.skipped_updates:
             ctx["skipped_updates"] = self._watcher.skipped_updates
+        if FINETUNE_KEY not in ctx:
+            try:
+                found = finetune.describe(self._watcher.models, self._watcher.optimizers.values())
+            except Exception as e:  # an odd model must not cost the run its record
+                found = {}
+                self.note(f"the fine-tuning could not be read ({type(e).__name__}: {e})")
+            if found:
+                ctx[FINETUNE_KEY] = found
         for opt in self._watcher.optimizers.values():
             ctx.setdefault("optimizer", type(opt).__name__)
             params = [p for g in opt.param_groups for p in g["params"]]

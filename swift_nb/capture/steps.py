@@ -19,7 +19,8 @@ installed ``GradScaler.step`` reports a skipped update as a boundary, and
 ``skipped_updates`` counts them.
 
 At the first boundary the watcher also looks up the call stack for the training framework
-that drives the loop (``swift_nb.capture.frameworks``) and keeps what it found in ``context``.
+that drives the loop (``swift_nb.capture.frameworks``) and keeps what it found in ``context``,
+and for the models the cell holds (``swift_nb.capture.models``), kept in ``models``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from swift_nb.capture import frameworks
+from swift_nb.capture import models as found_models
 
 StepListener = Callable[[str, "torch.optim.Optimizer | None"], None]
 
@@ -59,6 +61,7 @@ class StepWatcher:
         self._unpatch_scaler: Callable[[], None] | None = None
         self._looked_up = False
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        self.models: dict[str, torch.nn.Module] = {}
         self.context: dict[str, Any] = {}
         self.skipped_updates = 0
 
@@ -119,7 +122,8 @@ class StepWatcher:
         self._listener("explicit", None)
 
     def _look_up(self, frame: Any, optimizer: torch.optim.Optimizer | None) -> None:
-        """Once per run, at the first boundary: the training framework on the stack."""
+        """Once per run, at the first boundary: the training framework and the models on
+        the stack."""
         if self._looked_up:
             return
         self._looked_up = True
@@ -127,6 +131,10 @@ class StepWatcher:
             self.context = frameworks.detect(frame, optimizer)
         except Exception:  # a framework's odd attribute must never break the training loop
             self.context = {}
+        try:
+            self.models = found_models.on_stack(frame)
+        except Exception:
+            self.models = {}
 
 
 def _watch_grad_scaler(watcher: StepWatcher) -> Callable[[], None]:

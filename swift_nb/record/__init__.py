@@ -31,6 +31,7 @@ record without them.
 
 from __future__ import annotations
 
+from swift_nb.record.finetune import FINETUNE_KEY, FINETUNE_METHODS, finetune_label
 from swift_nb.record.folders import (
     DAMAGED,
     RUNS_COLUMNS,
@@ -98,6 +99,8 @@ __all__ = [
     "DEFAULT_KEEP",
     "ENV_DIR",
     "ENV_KEEP",
+    "FINETUNE_KEY",
+    "FINETUNE_METHODS",
     "MEMORY_CATEGORIES",
     "MEMORY_COLUMNS",
     "MEMORY_FILE",
@@ -126,6 +129,7 @@ __all__ = [
     "default_keep",
     "default_root",
     "ensure_writable",
+    "finetune_label",
     "load_run",
     "new_run_id",
     "pin",

@@ -97,7 +97,18 @@ SAMPLE_COLUMNS = [
 
 # memory.csv: tensor bytes by category over the recorded steps (see
 # swift_nb.capture.memory_categories): t_s (run clock), step, then one column per category.
-MEMORY_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "other"]
+# parameters: what the optimizers train; frozen_parameters: the parameters and buffers of the
+# cell's models that nothing trains (a LoRA base, a frozen encoder, a reference model) at
+# their stored bytes (quantized: packed, plus their quantization state). A run written before
+# frozen_parameters existed reads it back as unknown (an empty column), not as 0.
+MEMORY_CATEGORIES = [
+    "parameters",
+    "frozen_parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "other",
+]
 MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
 
 #: the context's key for the training framework found around the loop (a Trainer or an

@@ -33,6 +33,7 @@ BREAKDOWN_PARTS = {
 }
 MEMORY_COLORS = {
     "parameters": "#1f77b4",
+    "frozen_parameters": "#aec7e8",
     "gradients": "#ff7f0e",
     "optimizer_state": "#2ca02c",
     "activations": "#d62728",

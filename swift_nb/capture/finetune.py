@@ -1,0 +1,172 @@
+"""What a run's fine-tuning is (``context["finetune"]``, see ``swift_nb.record.finetune``),
+read from the models the cell holds and the optimizers that stepped.
+
+The method comes from peft's own config objects (``peft_config`` on a ``PeftModel`` or on
+a model adapters were injected into), never from module names: LoRA (DoRA with
+``use_dora``, QLoRA when the base is quantized to 4 bits), IA³, prefix and prompt tuning.
+Without adapters a run trains ``full`` (every parameter of the trained model) or
+``partial`` (some frozen). The trained model is the root model holding the optimizers'
+parameters; the other root models that train nothing are listed as ``frozen_models``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+_PEFT_METHODS = {
+    "LORA": "lora",
+    "IA3": "ia3",
+    "PREFIX_TUNING": "prefix",
+    "PROMPT_TUNING": "prompt",
+    "P_TUNING": "prompt",
+}
+
+
+def numel(p: torch.Tensor) -> int:
+    """Elements a parameter stands for: a bitsandbytes 4-bit weight packs two in a byte."""
+    n = p.numel()
+    return n * 2 if type(p).__name__ == "Params4bit" else n
+
+
+def describe(models: Mapping[str, nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, Any]:
+    """``context["finetune"]`` for these root models and optimizers; empty when neither
+    holds a parameter."""
+    trained = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"] if p.requires_grad}
+    owner = _trained_model(models, trained)
+    if owner is None:
+        if not trained:
+            return {}
+        n = sum(numel(p) for opt in optimizers for g in opt.param_groups for p in g["params"])
+        return {
+            "method": "full",
+            "library": None,
+            "trainable_params": n,
+            "total_params": n,
+            "trainable_pct": 100.0,
+        }
+    name, model = owner
+    params = list(dict.fromkeys(model.parameters()))
+    total = sum(numel(p) for p in params)
+    trainable = sum(numel(p) for p in params if p.requires_grad)
+    out: dict[str, Any] = {
+        "method": "full",
+        "library": None,
+        "trainable_params": trainable,
+        "total_params": total,
+        "trainable_pct": 100.0 * trainable / total if total else 0.0,
+        "model_variable": name,
+        "base_model": _base_model(model),
+    }
+    quant = quantization(model)
+    frozen = [p for p in params if not p.requires_grad]
+    out["quantization"] = quant
+    out["base_dtype"] = _common_dtype(frozen or params)
+    config = _peft_config(model)
+    if config is not None:
+        out.update(_adapter(config))
+        if out["method"] == "lora" and quant in ("nf4", "fp4"):
+            out["method"] = "qlora"
+    elif trainable < total:
+        out["method"] = "partial"
+    others = [
+        {"variable": n, "class": type(m).__name__, "params": sum(numel(p) for p in m.parameters())}
+        for n, m in models.items()
+        if m is not model and not any(p.requires_grad and id(p) in trained for p in m.parameters())
+    ]
+    if others:
+        out["frozen_models"] = others
+    return out
+
+
+def _trained_model(models: Mapping[str, nn.Module], trained: set[int]) -> tuple[str, nn.Module] | None:
+    """The root model holding most of the trained parameters (the first model when
+    nothing trains yet)."""
+    best, count = None, 0
+    for name, m in models.items():
+        c = sum(1 for p in m.parameters() if id(p) in trained)
+        if c > count:
+            best, count = (name, m), c
+    return best
+
+
+def _peft_config(model: nn.Module) -> Any:
+    """The active adapter's peft config, wherever in the wrappers peft keeps it."""
+    for m in (model, getattr(model, "base_model", None), *model.modules()):
+        configs = getattr(m, "peft_config", None)
+        if isinstance(configs, Mapping) and configs:
+            active = getattr(m, "active_adapter", None)
+            if isinstance(active, (list, tuple)):
+                active = active[0] if active else None
+            return (
+                configs.get(active)
+                if isinstance(active, str) and active in configs
+                else next(iter(configs.values()))
+            )
+    return None
+
+
+def _adapter(config: Any) -> dict[str, Any]:
+    kind = str(getattr(getattr(config, "peft_type", None), "value", getattr(config, "peft_type", "")))
+    method = _PEFT_METHODS.get(kind.upper(), kind.lower() or "adapter")
+    if method == "lora" and getattr(config, "use_dora", False):
+        method = "dora"
+    targets = getattr(config, "target_modules", None)
+    if isinstance(targets, (set, frozenset, list, tuple)):
+        targets = sorted(str(t) for t in targets)
+    elif targets is not None:
+        targets = str(targets)
+    return {
+        "method": method,
+        "library": "peft",
+        "rank": getattr(config, "r", None),
+        "alpha": getattr(config, "lora_alpha", None),
+        "dropout": getattr(config, "lora_dropout", None),
+        "target_modules": targets,
+    }
+
+
+def _base_model(model: nn.Module) -> dict[str, Any]:
+    """The model under the adapters: its class and where it was loaded from."""
+    inner = model
+    for _ in range(3):  # PeftModel → LoraModel → the transformers model
+        get_base = getattr(inner, "get_base_model", None)
+        nxt = (
+            get_base() if callable(get_base) else getattr(inner, "model", None) if _from_peft(inner) else None
+        )
+        if not isinstance(nxt, nn.Module) or nxt is inner:
+            break
+        inner = nxt
+    config = getattr(inner, "config", None)
+    name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+    return {"class": type(inner).__name__, "name_or_path": name or None}
+
+
+def _from_peft(m: Any) -> bool:
+    return type(m).__module__.startswith("peft.")
+
+
+def quantization(model: nn.Module) -> str | None:
+    """``nf4``/``fp4`` (bitsandbytes 4-bit), ``int8`` (8-bit) or None, from the weights."""
+    for p in model.parameters():
+        kind = type(p).__name__
+        if kind == "Params4bit":
+            quant = getattr(getattr(p, "quant_state", None), "quant_type", None) or getattr(
+                p, "quant_type", None
+            )
+            return str(quant or "nf4")
+        if kind == "Int8Params":
+            return "int8"
+    return None
+
+
+def _common_dtype(params: list[torch.Tensor]) -> str | None:
+    """The dtype holding most bytes among ``params``."""
+    by: Counter[str] = Counter()
+    for p in params:
+        by[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
+    return by.most_common(1)[0][0] if by else None
