@@ -16,6 +16,7 @@ import pandas as pd
 
 from swift_nb.errors import RecordError
 from swift_nb.record.layout import (
+    MEMORY_CATEGORIES,
     MEMORY_COLUMNS,
     MEMORY_FILE,
     RUN_FILE,
@@ -28,6 +29,9 @@ from swift_nb.record.layout import (
 from swift_nb.record.run import NOT_IN_JSON, RANK_TABLES, OutOfMemory, Run
 
 # -- reading a folder back, every file checked ------------------------------------------
+
+
+CATEGORY_COLUMNS = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
 
 
 def _json_kind(value: Any) -> str:
@@ -276,6 +280,11 @@ def load_run(path: Path | str) -> Run:
     run.status = status_as_found(meta)
     problems: list[str] = []
     run.steps = _read_table(folder, STEPS_FILE, STEP_COLUMNS, problems, "the steps of this run are unknown")
+    if any(c in run.steps.columns for c in CATEGORY_COLUMNS):
+        # a run recorded before a category existed (frozen_parameters): unknown, not 0
+        run.steps = run.steps.reindex(
+            columns=[*run.steps.columns, *(c for c in CATEGORY_COLUMNS if c not in run.steps)]
+        )
     run.samples = _read_table(
         folder, SAMPLES_FILE, SAMPLE_COLUMNS, problems, "the resource samples of this run are unknown"
     )

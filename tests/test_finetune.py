@@ -1,0 +1,193 @@
+"""Fine-tuning seen whole (``capture/finetune.py``, ``capture/models.py``): the frozen weights
+of the cell's models are a memory category, and the context names the method.
+
+Real peft and transformers models built from configs (random weights, nothing downloaded),
+profiled on the CPU for a few steps; one run per model, shared by the module's tests.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+import swift_nb
+from swift_nb.record import finetune_label
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow
+
+VOCAB, SEQ, BATCH, STEPS = 256, 32, 2, 6
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _qwen2():
+    """Qwen2-shaped: grouped-query attention (2 key/value heads for 8 query heads), q/k/v biases."""
+    cfg = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+def _stored_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
+def _profile_lm(model, tmp_path_factory, label: str, **opt_kwargs):
+    """Profile STEPS language-model steps of ``model`` (its trainable parameters under AdamW)."""
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, **opt_kwargs)
+    x = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with swift_nb.profile(out_dir=tmp_path_factory.mktemp(label), label=label, report=False) as run:
+            for _ in range(STEPS):
+                model(input_ids=x, labels=x).loss.backward()
+                opt.step()
+                opt.zero_grad()
+    return swift_nb.load_run(run.path)
+
+
+def _frozen(model) -> int:
+    return _stored_bytes([p for p in model.parameters() if not p.requires_grad] + list(model.buffers()))
+
+
+def _trainable(model) -> int:
+    return _stored_bytes([p for p in model.parameters() if p.requires_grad])
+
+
+@pytest.fixture(scope="module")
+def lora_llama(tmp_path_factory):
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(_llama(), config)
+    return model, _profile_lm(model, tmp_path_factory, "lora-llama")
+
+
+@pytest.fixture(scope="module")
+def lora_qwen2(tmp_path_factory):
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = peft.get_peft_model(_qwen2(), config)
+    return model, _profile_lm(model, tmp_path_factory, "lora-qwen2")
+
+
+@pytest.fixture(scope="module")
+def full_llama(tmp_path_factory):
+    torch.manual_seed(0)
+    model = _llama()
+    return model, _profile_lm(model, tmp_path_factory, "full-llama")
+
+
+def _at_peak(run) -> dict[str, float]:
+    return run.summary["memory_categories_at_peak"]
+
+
+@pytest.mark.parametrize("fixture", ["lora_llama", "lora_qwen2"])
+def test_frozen_base_is_counted_and_adapters_are_the_parameters(fixture, request):
+    model, run = request.getfixturevalue(fixture)
+    cats = _at_peak(run)
+    assert cats["frozen_parameters"] == pytest.approx(_frozen(model), rel=0.01)
+    assert cats["parameters"] == _trainable(model)
+    recorded = run.steps.dropna(subset=["frozen_parameters_bytes"])
+    assert len(recorded) >= 1
+    # the peak holds both: the base and the adapters are alive through the whole step
+    assert (
+        recorded["peak_tensor_bytes"] >= recorded["frozen_parameters_bytes"] + recorded["parameters_bytes"]
+    ).all()
+    assert "frozen_parameters_bytes" in run.memory.columns
+    assert (run.memory["frozen_parameters_bytes"] > 0).all()
+
+
+def test_lora_context_is_exact(lora_llama):
+    model, run = lora_llama
+    ft = run.context["finetune"]
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    assert ft["method"] == "lora" and ft["library"] == "peft"
+    assert (ft["rank"], ft["alpha"], ft["dropout"]) == (8, 16, 0.05)
+    assert ft["target_modules"] == ["q_proj", "v_proj"]
+    assert (ft["trainable_params"], ft["total_params"]) == (trainable, total)
+    assert ft["trainable_pct"] == pytest.approx(100 * trainable / total)
+    assert ft["base_model"]["class"] == "LlamaForCausalLM"
+    assert ft["quantization"] is None and ft["base_dtype"] == "float32"
+    assert finetune_label(ft) == f"LoRA r=8 · {100 * trainable / total:.2g} %"
+
+
+def test_full_finetune_is_full_and_has_no_frozen_weights_but_buffers(full_llama):
+    model, run = full_llama
+    ft = run.context["finetune"]
+    assert ft["method"] == "full" and ft["trainable_pct"] == 100.0 and ft["library"] is None
+    # only the rotary embedding's buffer is frozen in a full fine-tune of Llama
+    assert _at_peak(run)["frozen_parameters"] == pytest.approx(_stored_bytes(model.buffers()), rel=0.01)
+    assert _at_peak(run)["parameters"] == _trainable(model)
+
+
+@pytest.mark.slow
+def test_frozen_layers_without_peft_and_a_frozen_teacher(tmp_path):
+    """Partial fine-tuning: the first layer frozen by hand, a teacher model beside it."""
+    torch.manual_seed(0)
+    student = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    teacher = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))
+    student[0].requires_grad_(False)
+    teacher.requires_grad_(False)
+    opt = torch.optim.SGD(student[2].parameters(), lr=0.1)
+    with swift_nb.profile(out_dir=tmp_path, label="partial", report=False) as r:
+        for _ in range(STEPS):
+            x = torch.randn(16, 64)
+            with torch.no_grad():
+                target = teacher(x)
+            torch.nn.functional.mse_loss(student(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+    run = swift_nb.load_run(r.path)
+    cats = _at_peak(run)
+    expected = _stored_bytes([*student[0].parameters(), *teacher.parameters()])
+    assert cats["frozen_parameters"] == pytest.approx(expected, rel=0.01)
+    assert cats["parameters"] == _stored_bytes(student[2].parameters())
+    ft = run.context["finetune"]
+    assert ft["method"] == "partial" and ft["model_variable"] == "student"
+    assert ft["frozen_models"] == [
+        {"variable": "teacher", "class": "Sequential", "params": 64 * 512 + 512 + 512 * 8 + 8}
+    ]
+
+
+def test_a_run_written_before_frozen_parameters_reads_it_as_unknown(lora_llama, tmp_path):
+    _, run = lora_llama
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(run.path, old)
+    for name in ("steps.csv", "memory.csv"):
+        table = pd.read_csv(old / name).drop(columns=["frozen_parameters_bytes"])
+        table.to_csv(old / name, index=False)
+    back = swift_nb.load_run(old)
+    assert back.steps["frozen_parameters_bytes"].isna().all()
+    assert back.memory["frozen_parameters_bytes"].isna().all()
+    assert back.steps["parameters_bytes"].notna().any()
