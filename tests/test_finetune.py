@@ -191,3 +191,15 @@ def test_a_run_written_before_frozen_parameters_reads_it_as_unknown(lora_llama, 
     assert back.steps["frozen_parameters_bytes"].isna().all()
     assert back.memory["frozen_parameters_bytes"].isna().all()
     assert back.steps["parameters_bytes"].notna().any()
+
+
+def test_summary_and_list_name_the_finetuning(lora_llama):
+    from swift_nb.render.tables import runs_text, summary_rows
+
+    _, run = lora_llama
+    rows = dict(summary_rows(run))
+    assert rows["fine-tuning"].startswith("LoRA r=8 · ")
+    assert "on q_proj, v_proj" in rows["fine-tuning"] and "base LlamaForCausalLM" in rows["fine-tuning"]
+    listed = swift_nb.runs(run.path.parent)
+    assert listed["finetune"].iloc[0].startswith("LoRA r=8 · ")
+    assert "fine-tuning" in runs_text(listed)

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from swift_nb.errors import ConfigError, RecordError
+from swift_nb.record.finetune import FINETUNE_KEY, finetune_label
 from swift_nb.record.layout import PIN_FILE, RUN_FILE, STEPS_FILE
 from swift_nb.record.read import STEPS_MISSING, check_meta, is_live, load_json, status_as_found
 from swift_nb.record.run import Run
@@ -63,6 +64,7 @@ RUNS_COLUMNS = [
     "peak_mem_bytes",
     "device_idle_pct",
     "device_compute_pct",
+    "finetune",
     "pinned",
     "path",
     "world_size",
@@ -93,6 +95,7 @@ def _runs_row(found: _Found) -> dict[str, Any]:
         "step_time_median_s": summary.get("step_time_median_s"),
         "device_idle_pct": summary.get("device_idle_pct"),
         "device_compute_pct": summary.get("device_compute_pct"),
+        "finetune": finetune_label((meta.get("context") or {}).get(FINETUNE_KEY)) or None,
         "peak_mem_bytes": summary.get("peak_mem_bytes"),
         "world_size": meta.get("context", {}).get("world_size", 1),
         "problem": STEPS_MISSING if not (folder / STEPS_FILE).exists() else None,
@@ -103,7 +106,8 @@ def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFra
     """Recent runs under ``root`` (default ``default_root()``), newest first.
 
     Columns: id, label, status, started_at (ISO, UTC), wall_s, steps, step_time_median_s,
-    peak_mem_bytes, pinned, path, world_size (ranks of the job; 1 for a single process),
+    peak_mem_bytes, device_idle_pct, device_compute_pct, finetune (``LoRA r=8 · 0.9 %``;
+    None when the run recorded none), pinned, path, world_size (ranks of the job; 1 for a single process),
     problem. A record left ``running`` by a process that no longer exists shows status
     ``crashed``. A folder whose run.json is damaged is a row too, status ``damaged``
     (id: the folder's name), with what is wrong in ``problem``: listing it, rather than

@@ -7,7 +7,7 @@ from html import escape
 
 import pandas as pd
 
-from swift_nb.record import Run
+from swift_nb.record import FINETUNE_KEY, Run, finetune_label
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
 
 
@@ -72,6 +72,9 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
         ),
         ("ranks", _ranks_text(run)),
     ]
+    finetune = run.context.get(FINETUNE_KEY)
+    if isinstance(finetune, dict) and finetune.get("method"):
+        rows.insert(rows.index(("ranks", _ranks_text(run))), ("fine-tuning", finetune_text(finetune)))
     if sched:
         recorded = s.get("recorded_steps") or []
         rows.append(
@@ -86,6 +89,29 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
         if run.trace_path is not None:
             rows.append(("trace", f"{run.trace_path} (open in ui.perfetto.dev)"))
     return rows
+
+
+def finetune_text(ft: dict) -> str:
+    """``LoRA r=8 · 0.9 % (α 16, dropout 0.05) on q_proj, v_proj · 7,168 of 433,792 parameters
+    train · base LlamaForCausalLM, float32``."""
+    parts = [finetune_label(ft)]
+    if ft.get("alpha") is not None:
+        parts[0] += f" (α {ft['alpha']:g}, dropout {ft.get('dropout') or 0:g})"
+    targets = ft.get("target_modules")
+    if targets:
+        parts[0] += " on " + (", ".join(targets) if isinstance(targets, list) else str(targets))
+    if ft.get("total_params"):
+        parts.append(f"{ft.get('trainable_params', 0):,} of {ft['total_params']:,} parameters train")
+    base = ft.get("base_model") or {}
+    if base.get("class"):
+        what = ", ".join(
+            str(v) for v in (base.get("name_or_path"), ft.get("quantization") or ft.get("base_dtype")) if v
+        )
+        parts.append(f"base {base['class']}" + (f" ({what})" if what else ""))
+    frozen = ft.get("frozen_models") or []
+    if frozen:
+        parts.append("frozen beside it: " + ", ".join(f"{m['variable']} ({m['class']})" for m in frozen))
+    return " · ".join(parts)
 
 
 def _or(absent: str | None, value, fmt) -> str:
@@ -133,6 +159,8 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
     shown["step_time_median_s"] = shown["step_time_median_s"].map(fmt_seconds)
     shown["peak_mem_bytes"] = shown["peak_mem_bytes"].map(fmt_bytes)
     shown["problem"] = shown["problem"].map(lambda v: v if isinstance(v, str) and v else "–")
+    if shown["finetune"].isna().all():
+        shown = shown.drop(columns=["finetune"])
     for col in ("device_idle_pct", "device_compute_pct"):  # GPU runs only
         values = pd.to_numeric(shown[col], errors="coerce")
         if values.isna().all():
@@ -147,6 +175,7 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
             "device_idle_pct": "GPU idle",
             "device_compute_pct": "GPU compute",
             "world_size": "ranks",
+            "finetune": "fine-tuning",
         }
     )
 
