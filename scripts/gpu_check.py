@@ -63,7 +63,10 @@ class Sizes:
     cost_batch: int
     cost_steps: int  # profiled steps; each of the two bare rounds runs half as many
     cost_limit: float | None
+    lora_model: dict[str, Any]  # the LlamaConfig of the LoRA check
+    lora_batch: int
     tolerance_pct: float = 10.0  # how far apart two measures of one peak may be
+    edge_tolerance_pct: float = 2.0  # the categories' sum at a step edge against memory_allocated
 
 
 GPU_SIZES = Sizes(
@@ -78,6 +81,16 @@ GPU_SIZES = Sizes(
     cost_steps=300,
     # benchmarks/cost.py measured 1.05-1.07x on CPU, where the bare cells alone vary by a few %
     cost_limit=1.10,
+    lora_model={
+        "vocab_size": 8192,
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 1024,
+    },
+    lora_batch=2,
 )
 SMOKE_SIZES = Sizes(
     model={"vocab_size": 128, "seq_len": 64, "n_layer": 2, "n_head": 2, "d_model": 32},
@@ -90,6 +103,16 @@ SMOKE_SIZES = Sizes(
     cost_batch=2,
     cost_steps=16,
     cost_limit=None,  # a shared CPU running tiny steps says nothing about the cost
+    lora_model={
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+    },
+    lora_batch=2,
 )
 
 
@@ -174,7 +197,8 @@ def train(model, opt, x, y, steps: int, autocast=None, marks: list[float] | None
 
 
 CATEGORY_COLUMNS = [
-    f"{c}_bytes" for c in ("parameters", "gradients", "optimizer_state", "activations", "other")
+    f"{c}_bytes"
+    for c in ("parameters", "frozen_parameters", "gradients", "optimizer_state", "activations", "other")
 ]
 
 
@@ -534,6 +558,107 @@ def check_forecast(ctx: Ctx) -> None:
     )
 
 
+def check_lora(ctx: Ctx) -> None:
+    """A peft LoRA Llama (random weights, built from a config): the frozen base and the
+    adapters by category; on CUDA the categories' sum at each recorded step's start against
+    ``torch.cuda.memory_allocated()`` read at that edge (right after ``opt.step()``); and the
+    forecast of 4× the batch against a run at 4× the batch."""
+    import peft
+    import torch
+    import transformers
+
+    import swift_nb
+
+    seq = ctx.sizes.lora_model["max_position_embeddings"] // 2
+
+    def build():
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(**ctx.sizes.lora_model, attn_implementation="sdpa")
+        base = transformers.LlamaForCausalLM(cfg).to(ctx.device)
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        model = peft.get_peft_model(base, lora)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        return model, opt
+
+    def stored(tensors) -> int:
+        ptrs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(ptrs.values())
+
+    runs, edges, expected = {}, {}, {}
+    for batch in (ctx.sizes.lora_batch, 4 * ctx.sizes.lora_batch):
+        model, opt = build()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, ctx.sizes.lora_model["vocab_size"], (batch, seq), generator=g).to(ctx.device)
+        at_edge: dict[int, int] = {}
+
+        def cell(model=model, opt=opt, x=x, at_edge=at_edge) -> None:
+            for k in range(ctx.sizes.steps):
+                model(input_ids=x, labels=x).loss.backward()
+                opt.step()  # swift_nb's step boundary: step k + 1 begins here
+                if ctx.cuda:
+                    torch.cuda.synchronize()
+                    at_edge[k + 1] = torch.cuda.memory_allocated()
+                opt.zero_grad(set_to_none=True)
+
+        runs[batch] = ctx.profiled(f"lora-batch-{batch}", cell)
+        edges[batch] = at_edge
+        expected[batch] = {
+            "frozen": stored([p for p in model.parameters() if not p.requires_grad] + list(model.buffers())),
+            "adapters": stored([p for p in model.parameters() if p.requires_grad]),
+        }
+        del model, opt, x
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+    b = ctx.sizes.lora_batch
+    run = runs[b]
+    cats = run.summary.get("memory_categories_at_peak") or {}
+    ft = run.context.get("finetune") or {}
+    starts = run.memory.groupby("step", sort=True).first() if len(run.memory) else None
+    cols = [c for c in CATEGORY_COLUMNS if starts is not None and c in starts.columns]
+    at_start = {int(k): float(row[cols].sum()) for k, row in starts.iterrows()} if starts is not None else {}
+    edge_pct = {k: apart_pct(v, edges[b].get(k)) for k, v in at_start.items() if k in edges[b]}
+    capacity = device_memory_bytes(ctx)
+    four = swift_nb.forecast(run, capacity, batch_size=4 * b)
+    measured_4b = step_peak(runs[4 * b])
+    tol, edge_tol = ctx.sizes.tolerance_pct, ctx.sizes.edge_tolerance_pct
+    ctx.details.update(
+        runs={k: str(r.path) for k, r in runs.items()},
+        finetune=ft,
+        expected_frozen_mib=mib(expected[b]["frozen"]),
+        frozen_at_peak_mib=mib(cats.get("frozen_parameters")),
+        expected_adapters_bytes=expected[b]["adapters"],
+        parameters_at_peak_bytes=cats.get("parameters"),
+        categories_at_peak_mib={c: mib(v) for c, v in cats.items()},
+        categories_at_step_start_mib={k: mib(v) for k, v in at_start.items()},
+        memory_allocated_at_edge_mib={k: mib(v) for k, v in edges[b].items()},
+        edge_apart_pct=edge_pct,
+        forecast_4b_mib=mib(four.total_bytes),
+        forecast_4b_categories_mib={c: mib(v) for c, v in four.categories.items()},
+        measured_4b_step_peak_mib=mib(measured_4b),
+        forecast_4b_error_pct=apart_pct(four.total_bytes, measured_4b),
+        derivation=four.derivation,
+    )
+    ctx.expect(
+        "the run records LoRA r=8 from peft's config", ft.get("method") == "lora" and ft.get("rank") == 8
+    )
+    ctx.expect(
+        "frozen_parameters at the peak is the frozen base's bytes (±1 %)",
+        within(cats.get("frozen_parameters"), expected[b]["frozen"], 1.0),
+    )
+    ctx.expect(
+        "parameters at the peak are the adapters' bytes", cats.get("parameters") == expected[b]["adapters"]
+    )
+    if ctx.cuda:
+        ctx.expect(
+            f"at every recorded step's start the categories sum to memory_allocated() within {edge_tol:g} %",
+            bool(edge_pct) and all(v is not None and abs(v) <= edge_tol for v in edge_pct.values()),
+        )
+    ctx.expect(
+        f"the forecast of 4× the batch is within {tol:g} % of the measured step peak",
+        within(four.total_bytes, measured_4b, tol),
+    )
+
+
 def device_memory_bytes(ctx: Ctx) -> int:
     if ctx.cuda:
         import torch
@@ -690,6 +815,13 @@ CHECKS = [
         check_forecast,
         cuda_only=False,
         limit_s=120,
+    ),
+    Check(
+        "lora",
+        "a peft LoRA model: frozen base and adapters by category, memory_allocated at step edges, 4x batch forecast",
+        check_lora,
+        cuda_only=False,
+        limit_s=150,
     ),
     Check(
         "cost_ratio",
@@ -859,10 +991,11 @@ def in_child(name: str, out: Path, smoke: bool, limit_s: float) -> tuple[dict[st
     return None, f"the child ended with exit code {proc.returncode} and no result; its log ends: {tail}"
 
 
-def run_all(out: Path, smoke: bool, budget_s: float) -> int:
-    """Every check, each in a child; the JSON rewritten after each. Exit status 0 when
-    every check that ran held, 1 otherwise."""
+def run_all(out: Path, smoke: bool, budget_s: float, only: list[str] | None = None) -> int:
+    """Every check (or those named in ``only``), each in a child; the JSON rewritten after
+    each. Exit status 0 when every check that ran held, 1 otherwise."""
     start = time.monotonic()
+    checks = [c for c in CHECKS if not only or c.name in only]
     doc: dict[str, Any] = {
         "mode": "cpu-smoke" if smoke else "cuda",
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -872,7 +1005,7 @@ def run_all(out: Path, smoke: bool, budget_s: float) -> int:
         "setup": os.environ.get("SWIFT_NB_GPU_CHECK_SETUP", "").splitlines(),  # what gpu_check.sh did
         "environment": {},
         "checks": [],
-        "pending": [c.name for c in CHECKS],
+        "pending": [c.name for c in checks],
         "summary": {},
     }
     path = out / RESULT_FILE
@@ -882,7 +1015,7 @@ def run_all(out: Path, smoke: bool, budget_s: float) -> int:
     cuda = bool(doc["environment"].get("cuda_available"))
     print(f"environment: {json.dumps(clean(doc['environment']))}", flush=True)
     write_json(path, doc)
-    for check in CHECKS:
+    for check in checks:
         left = budget_s - (time.monotonic() - start)
         record = _record(check, out, smoke, cuda, left)
         doc["checks"].append(record)
@@ -943,11 +1076,16 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="all checks together, seconds"
     )
     parser.add_argument("--one", choices=[ENVIRONMENT, *BY_NAME], help=argparse.SUPPRESS)
+    parser.add_argument("--only", default="", help="comma-separated check names: run these alone")
     args = parser.parse_args(argv)
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in BY_NAME]
+    if unknown:
+        parser.error(f"no check named {', '.join(unknown)}; checks are {', '.join(BY_NAME)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.one is None:
-        return run_all(out, args.cpu_smoke, args.budget_s)
+        return run_all(out, args.cpu_smoke, args.budget_s, only)
     if args.one == ENVIRONMENT:
         record = environment()
     else:

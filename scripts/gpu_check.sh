@@ -5,6 +5,7 @@
 # scripts/gpu_check.py says what each check does.
 #   bash scripts/gpu_check.sh [OUT_DIR]               on a machine with an NVIDIA GPU
 #   bash scripts/gpu_check.sh --cpu-smoke OUT_DIR     the script's own test, on the CPU
+#   bash scripts/gpu_check.sh --only=lora,cuda_oom    those checks alone
 # OUT_DIR defaults to swift_nb_runs/gpu_check (git ignores it). The Python: the first of
 # $PYTHON, .venv/bin/python and python3 whose torch sees CUDA (--cpu-smoke: any torch), used
 # as it is, with swift_nb (pip install -e . --no-deps) and only the dependencies it lacks
@@ -18,12 +19,14 @@ START=$SECONDS
 TOTAL_S=480 # the whole command, setup included
 
 smoke=0
+only=""
 out=""
 for arg in "$@"; do
   case "$arg" in
     --cpu-smoke) smoke=1 ;;
+    --only=*) only="${arg#--only=}" ;;
     -h | --help)
-      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     -*)
@@ -153,6 +156,7 @@ mode="on the GPU"
 say "setup took $((SECONDS - START)) s; checks $mode, $budget s at most, into $out"
 args=("$out" --budget-s "$budget")
 [ "$smoke" = 1 ] && args+=(--cpu-smoke)
+[ -n "$only" ] && args+=(--only "$only")
 SWIFT_NB_GPU_CHECK_SETUP="$(printf '%s\n' "${setup_notes[@]}")" PYTHONUNBUFFERED=1 \
   "$PY" scripts/gpu_check.py "${args[@]}"
 rc=$?

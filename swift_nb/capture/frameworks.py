@@ -158,6 +158,8 @@ def describe_trainer(trainer: Any, variable: str | None) -> dict[str, Any]:
         "variable": variable,
         "version": _version("transformers"),
         "checkpointing_field": field,
+        # SFTConfig, DPOConfig …: TRL's trainers take their own subclass of TrainingArguments
+        "arguments_class": type(args).__name__,
         "arguments": arguments,
     }
     if getattr(trainer, "model", None) is not None:

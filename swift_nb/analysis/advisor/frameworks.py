@@ -22,6 +22,7 @@ class Recorded:
     arguments: dict[str, Any]
     checkpointing_field: str = CHECKPOINTING_FIELDS[0]
     model: dict[str, Any] | None = None
+    arguments_class: str = "TrainingArguments"  # TRL's trainers: SFTConfig, DPOConfig …
 
     @property
     def is_trainer(self) -> bool:
@@ -74,6 +75,7 @@ def recorded(context: Mapping[str, Any] | None) -> Recorded | None:
         arguments=dict(arguments) if isinstance(arguments, Mapping) else {},
         checkpointing_field=str(info.get("checkpointing_field") or CHECKPOINTING_FIELDS[0]),
         model=dict(model) if isinstance(model, Mapping) else None,
+        arguments_class=str(info.get("arguments_class") or "TrainingArguments"),
     )
 
 
@@ -96,8 +98,9 @@ def _now(rec: Recorded, keys: Any) -> str:
 
 
 def set_arguments(rec: Recorded, **fields: Any) -> str:
-    """``set TrainingArguments(a=1) (`trainer` has a=0)``."""
-    return f"set {call('TrainingArguments', **fields)}{_now(rec, fields)}"
+    """``set TrainingArguments(a=1) (`trainer` has a=0)``; ``SFTConfig(a=1)`` for TRL's
+    SFTTrainer, each trainer in the class of arguments it takes."""
+    return f"set {call(rec.arguments_class, **fields)}{_now(rec, fields)}"
 
 
 def same_samples_larger_batch(rec: Recorded) -> dict[str, int]:
