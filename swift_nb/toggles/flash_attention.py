@@ -7,7 +7,8 @@
   see :mod:`swift_nb.toggles._attention`: Hugging Face models, swift_nb's demo GPT) are
   switched from ``eager`` to ``sdpa``, or to ``flash_attention_2`` when the model is a
   Hugging Face one, the flash-attn package is installed and the model is on CUDA in
-  fp16/bf16.
+  fp16/bf16. A model under peft's adapters is switched inside them (``PeftModel`` →
+  ``LoraModel`` → the model).
 - Attention written by hand (softmax(q·kᵀ)·v in a module's forward) cannot be reached:
   it is named in the report, with the fix (call ``F.scaled_dot_product_attention``).
 """
@@ -31,6 +32,7 @@ from swift_nb.toggles._attention import (
     set_attn_implementation,
 )
 from swift_nb.toggles.base import Toggle, hf_model
+from swift_nb.toggles.grad_checkpointing import under_adapters
 
 _BACKENDS = [
     SDPBackend.FLASH_ATTENTION,
@@ -81,6 +83,10 @@ class FlashAttention(Toggle):
 
     def _apply_model(self, model: nn.Module, name: str) -> None:
         assert self.report is not None
+        # peft's wrappers answer for the model inside (its config, set_attn_implementation):
+        # switch and name that model, whose kind decides between sdpa and flash-attn
+        inner_path, model = under_adapters(model)
+        name = f"{name}.{inner_path}" if inner_path else name
         owners = attention_owners(model)
         for path, owner in owners:
             self._switch(owner, f"{name}.{path}" if path else name)

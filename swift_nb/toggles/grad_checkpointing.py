@@ -2,7 +2,13 @@
 recompute each block's activations when its gradient is needed (≈ one more forward).
 
 Hugging Face models use their own switch (``activation_checkpointing_enable``, called
-``gradient_checkpointing_enable`` before transformers 5; non-reentrant).
+``gradient_checkpointing_enable`` before transformers 5; non-reentrant), which also makes
+the embeddings' output require grad (``enable_input_require_grads``) so that gradients
+reach adapters when the embeddings are frozen; ``undo()`` switches it off and removes that
+hook. A model under peft's adapters (``PeftModel`` → ``LoraModel`` → the model) is reached
+through them: the switch belongs to the model inside, and wrapping its layers instead
+would recompute them with the kv cache the forward filled, which the recompute extends a
+second time (keys twice as long as the mask).
 Other models: the largest ``nn.ModuleList``/``nn.Sequential`` whose children are all of
 one type (the transformer blocks) gets each ``every_n``-th block wrapped with torch's
 non-reentrant ``checkpoint_wrapper`` via ``apply_activation_checkpointing``; parameters
@@ -10,6 +16,8 @@ stay the same objects, so optimizers and state dicts are unaffected.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -29,9 +37,10 @@ class GradCheckpointing(Toggle):
     def _apply_model(self, model: nn.Module, name: str) -> None:
         assert self.report is not None
         every_n = self.values["every_n"]
-        hf_every_n = every_n == 1 or hasattr(model, "activation_checkpointing_enable")
-        if hf_model(model) and getattr(model, "supports_gradient_checkpointing", False) and hf_every_n:
-            self._enable_hf(model, name)
+        path, inner = under_adapters(model)
+        hf_every_n = every_n == 1 or hasattr(inner, "activation_checkpointing_enable")
+        if hf_model(inner) and getattr(inner, "supports_gradient_checkpointing", False) and hf_every_n:
+            self._enable_hf(inner, f"{name}.{path}" if path else name)
             return
         found = repeated_blocks(model)
         if found is None:
@@ -74,24 +83,42 @@ class GradCheckpointing(Toggle):
         if _hf_checkpointing(model):
             self.report.note(f"`{name}` already has gradient checkpointing enabled")
             return
+        every_n = self.values["every_n"]
         kwargs = {"use_reentrant": False}
+        hooks_before = _input_grad_hooks(model)
         if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5 (the old name warns)
             model.activation_checkpointing_enable(
-                activation_checkpointing_kwargs=kwargs, every_n_layers=self.values["every_n"]
+                activation_checkpointing_kwargs=kwargs, every_n_layers=every_n
             )
-            self._undo.append(model.activation_checkpointing_disable)
+            disable = model.activation_checkpointing_disable
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-            self._undo.append(model.gradient_checkpointing_disable)
+            disable = model.gradient_checkpointing_disable
+        # transformers ≥ 5 adds the hook for models taking input_ids, older ones only for their own peft
+        if _input_grad_hooks(model) == hooks_before and hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+
+        def undo() -> None:
+            disable()
+            _restore_input_grad_hooks(model, hooks_before)
+
+        self._undo.append(undo)
         layers = repeated_blocks(model)
-        count = f"{len(layers[1])} " if layers else ""
+        total = len(layers[1]) if layers else 0
+        checkpointed = len(range(0, total, every_n))
+        if not total:
+            which = "its layers"
+        elif checkpointed == total:
+            which = f"its {total} layers"
+        else:
+            which = f"{checkpointed} of its {total} layers"
         self.report.change(
-            f"`{name}` ({type(model).__name__}): gradient_checkpointing_enable() on its {count}layers (non-reentrant)"
+            f"`{name}` ({type(model).__name__}): gradient_checkpointing_enable() on {which} (non-reentrant)"
         )
-        if layers:
-            self.report.details["checkpointed_blocks"] = self.report.details.get(
-                "checkpointed_blocks", 0
-            ) + len(layers[1])
+        if checkpointed:
+            self.report.details["checkpointed_blocks"] = (
+                self.report.details.get("checkpointed_blocks", 0) + checkpointed
+            )
 
     def _nothing_found(self) -> str:
         return "no model ran a forward pass while the toggle was applied"
@@ -103,6 +130,50 @@ def _hf_checkpointing(model: nn.Module) -> bool:
         if hasattr(type(model), attr):
             return bool(getattr(model, attr))
     return False
+
+
+_ABSENT = object()
+
+
+def _input_grad_hooks(model: nn.Module) -> dict[str, Any]:
+    """What ``enable_input_require_grads`` keeps on the model: the hooks' handles (a list,
+    and the first one under its older name), as they are now."""
+    return {
+        attr: list(value) if isinstance(value, list) else value
+        for attr in ("_require_grads_hooks", "_require_grads_hook")
+        if (value := model.__dict__.get(attr, _ABSENT)) is not _ABSENT
+    }
+
+
+def _restore_input_grad_hooks(model: nn.Module, before: dict[str, Any]) -> None:
+    """Remove the input-require-grads hooks added since ``before`` was taken and put the
+    model's handles back as they were (hooks the user had added stay registered)."""
+    now = _input_grad_hooks(model)
+    kept = {id(h) for h in [*before.get("_require_grads_hooks", []), before.get("_require_grads_hook")]}
+    for handle in [*now.get("_require_grads_hooks", []), now.get("_require_grads_hook")]:
+        if handle is not None and id(handle) not in kept:
+            handle.remove()
+    for attr in ("_require_grads_hooks", "_require_grads_hook"):
+        if attr in before:
+            model.__dict__[attr] = before[attr]
+        else:
+            model.__dict__.pop(attr, None)
+
+
+def under_adapters(model: nn.Module) -> tuple[str, nn.Module]:
+    """The model peft's wrappers hold (``PeftModel`` → ``LoraModel`` → the transformers or
+    plain torch model) and its path in ``model``; ``("", model)`` for a model not wrapped
+    by peft."""
+    inner = model
+    while type(inner).__module__.startswith("peft."):
+        get_base = getattr(inner, "get_base_model", None)
+        nxt = get_base() if callable(get_base) else getattr(inner, "model", None)
+        if not isinstance(nxt, nn.Module) or nxt is inner:
+            break
+        inner = nxt
+    if inner is model:
+        return "", model
+    return next((path for path, m in model.named_modules() if m is inner), ""), inner
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
