@@ -180,6 +180,54 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=5.0,  # benchmark: +5.9 % and +5.8 % (blocks taken as equal)
         ),
         Entry(
+            "lora",
+            "LoRA",
+            (
+                Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
+                Param(
+                    "alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive
+                ),
+                Param(
+                    "targets",
+                    str,
+                    "auto",
+                    "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
+                    aliases=("target_modules",),
+                ),
+                Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
+            ),
+            flag="lora",
+            help="LoRA adapters (peft) on the cell's model for this run; the optimizers train only them",
+            metavar="r=8,alpha=16,targets=auto,dropout=0",
+            implementation="swift_nb.toggles.lora:LoRA",
+            forecast_error_pct=5.0,  # the adapters' own activations (x @ A) are estimated
+            label_params=("r",),
+        ),
+        Entry(
+            "qlora",
+            "QLoRA",
+            (
+                Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
+                Param(
+                    "alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive
+                ),
+                Param(
+                    "targets",
+                    str,
+                    "auto",
+                    "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
+                    aliases=("target_modules",),
+                ),
+                Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
+            ),
+            flag="qlora",
+            help="4-bit NF4 base (bitsandbytes, CUDA only) plus LoRA adapters for this run",
+            metavar="r=8,alpha=16,targets=auto,dropout=0",
+            implementation="swift_nb.toggles.lora:QLoRA",
+            forecast_error_pct=10.0,  # dequantized weight copies in forward and backward
+            label_params=("r",),
+        ),
+        Entry(
             "galore",
             "GaLore",
             (
@@ -298,54 +346,6 @@ TOGGLES: dict[str, Entry] = {
             metavar="mode=default|reduce-overhead|max-autotune,dynamic=true|false",
             implementation="swift_nb.toggles.torch_compile:TorchCompile",
             forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
-        ),
-        Entry(
-            "lora",
-            "LoRA",
-            (
-                Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
-                Param(
-                    "alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive
-                ),
-                Param(
-                    "targets",
-                    str,
-                    "auto",
-                    "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
-                    aliases=("target_modules",),
-                ),
-                Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
-            ),
-            flag="lora",
-            help="LoRA adapters (peft) on the cell's model for this run; the optimizers train only them",
-            metavar="r=8,alpha=16,targets=auto,dropout=0",
-            implementation="swift_nb.toggles.lora:LoRA",
-            forecast_error_pct=5.0,  # the adapters' own activations (x @ A) are estimated
-            label_params=("r",),
-        ),
-        Entry(
-            "qlora",
-            "QLoRA",
-            (
-                Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
-                Param(
-                    "alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive
-                ),
-                Param(
-                    "targets",
-                    str,
-                    "auto",
-                    "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
-                    aliases=("target_modules",),
-                ),
-                Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
-            ),
-            flag="qlora",
-            help="4-bit NF4 base (bitsandbytes, CUDA only) plus LoRA adapters for this run",
-            metavar="r=8,alpha=16,targets=auto,dropout=0",
-            implementation="swift_nb.toggles.lora:QLoRA",
-            forecast_error_pct=10.0,  # dequantized weight copies in forward and backward
-            label_params=("r",),
         ),
         Entry(
             "fsdp",

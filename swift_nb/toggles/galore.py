@@ -16,7 +16,8 @@ creates its optimizer inside ``train()``: the one it creates while the toggle is
 is converted as it is constructed, before the Trainer wraps it. Its state starts empty; ``undo``
 restores the class, groups, defaults and state objects (keeping the last learning rate).
 A learning-rate scheduler created before the toggle schedules only as many groups as the
-optimizer had then.
+optimizer had then. An optimizer that trains the adapters of a peft (LoRA) model of the
+namespace is left alone: they are low-rank already.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import nn
 from swift_nb.capture import frameworks
 from swift_nb.errors import MissingDependencyError
 from swift_nb.toggles.base import Toggle, find_models
+from swift_nb.toggles.lora import linear_layer, peft_adapters
 
 
 def galore_adamw() -> type[torch.optim.Optimizer]:
@@ -73,7 +75,7 @@ class GaLore(Toggle):
         return report
 
     def _registered(self, module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and name == "weight" and _linear(module):
+        if param is not None and name == "weight" and linear_layer(module):
             self._linear_weights.setdefault(id(param), type(module).__name__)
 
     def _targets(self) -> dict[int, str]:
@@ -83,7 +85,7 @@ class GaLore(Toggle):
         for name, model in find_models(self._namespace):
             for path, mod in model.named_modules():
                 full = f"{name}.{path}" if path else name
-                if _linear(mod) and (pattern is None or re.search(pattern, full)):
+                if linear_layer(mod) and (pattern is None or re.search(pattern, full)):
                     out.setdefault(id(mod.weight), full)
         if pattern is None:
             for k, v in self._linear_weights.items():
@@ -100,6 +102,10 @@ class GaLore(Toggle):
         groups = opt.param_groups
         if any(g.get("amsgrad") or g.get("maximize") for g in groups):
             self.report.note(f"`{name}` uses amsgrad or maximize, which GaLore AdamW has not; left unchanged")
+            return
+        lora = self._adapters_trained(opt, name)
+        if lora is not None:
+            self.report.note(lora)
             return
         rank = self.values["rank"]
         targets = self._targets()
@@ -163,6 +169,20 @@ class GaLore(Toggle):
         self.report.details["optimizer_state_bytes_before"] += before
         self.report.details["optimizer_state_bytes_after"] += after
 
+    def _adapters_trained(self, opt: torch.optim.Optimizer, name: str) -> str | None:
+        """Why ``opt`` is left alone when it trains a peft model's adapters (a model of the
+        namespace that carries them and whose parameters it holds), else None."""
+        held = {id(p) for g in opt.param_groups for p in g["params"]}
+        for model_name, model in find_models(self._namespace):
+            carried = peft_adapters(model)
+            if carried is not None and any(id(p) in held for p in model.parameters()):
+                return (
+                    f"`{model_name}` already trains {carried}: GaLore is for full fine-tuning — its low-rank "
+                    f"gradient projection has nothing to save on adapters that are already low-rank; `{name}` "
+                    "left unchanged"
+                )
+        return None
+
     def _note_trainer(self, name: str) -> None:
         """Say so when the optimizer is the one a Trainer's ``train()`` is creating."""
         assert self.report is not None
@@ -205,15 +225,6 @@ class GaLore(Toggle):
 
     def _nothing_found(self) -> str:
         return "no Adam or AdamW optimizer was found or constructed"
-
-
-def _linear(module: nn.Module) -> bool:
-    """A linear layer: ``nn.Linear``, or transformers' ``Conv1D`` (the same map with its
-    weight stored transposed, in GPT-2 and its relatives)."""
-    cls = type(module)
-    return isinstance(module, nn.Linear) or (
-        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
-    )
 
 
 def _tensors(value: Any):
