@@ -140,6 +140,7 @@ def test_one_step_per_optimizer_step_under_gradient_accumulation(hf, tmp_path):
         "variable": "trainer",
         "version": hf.eval("transformers.__version__"),
         "checkpointing_field": run.context["trainer"]["checkpointing_field"],
+        "arguments_class": "TrainingArguments",
         "arguments": {
             "per_device_train_batch_size": MICRO_BATCH,
             "gradient_accumulation_steps": ACCUMULATION,
@@ -163,6 +164,60 @@ def test_one_step_per_optimizer_step_under_gradient_accumulation(hf, tmp_path):
     )
     # samples per optimizer step, for throughput: micro-batch × accumulation
     assert run.context["batch_size"] == MICRO_BATCH * ACCUMULATION and run.context["num_workers"] == 0
+
+
+SFT = """\
+import datasets, peft, tokenizers
+from trl import SFTConfig, SFTTrainer
+
+def slow(batch):  # tokenising in __getitem__: 30 ms a sample
+    time.sleep(0.03 * len(batch["input_ids"]))
+    return batch
+
+sft_data = datasets.Dataset.from_dict(
+    {"input_ids": torch.randint(3, 256, (64, 32), generator=torch.Generator().manual_seed(0)).tolist()}
+).with_transform(slow)
+words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 0, "<unk>": 1, "</s>": 2}, unk_token="<unk>"))
+sft_tokenizer = transformers.PreTrainedTokenizerFast(
+    tokenizer_object=words, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+)
+llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, pad_token_id=0, eos_token_id=2,
+))
+sft_args = SFTConfig(
+    output_dir="sft_out", max_steps=6, per_device_train_batch_size=4, logging_strategy="no", save_strategy="no",
+    report_to="none", use_cpu=True, disable_tqdm=True, max_length=32, bf16=False, gradient_checkpointing=False,
+    dataset_kwargs={"skip_prepare_dataset": True},
+)
+sft = SFTTrainer(
+    model=llama, args=sft_args, train_dataset=sft_data, processing_class=sft_tokenizer,
+    peft_config=peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+)
+"""
+
+
+def test_sft_trainer_with_a_peft_config(hf, tmp_path):
+    """TRL's SFTTrainer wrapping the model in LoRA adapters itself: its steps, the LoRA it
+    made, and advice in SFTConfig's fields."""
+    pytest.importorskip("trl")
+    _ok(hf.execute(SFT, timeout=300))
+    _ok(hf.execute(f"%%swift_profile {FLAGS} --out {tmp_path}\nsft.train()", timeout=600))
+    run = _only_run(tmp_path)
+    assert hf.eval("sft.state.global_step") == len(run.steps) == run.summary["steps"] == 6
+    ft = run.context["finetune"]
+    assert (ft["method"], ft["library"], ft["rank"], ft["alpha"]) == ("lora", "peft", 8, 16)
+    assert ft["target_modules"] == ["q_proj", "v_proj"]
+    assert ft["trainable_params"] == hf.eval(
+        "sum(p.numel() for p in sft.model.parameters() if p.requires_grad)"
+    )
+    assert run.context["trainer"]["class"] == "SFTTrainer"
+    assert run.context["trainer"]["arguments_class"] == "SFTConfig"
+    cats = run.summary["memory_categories_at_peak"]
+    assert cats["frozen_parameters"] > 10 * cats["parameters"] > 0  # the base is frozen, the adapters train
+    (loading,) = [f for f in swift_nb.report(run).analysis.findings if f.id == "data_loading"]
+    assert "set SFTConfig(dataloader_num_workers=" in loading.suggestion
+    assert "TrainingArguments" not in loading.suggestion
 
 
 def test_toggles_act_on_trainer_model_and_the_optimizer_train_creates(hf, tmp_path):
