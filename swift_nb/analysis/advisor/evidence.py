@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,7 +27,7 @@ from swift_nb.analysis.operators import compiling_steps
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
 from swift_nb.analysis.trace import Trace, per_name, per_value
-from swift_nb.record import Run
+from swift_nb.record import FINETUNE_KEY, Run
 
 
 @dataclass
@@ -221,6 +223,11 @@ class Evidence:
     device: DeviceTime | None = None
     # torch.compile's work in the run (None: nothing compiled)
     compiled: Compiled | None = None
+    # samples per batch as the run shows them (the context's batch_size, else the collate's
+    # stack, else the model inputs in the trace; 0: unknown)
+    batch: int = 0
+    # where the run's tensors lived: "cuda" (device work or CUDA allocations in the trace) or "cpu"
+    tensors_on: str = "cpu"
 
     @property
     def exposed_comm(self) -> float:
@@ -236,6 +243,19 @@ class Evidence:
         fp = self.footprint
         row = fp[fp["category"] == category]
         return float(row["at_peak_bytes"].iloc[0]) if len(row) else 0.0
+
+
+#: fine-tuning methods (``context["finetune"]["method"]``) that train LoRA adapters beside a
+#: frozen base, and all those that train adapters only (low-rank or tiny)
+LORA_METHODS = ("lora", "qlora", "dora")
+ADAPTER_METHODS = (*LORA_METHODS, "ia3", "prefix", "prompt")
+
+
+def finetune(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's fine-tuning (``context["finetune"]``, keys in ``swift_nb.record.finetune``);
+    empty when the run did not record one."""
+    found = context.get(FINETUNE_KEY)
+    return dict(found) if isinstance(found, Mapping) else {}
 
 
 #: the ops autocast lowers to 16 bits; their recorded input types tell whether it was on
@@ -303,6 +323,7 @@ def gather(
     peak = float(fp["at_peak_bytes"].sum()) if len(fp) else float(run.summary.get("peak_mem_bytes") or 0.0)
     growth, source = memory_growth(run)
     collective_share, exposed_comm_share = comm_shares(data.comm_per_step)
+    loader = _loader(trace, bd, ops, run, data.traced_batch_and_seq[0])
     return Evidence(
         collective_share=collective_share,
         exposed_comm_share=exposed_comm_share,
@@ -324,10 +345,12 @@ def gather(
         limit_bytes=th.memory_limit_bytes if th.memory_limit_bytes is not None else _device_limit(run),
         growth_bytes_per_step=growth,
         growth_source=source,
-        loader=_loader(trace, bd, ops, run, data.traced_batch_and_seq[0]),
+        loader=loader,
         matmul_types=_matmul_types(ops),
         device=device_time(trace, data.collectives, data.device_work),
         compiled=compiled,
+        batch=loader.samples or _batch_samples([], run, data.traced_batch_and_seq[0]),
+        tensors_on=_tensors_on(run, trace, data.device_work),
     )
 
 
@@ -450,6 +473,15 @@ def _batch_samples(collated: list[int], run: Run, traced_batch: int | None) -> i
     if collated:
         return int(np.median(collated))
     return traced_batch or 0
+
+
+def _tensors_on(run: Run, trace: Trace, work: pd.DataFrame) -> str:
+    """``cuda`` when the trace has device work or the run's allocations were on a GPU, else ``cpu``."""
+    if len(work):
+        return "cuda"
+    memory = trace.memory
+    on_gpu = bool(len(memory)) and bool((memory["device_type"] == 1).any())
+    return "cuda" if run.environment.get("device") == "cuda" and on_gpu else "cpu"
 
 
 def _device_limit(run: Run) -> float | None:
