@@ -48,6 +48,7 @@ def synthetic(
     e = {"float32": 4, "bfloat16": 2}[dtype]
     peak = {
         "parameters": P * e,
+        "frozen_parameters": 0.0,
         "gradients": P * e if gradients is None else gradients,
         "optimizer_state": 2 * P * e if state is None else state,
         "activations": activations,
@@ -109,20 +110,20 @@ def test_gradients_count_as_many_as_the_peak_held(adam):
     partial = synthetic(gradients=P)  # a quarter alive at the peak
     f = forecast(partial, dtype="bf16")
     assert f.categories["gradients"] == P / 2
-    assert "25% of the 1,048,576" in f.derivation[1]
+    assert "25% of the 1,048,576" in f.derivation[2]
 
 
 def test_galore_state_from_weight_shapes_and_from_the_square_assumption(adam):
     assumed = forecast(adam, toggles=["galore:rank=128"])
     d, r = 1024, 128  # √P, no shapes in a run without a trace
     assert assumed.categories["optimizer_state"] == (2 * r * d + d * r) * 4
-    assert "assumed: 1 square 1024×1024" in assumed.derivation[2]
+    assert "assumed: 1 square 1024×1024" in assumed.derivation[3]
     m = replace(measure(adam), matrices={(512, 1024): 1, (256, 1024): 1, (100, 200): 1})
     f = forecast(m, toggles={"galore": {"rank": 128}})
     projected = (2 * r * 1024 + 512 * r) + (2 * r * 1024 + 256 * r)
     rest = 2 * (P - 512 * 1024 - 256 * 1024)  # (100, 200) has a side ≤ rank: full Adam, like the rest
     assert f.categories["optimizer_state"] == (projected + rest) * 4
-    assert "shapes from the trace" in f.derivation[2]
+    assert "shapes from the trace" in f.derivation[3]
 
 
 def test_sharding_divides_by_the_world_size(adam):
@@ -148,7 +149,7 @@ def _with_scores(run: Run, **scores) -> object:
     sb = ScoreBytes(**scores)
     row = np.array(
         [
-            *m.timeline[0, :3],
+            *m.timeline[0, :4],
             m.categories["activations"] - sb.activations_per_sample - sb.activations_batch_free,
             sb.activations_per_sample,
             sb.activations_batch_free,
@@ -185,7 +186,7 @@ def test_calibration_fits_linear_and_quadratic_parts_from_two_runs():
     fitted = forecast(base, seq_len=4096, calibration=cal)
     assert fitted.categories["activations"] == pytest.approx(act(8, 4096))
     assert one.categories["activations"] == pytest.approx(act(8, 512) * 8)  # all linear without scores
-    assert "fitted to two runs" in fitted.derivation[3]
+    assert "fitted to two runs" in fitted.derivation[4]
     # another batch: a constant part and a per-sample part
     cal_b = synthetic(activations=5 * MIB + 2 * 10 * MIB, other=0.0, batch_size=16)
     base_b = synthetic(activations=5 * MIB + 10 * MIB, other=0.0)
@@ -223,8 +224,8 @@ def test_what_the_peak_held_beyond_its_categories_is_kept():
 
 def test_the_peak_moves_to_where_the_scaled_step_holds_most():
     # the peak in backward; at the optimizer step all gradients and no activations
-    peak = [4 * P, 0.0, 8 * P, 64 * MIB, 1 * MIB]
-    step = [4 * P, 4 * P, 8 * P, 0.0, 1 * MIB]
+    peak = [4 * P, 0.0, 0.0, 8 * P, 64 * MIB, 1 * MIB]
+    step = [4 * P, 0.0, 4 * P, 8 * P, 0.0, 1 * MIB]
     run = synthetic(gradients=0.0, activations=64 * MIB, other=1 * MIB, points=[peak, step], batch_size=64)
     assert forecast(run).total_bytes == pytest.approx(sum(peak))
     small = forecast(run, batch_size=1)

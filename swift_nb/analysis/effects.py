@@ -177,6 +177,76 @@ def sequence_parallel_activations(activations: float, sp_size: int) -> float:
     return activations / max(1, sp_size)
 
 
+# -- LoRA, QLoRA -------------------------------------------------------------------------
+
+#: bitsandbytes' 4-bit layout: two elements a byte, one absmax per block of 64 elements
+#: (fp32; with double quantization one byte, its fp32 scale per 256 blocks), and a 16-entry
+#: fp32 code per weight (256 entries more for the second level)
+NF4_BLOCK = 64
+NF4_DOUBLE_BLOCK = 256
+NF4_CODE_BYTES = 16 * 4
+NF4_DOUBLE_CODE_BYTES = 256 * 4 + 4  # the second code and the absmax's offset
+
+
+def lora_params(shapes: Mapping[tuple[int, int], int], rank: int) -> int:
+    """Elements of LoRA adapters of rank ``rank`` on the linear layers ``shapes`` (``(out, in)``
+    → how many): A is r×in and B out×r, r·(in + out) per layer."""
+    return int(sum(rank * (a + b) * k for (a, b), k in shapes.items()))
+
+
+def lora_activations(
+    tokens: float, rank: int, layers: int, element_bytes: float, dropout_inputs: float = 0.0
+) -> float:
+    """What the adapters of ``layers`` linear layers add to the activations for ``tokens``
+    tokens: each keeps x·A ([.., r]) for B's gradient; with dropout its dropped input and
+    mask (``dropout_inputs``: the adapted layers' input widths summed) for A's. Their input x
+    is the base layer's, which a full fine-tune keeps too."""
+    kept = rank * layers * element_bytes
+    if dropout_inputs:
+        kept += dropout_inputs * (element_bytes + 1)
+    return tokens * kept
+
+
+def nf4_bytes(shapes: Mapping[tuple[int, int], int], double_quant: bool = False) -> float:
+    """Bytes of the weights ``shapes`` quantized to 4 bits by bitsandbytes (NF4 or FP4):
+    n/2 packed, one fp32 absmax per 64 elements (double quantization: one byte, and an fp32
+    per 256 blocks) and the code, per weight."""
+    total = 0.0
+    for (a, b), k in shapes.items():
+        n = a * b
+        blocks = math.ceil(n / NF4_BLOCK)
+        if double_quant:
+            state = blocks + 4 * math.ceil(blocks / NF4_DOUBLE_BLOCK) + NF4_CODE_BYTES + NF4_DOUBLE_CODE_BYTES
+        else:
+            state = 4 * blocks + NF4_CODE_BYTES
+        total += k * (math.ceil(n / 2) + state)
+    return total
+
+
+def nf4_bits_per_element(double_quant: bool = False) -> float:
+    """4-bit weights' bits per element, state included (large weights): 4.5, or ≈ 4.127
+    with double quantization."""
+    if double_quant:
+        return 4 + 8 / NF4_BLOCK + 32 / (NF4_BLOCK * NF4_DOUBLE_BLOCK)
+    return 4 + 32 / NF4_BLOCK
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """Adapters a configuration trains instead of its model's weights: ``rank``, ``targets``
+    (module names; empty: the attention and MLP linear layers), ``dropout`` on their input,
+    and whether the frozen base is ``quantized`` to 4-bit NF4 (QLoRA)."""
+
+    rank: int
+    targets: tuple[str, ...]
+    dropout: float
+    quantized: bool
+
+    @property
+    def name(self) -> str:
+        return "qlora" if self.quantized else "lora"
+
+
 # -- a measured run with one toggle -------------------------------------------------------
 
 
@@ -310,6 +380,17 @@ class Applied:
     def galore_rank(self) -> int | None:
         """GaLore's rank, when it replaces the optimizer."""
         return int(self.toggles["galore"]["rank"]) if "galore" in self.toggles else None
+
+    @property
+    def lora(self) -> LoRA | None:
+        """The adapters of ``lora`` or ``qlora`` (its targets ``auto``: none named)."""
+        for toggle_id, quantized in (("qlora", True), ("lora", False)):
+            if toggle_id in self.toggles:
+                p = self.toggles[toggle_id]
+                named = str(p.get("targets") or "auto")
+                targets = () if named == "auto" else tuple(t.strip() for t in named.split("|") if t.strip())
+                return LoRA(int(p.get("r", 8)), targets, float(p.get("dropout") or 0.0), quantized)
+        return None
 
     @property
     def checkpointing(self) -> bool:

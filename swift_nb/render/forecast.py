@@ -36,8 +36,10 @@ __all__ = [
 ]
 
 TITLE = "Will it fit"
-BAR_HEIGHT_IN = 0.55  # per configuration
+BAR_HEIGHT_IN = 0.75  # per configuration, its label above its bar
 FIGURE_WIDTH_IN = 8.0
+# margins (inches): the axis' ticks, its label and the legend of the categories below the bars
+TOP_IN, SIDE_IN, BOTTOM_IN = 0.3, 0.25, 0.75
 
 
 def label(f: Forecast) -> str:
@@ -93,17 +95,23 @@ def _table(f: Forecast) -> str:
     shape = f"batch {f.measured_config.get('batch_size') or '?'}"
     if f.measured_config.get("seq_len"):
         shape += f" × {f.measured_config['seq_len']:,}"
+    if f.measured_config.get("finetune"):
+        shape += f", {f.measured_config['finetune']}"
     head = f"<tr><th></th><th>forecast</th><th>measured ({escape(shape)})</th></tr>"
     return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
 
 
 def forecast_figure(forecasts: Sequence[Forecast]) -> Figure:
-    """One stacked horizontal bar per configuration, each on its device's own scale: its
-    bytes by category (GiB), the device's room for tensors (solid line) and its whole
-    capacity (dashed)."""
+    """One stacked horizontal bar per configuration, each on its device's own scale and
+    under its label: its bytes by category (GiB, every category in the legend), the
+    device's room for tensors (solid line) and its whole capacity (dashed)."""
     n = max(1, len(forecasts))
-    fig = new_figure(FIGURE_WIDTH_IN, 0.6 + BAR_HEIGHT_IN * n)
+    fig = new_figure(FIGURE_WIDTH_IN, TOP_IN + BOTTOM_IN + BAR_HEIGHT_IN * n)
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(
+        left=SIDE_IN / w, right=1 - SIDE_IN / w, top=1 - TOP_IN / h, bottom=BOTTOM_IN / h, hspace=0.9
+    )
     for ax, f in zip(axes, forecasts, strict=False):
         left = 0.0
         for c in MEMORY_CATEGORIES:
@@ -115,7 +123,8 @@ def forecast_figure(forecasts: Sequence[Forecast]) -> Figure:
         right = max(left, f.capacity_bytes / GIB) * 1.02
         ax.set_xlim(0, right)
         ax.set_ylim(-0.6, 0.6)
-        ax.set_yticks([0], [_two_lines(f)], fontsize=8)
+        ax.set_yticks([])
+        ax.set_title(label(f), loc="left", fontsize=8, pad=3)
         ax.tick_params(axis="x", labelsize=7)
         verdict = "fits" if f.fits else "does not fit"
         inside = left > 0.6 * right  # no room after the bar: write on it
@@ -131,16 +140,8 @@ def forecast_figure(forecasts: Sequence[Forecast]) -> Figure:
         )
     axes[-1].set_xlabel("GiB", fontsize=8)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles, labels, loc="outside lower center", ncols=len(MEMORY_CATEGORIES), fontsize=8, frameon=False
-    )
+    fig.legend(handles, labels, loc="lower center", ncols=len(MEMORY_CATEGORIES), fontsize=8, frameon=False)
     return fig
-
-
-def _two_lines(f: Forecast) -> str:
-    """A bar's label: the device, then the rest of the configuration."""
-    device, _, rest = label(f).partition(" · ")
-    return f"{device}\n{rest}"
 
 
 def forecast_section(forecasts: Sequence[Forecast], figure: bool = True) -> str:

@@ -7,6 +7,12 @@ What scales how (per rank; B samples of T tokens):
   SGD with momentum 1, without 0, 8-bit Adam 2 of 1 byte, Adafactor factored, GaLore's
   low-rank moments) and ZeRO/FSDP sharding. Gradients count as many as were alive at the
   measured peak (backward frees activations while it makes gradients).
+- frozen weights (a LoRA base, a frozen encoder, a reference model): exactly, at their dtype;
+  under ``qlora`` the base's linear layers at bitsandbytes' 4-bit NF4 (n/2 packed + an fp32
+  absmax per 64: 4.5 bits each), the rest in bf16. ``lora(r=…)`` on a full fine-tune freezes
+  the model's weights and trains r·(in + out) per adapted linear layer (the trace's shapes),
+  gradients and optimizer state for those alone, and adds the adapters' own activations
+  (x·A, r per token per layer: approximate); on a LoRA run it changes its adapters' rank.
 - activations and other tensors: linear in B·T, plus the [.., T, T] tensors of an eager
   attention (scores, probabilities, masks and their gradients), which grow as B·T². One run
   cannot tell the two apart from its totals: the trace's allocations can (tensors of a
@@ -22,8 +28,9 @@ it fits, the headroom, the largest batch and sequence that fit, and the derivati
 number in words.
 
 One module per job: ``spec`` (what a forecast takes: dtypes, toggles, the spec line),
-``measure`` (what the run measured), ``growth`` (how activations grow), ``pricing`` (the
-bytes of each category for a configuration), ``result`` (``Config``, ``Peak``,
+``measure`` (what the run measured), ``growth`` (how activations grow), ``finetune`` (the
+layers LoRA adapts, the frozen weights' bytes), ``pricing`` (the bytes of each category for
+a configuration), ``result`` (``Config``, ``Peak``,
 ``Forecast``) and ``predict`` (``forecast()`` itself). The devices are ``swift_nb.devices``;
 the [.., T, T] tensors are found by ``swift_nb.analysis.scores``; the HTML of a forecast
 is ``swift_nb.render.forecast``'s.

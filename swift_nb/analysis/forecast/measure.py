@@ -1,14 +1,15 @@
 """What a run measured that a forecast scales: its memory by category at the step's peak,
 the [.., T, T] tensors among it, its memory timeline split the same way, its shape (batch,
-sequence), its parameters (dtype, count, the weight matrices' shapes) and its repeated
-blocks, read from the run's tables and its trace.
+sequence), its parameters (dtype, count, the weight matrices' shapes), its frozen weights
+and fine-tuning (``context["finetune"]``) and its repeated blocks, read from the run's
+tables and its trace.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace import Trace, load_trace, parse_events
 from swift_nb.errors import ConfigError, RecordError
-from swift_nb.record import MEMORY_CATEGORIES, Run
+from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run
 
 
 @dataclass
@@ -44,6 +45,7 @@ class ScoreBytes:
 #: other each split into the rest, [.., T, T] tensors per sample and batch-free ones.
 PARTS = [
     "parameters",
+    "frozen_parameters",
     "gradients",
     "optimizer_state",
     "activations_rest",
@@ -65,7 +67,13 @@ class Measured:
     shape (None: unknown); dtype / element_bytes of its parameters; params: their count;
     matrices: the m×n weights of its linear layers (from the trace) with how many of each;
     blocks: its repeated blocks (attention layers in the trace, or the context), hidden:
-    the model width; traced: whether the trace holds its allocations (without them,
+    the model width, vocab: its embedding's rows (None: unknown); finetune: the run's
+    ``context["finetune"]`` (empty: not recorded); frozen_measured: whether the run measured
+    its frozen weights (a run recorded before ``frozen_parameters`` existed did not: they
+    count 0); frozen_params: their elements (parameters no optimizer trains; buffers are in
+    the bytes, not the count), frozen_dtype: their dtype (``uint8`` when packed), and
+    compute_dtype: the dtype its activations are in (a LoRA run's base's, else its
+    parameters'); traced: whether the trace holds its allocations (without them,
     [.., T, T] tensors cannot be told apart); untracked_bytes: how much more the step's
     peak held than its categories (CUDA's allocator counts tensors the profiler never saw
     allocated: buffers, caches, the batch made before recording began); notes: what could not be read and what was
@@ -90,6 +98,25 @@ class Measured:
     traced: bool = True
     untracked_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
+    vocab: int | None = None
+    finetune: dict[str, Any] = field(default_factory=dict)
+    frozen_measured: bool = True
+    frozen_params: int = 0
+    frozen_dtype: str = "float32"
+    compute_dtype: str = "float32"
+
+    @property
+    def lora_rank(self) -> int | None:
+        """The rank of the run's own LoRA adapters (None: the run trains no LoRA)."""
+        ft = self.finetune
+        if ft.get("method") in LORA_METHODS and ft.get("rank"):
+            return int(ft["rank"])
+        return None
+
+    @property
+    def quantization(self) -> str | None:
+        """How the run's frozen weights were quantized (``nf4``, ``fp4``, ``int8``), or None."""
+        return self.finetune.get("quantization") or None
 
     @property
     def total(self) -> float:
@@ -102,6 +129,9 @@ class Measured:
 
 
 _CATEGORY_COLUMNS = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+_FROZEN = "frozen_parameters_bytes"
+#: the fine-tuning methods whose trained parameters are LoRA adapters
+LORA_METHODS = ("lora", "qlora", "dora")
 
 
 def _recorded_steps(run: Run) -> pd.DataFrame:
@@ -118,6 +148,8 @@ def _recorded_steps(run: Run) -> pd.DataFrame:
 def measure(run: Run, trace: Trace | None = None) -> Measured:
     """What ``run`` measured that a forecast scales; ``ConfigError`` when it has no memory
     categories (recorded without ``profile_memory`` or with no recorded step)."""
+    notes: list[str] = []
+    run, frozen_measured = _frozen_known(run, notes)
     recorded = _recorded_steps(run)
     footprint = memory_footprint(run)
     if recorded.empty or footprint.empty:
@@ -127,7 +159,6 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
             "recorded (schedule active ≥ 1, and at least wait + warmup + active steps)",
             run.id,
         )
-    notes: list[str] = []
     if trace is None:
         try:
             trace = load_trace(run)
@@ -144,6 +175,8 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         batch = batch if batch is not None else found_batch
         seq = seq if seq is not None else found_seq
     dtype, element_bytes, params = _parameters(ctx, categories["parameters"], notes)
+    finetune = ctx.get(FINETUNE_KEY) if isinstance(ctx.get(FINETUNE_KEY), dict) else {}
+    frozen_dtype, frozen_params = _frozen(finetune, dtype, categories["frozen_parameters"])
     ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
     blocks, blocks_from = _blocks(ops, trace, ctx)
     if trace.memory.empty and seq:
@@ -169,6 +202,12 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         blocks=blocks,
         blocks_from=blocks_from,
         hidden=_hidden(ops),
+        vocab=_vocab(ops),
+        finetune=dict(finetune),
+        frozen_measured=frozen_measured,
+        frozen_params=frozen_params,
+        frozen_dtype=frozen_dtype,
+        compute_dtype=_compute_dtype(finetune, dtype, frozen_dtype),
         toggles={str(t.get("toggle")) for t in ctx.get("toggles") or [] if isinstance(t, dict)},
         traced=not trace.memory.empty,
         untracked_bytes=_untracked(recorded),
@@ -176,14 +215,62 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
     )
 
 
+def _frozen_known(run: Run, notes: list[str]) -> tuple[Run, bool]:
+    """``run``, and whether it measured its frozen weights: a run recorded before
+    ``frozen_parameters`` existed reads back with the column empty (unknown) beside the
+    other categories; it is taken as 0 in a copy, so that its steps still count."""
+    others = [c for c in _CATEGORY_COLUMNS if c != _FROZEN]
+    steps = run.steps
+    if not set(others) <= set(steps.columns):
+        return run, True
+    rows = steps[others].notna().all(axis=1)
+    if not rows.any() or (_FROZEN in steps and steps.loc[rows, _FROZEN].notna().any()):
+        return run, True
+    notes.append(
+        "the run was recorded before frozen weights were measured (no frozen_parameters): they count 0 here; "
+        "profile it again to include a LoRA base, a frozen encoder or a reference model"
+    )
+    steps = steps.assign(**{_FROZEN: np.where(rows, 0.0, np.nan)})
+    memory = run.memory.assign(**{_FROZEN: 0.0}) if len(run.memory) else run.memory
+    return replace(run, steps=steps, memory=memory), False
+
+
+def _frozen(finetune: Mapping[str, Any], dtype: str, frozen_bytes: float) -> tuple[str, int]:
+    """(dtype, elements) of the frozen weights: the fine-tuning record's base dtype and
+    count (total less trainable, plus the frozen models beside), else the parameters' dtype
+    and the measured bytes at its size."""
+    raw = finetune.get("base_dtype")
+    try:
+        frozen_dtype = dtype_name(raw) if raw else dtype
+    except ConfigError:
+        frozen_dtype = str(raw)  # packed (uint8, int8): not a dtype a forecast casts to
+    total, trainable = finetune.get("total_params"), finetune.get("trainable_params")
+    if isinstance(total, (int, float)) and isinstance(trainable, (int, float)):
+        others = sum(
+            int(m.get("params") or 0) for m in finetune.get("frozen_models") or [] if isinstance(m, dict)
+        )
+        return frozen_dtype, int(total - trainable) + others
+    return frozen_dtype, round(frozen_bytes / DTYPE_BYTES.get(frozen_dtype, 1))
+
+
+def _compute_dtype(finetune: Mapping[str, Any], dtype: str, frozen_dtype: str) -> str:
+    """The dtype a run's activations are in: a LoRA run's base's (its adapters may be fp32
+    beside a bf16 base; a 4-bit base computes in bf16), else the parameters'."""
+    if finetune.get("method") not in LORA_METHODS:
+        return dtype
+    if frozen_dtype in DTYPE_BYTES:
+        return frozen_dtype
+    return "bfloat16"
+
+
 def _split(categories: Sequence[float], scores: Sequence[float]) -> list[float]:
-    """One row of ``PARTS`` from the five category bytes and the four score bytes
+    """One row of ``PARTS`` from the six category bytes and the four score bytes
     (activations per sample, batch-free, other per sample, batch-free)."""
-    p, g, o, a, x = categories
+    p, f, g, o, a, x = categories
     a_s, a_f, x_s, x_f = scores
     a_s, a_f = min(a_s, a), min(a_f, max(0.0, a - a_s))
     x_s, x_f = min(x_s, x), min(x_f, max(0.0, x - x_s))
-    return [p, g, o, a - a_s - a_f, a_s, a_f, x - x_s - x_f, x_s, x_f]
+    return [p, f, g, o, a - a_s - a_f, a_s, a_f, x - x_s - x_f, x_s, x_f]
 
 
 def _timeline(
@@ -276,6 +363,17 @@ def _blocks(ops: pd.DataFrame, trace: Trace, ctx: Mapping[str, Any]) -> tuple[in
         if ctx.get(key):
             return int(ctx[key]), f"run context {key}"
     return 0, ""
+
+
+def _vocab(ops: pd.DataFrame) -> int | None:
+    """The embedding table's rows (the vocabulary: an output layer of that width is not a
+    block's linear layer)."""
+    for text in ops.loc[ops["name"] == "aten::embedding", "input_dims"].head(1):
+        try:
+            return int(input_dims(text)[0][0])
+        except (IndexError, TypeError, ValueError):
+            continue
+    return None
 
 
 def _hidden(ops: pd.DataFrame) -> int | None:

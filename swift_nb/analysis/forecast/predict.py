@@ -20,7 +20,7 @@ from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Pe
 from swift_nb.analysis.forecast.spec import dtype_name, parse_toggles, toggle_label
 from swift_nb.devices import DEFAULT_DEVICE, Device, resolve_device
 from swift_nb.errors import ConfigError
-from swift_nb.record import Run
+from swift_nb.record import Run, finetune_label
 from swift_nb.units import fmt_bytes
 
 #: How far off the total is expected to be (± %). Forecasts of another batch, sequence,
@@ -48,7 +48,9 @@ def forecast(
     samples (per rank) of ``seq_len`` tokens, parameters in ``dtype``, with ``optimizer``
     (a class name; default the run's), ``toggles`` (``"grad_checkpointing"``,
     ``"flash_attention"``, ``"galore:rank=128"``, ``"sequence_parallel:sp_size=4"``,
-    ``"bf16_autocast"``, ``"zero:stage=2"``, ``"fsdp"``) over ``world_size`` ranks, on
+    ``"bf16_autocast"``, ``"zero:stage=2"``, ``"fsdp"``, ``"lora(r=16)"``: the model's
+    weights frozen and adapters trained, ``"qlora(r=16)"``: the same on a 4-bit base; on a
+    LoRA run, another rank of its adapters) over ``world_size`` ranks, on
     ``device`` (a preset of ``DEVICES``, a number of bytes, ``"80GB"`` or ``"24GiB"``).
     Unset arguments are the run's own. ``calibration``: a run of the same model at another
     batch size or sequence length, to fit how activations grow instead of reading it from
@@ -90,6 +92,17 @@ def _config(
     if world_size is None and m.world_size == 1:  # a one-process run sharded as a variant would be
         world = max([world, *_variant_ranks(wanted)])
     applied = Applied(wanted)
+    if "lora" in wanted and "qlora" in wanted:
+        raise ConfigError(
+            "toggles", "take one of lora and qlora (qlora is LoRA on a 4-bit base)", "lora,qlora"
+        )
+    if applied.lora is not None and applied.galore_rank is not None:
+        raise ConfigError(
+            "toggles",
+            f"take one of galore and {applied.lora.name}: both shrink what the optimizer keeps, and GaLore "
+            "projects the weights LoRA freezes",
+            f"galore,{applied.lora.name}",
+        )
     if applied.shard_stage and world < 2:
         raise ConfigError("world_size", f"must be at least 2 to shard with {', '.join(wanted)}", world)
     if applied.checkpointing and m.blocks < 1:
@@ -160,13 +173,14 @@ def _result(
         ],
         expected_error_pct=error[0],
         expected_error=error[1],
-        measured=dict(m.categories),
+        measured={c: v for c, v in m.categories.items() if m.frozen_measured or c != "frozen_parameters"},
         measured_config={
             "batch_size": m.batch_size,
             "seq_len": m.seq_len,
             "dtype": m.dtype,
             "optimizer": m.optimizer,
             "world_size": m.world_size,
+            "finetune": finetune_label(m.finetune),
         },
         device_source=dev.source,
     )

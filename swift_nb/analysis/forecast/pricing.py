@@ -1,7 +1,11 @@
 """The bytes of each memory category of a training step in another configuration: the
-weights (parameters, gradients, optimizer state) exactly, from the parameter count, the
-bytes per element, the optimizer's states and the sharding; activations and other tensors
-by how they grow; then the measured step's timeline scaled point by point for its peak.
+weights (parameters, frozen weights, gradients, optimizer state) exactly, from the parameter
+counts, the bytes per element (or 4-bit packing), the optimizer's states, LoRA's adapters
+(``finetune``) and the sharding; activations and other tensors by how they grow; then the
+measured step's timeline scaled point by point for its peak.
+
+A dtype other than the run's casts every category to it; the run's own leaves each as the
+run had it (a LoRA run's bf16 base beside its fp32 adapters).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import numpy as np
 
 from swift_nb.analysis import effects
 from swift_nb.analysis.effects import ADAM_LIKE, OPTIMIZERS, Applied
+from swift_nb.analysis.forecast import finetune
+from swift_nb.analysis.forecast.finetune import Adapters
 from swift_nb.analysis.forecast.growth import Growth
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.result import Config, Peak
@@ -32,35 +38,74 @@ class CategoryPricer:
 
     def __init__(self, m: Measured, grow: dict[str, Growth]) -> None:
         self.m, self.grow = m, grow
+        self._adapters_of: dict[effects.LoRA, Adapters] = {}
 
     # weights ------------------------------------------------------------------------
+
+    def adapters(self, cfg: Config) -> Adapters | None:
+        """The LoRA adapters ``cfg`` trains in place of the run's parameters (None: it trains
+        what the run trained)."""
+        lora = Applied(cfg.toggles).lora
+        if lora is None:
+            return None
+        if lora not in self._adapters_of:  # the search for the largest batch asks again and again
+            self._adapters_of[lora] = finetune.adapters(self.m, lora)
+        return self._adapters_of[lora]
+
+    def _trainable(self, cfg: Config) -> tuple[float, float, str]:
+        """(elements, bytes before sharding, what they are) of the parameters ``cfg`` trains."""
+        m = self.m
+        e = DTYPE_BYTES[cfg.dtype]
+        ad = self.adapters(cfg)
+        if ad is not None:
+            return ad.elements, ad.elements * e, ad.how
+        what = f"the run's LoRA r={m.lora_rank} adapters, " if m.lora_rank is not None else ""
+        return m.params, m.categories["parameters"] * e / m.element_bytes, what
 
     def parameters(self, cfg: Config) -> tuple[float, str]:
         m = self.m
         e = DTYPE_BYTES[cfg.dtype]
         shard = cfg.shards[0]
-        value = m.categories["parameters"] * e / m.element_bytes / shard
-        line = f"parameters: {_n(m.params)} × {e} B ({cfg.dtype})"
-        if e != m.element_bytes:
-            line += f", measured {fmt_bytes(m.categories['parameters'])} at {m.element_bytes} B each"
+        count, full, what = self._trainable(cfg)
+        value = full / shard
+        if self.adapters(cfg) is not None:
+            line = f"parameters: {what} × {e} B ({cfg.dtype})"
+        else:
+            line = f"parameters: {what}{_n(count)} × {e} B ({cfg.dtype})"
+            if e != m.element_bytes:
+                line += f", measured {fmt_bytes(m.categories['parameters'])} at {m.element_bytes} B each"
         return value, line + _shard_text(shard, "parameters") + f" = {fmt_bytes(value)}"
+
+    def frozen(self, cfg: Config) -> tuple[float, str]:
+        """The frozen weights: the run's own at the configuration's dtype (or 4-bit under a
+        new QLoRA), and under new LoRA adapters the model's weights the run trained."""
+        m = self.m
+        shard = cfg.shards[0]
+        lora = Applied(cfg.toggles).lora
+        value, parts = finetune.frozen_weights(m, lora, cfg.dtype if cfg.dtype != m.dtype else None)
+        value /= shard
+        line = "frozen weights: " + (
+            " + ".join(parts) or "none (every parameter of the cell's models trains)"
+        )
+        return value, line + _shard_text(shard, "frozen weights") + f" = {fmt_bytes(value)}"
 
     def gradients(self, cfg: Config) -> tuple[float, float, str]:
         """(at the measured peak's share, all of them, line) in bytes."""
         m = self.m
         e = DTYPE_BYTES[cfg.dtype]
         shard = cfg.shards[1]
-        full = m.categories["parameters"] * e / m.element_bytes / shard
+        count, full, _ = self._trainable(cfg)
+        full /= shard
         share = (
             min(1.0, m.categories["gradients"] / m.categories["parameters"])
             if m.categories["parameters"]
             else 0
         )
         if share >= 0.999:
-            line = f"gradients: all {_n(m.params)} × {e} B"
+            line = f"gradients: all {_n(count)} × {e} B"
         else:
             line = (
-                f"gradients: {share:.0%} of the {_n(m.params)} were alive at the measured peak (backward frees "
+                f"gradients: {share:.0%} of the {_n(count)} were alive at the measured peak (backward frees "
                 f"activations as it makes gradients) × {e} B"
             )
         return share * full, full, line + _shard_text(shard, "gradients") + f" = {fmt_bytes(share * full)}"
@@ -74,8 +119,18 @@ class CategoryPricer:
         run_states = self._run_states()
         extra = max(0.0, measured - run_states * m.params * self._state_bytes(m.optimizer, m.element_bytes))
         rank = Applied(cfg.toggles).galore_rank
+        ad = self.adapters(cfg)
         if rank is not None:
             elems, text = self._galore(rank)
+        elif ad is not None and ad.elements != m.params:
+            if name not in OPTIMIZERS:  # unknown: the run's bytes per trainable parameter
+                value = measured * ad.elements / m.params * e / m.element_bytes / shard if m.params else 0.0
+                text = (
+                    f"optimizer state: {name or 'the run’s optimizer'} as measured per trainable parameter, "
+                    f"{fmt_bytes(measured)} × {_n(ad.elements)}/{_n(m.params)}"
+                )
+                return value, text + _shard_text(shard, "optimizer state") + f" = {fmt_bytes(value)}"
+            elems, text = self._elements(name, ad)
         elif name == m.optimizer or name is None:
             ratio = self._state_bytes(name, e) / self._state_bytes(name, m.element_bytes)
             value = measured * ratio / shard
@@ -113,23 +168,29 @@ class CategoryPricer:
         state = OPTIMIZERS.get(name or "")
         return state.element_bytes if state and state.element_bytes else element_bytes
 
-    def _elements(self, name: str) -> tuple[float, str]:
+    def _elements(self, name: str, ad: Adapters | None = None) -> tuple[float, str]:
+        """Elements of ``name``'s state for the run's parameters, or for adapters ``ad``."""
         state = OPTIMIZERS.get(name)
         if state is None:
             raise ConfigError("optimizer", f"must be one of {', '.join(OPTIMIZERS)}", name)
         m = self.m
+        params = ad.elements if ad is not None else m.params
         if state.factored:
-            shapes, how = self._shapes()
+            if ad is not None and ad.matrices:
+                shapes, how = ad.matrices, "(the adapters' A and B)"
+            else:
+                shapes, how = self._shapes()
             in_matrices = sum(a * b * k for (a, b), k in shapes.items())
-            elems = sum((a + b) * k for (a, b), k in shapes.items()) + max(0, m.params - in_matrices)
+            elems = sum((a + b) * k for (a, b), k in shapes.items()) + max(0, params - in_matrices)
             return elems, (
                 f"optimizer state: Adafactor's row and column second moments of the weight matrices {how} "
                 f"(m + n each) and one per other parameter: {_n(elems)} elements"
             )
         states = self._run_states() if name == m.optimizer else state.states
+        which = "trainable parameter (the adapters)" if ad is not None else "parameter"
         return (
-            states * m.params,
-            f"optimizer state: {name} keeps {states:g} per parameter: {states:g} × {_n(m.params)}",
+            states * params,
+            f"optimizer state: {name} keeps {states:g} per {which}: {states:g} × {_n(params)}",
         )
 
     def _shapes(self) -> tuple[dict[tuple[int, int], int], str]:
@@ -205,18 +266,57 @@ class CategoryPricer:
         scale = np.array([new_rest / rest if rest else 0.0, *factors])
         mult, more = self._multiplier(cfg)
         value = float(np.dot([rest, per_sample, batch_free], scale)) * mult
+        if cat == "activations":
+            added, text = self._adapter_activations(cfg)
+            if added and value:
+                mult *= (value + added) / value
+                value += added
+                more += text
         shape = f"batch {b0}" + (f" × {t0:,} tokens" if m.seq_len else "")
         line = f"{cat}: {fmt_bytes(m.categories[cat])} measured at {shape} ({g.how}) → " + " + ".join(terms)
         return scale * mult, value, line + more + f" = {fmt_bytes(value)}"
+
+    def _adapter_activations(self, cfg: Config) -> tuple[float, str]:
+        """What new LoRA adapters keep for backward (``effects.lora_activations``), and the text."""
+        ad = self.adapters(cfg)
+        if ad is None or not ad.new or not ad.layers:
+            return 0.0, ""
+        m = self.m
+        _, e = self._compute(cfg)
+        t = cfg.seq_len if m.seq_len else 1
+        sp = Applied(cfg.toggles).sp_size
+        inputs = ad.inputs if ad.lora.dropout else 0
+        added = effects.lora_activations(cfg.batch_size * t / sp, ad.lora.rank, ad.layers, e, inputs)
+        text = f"; + the adapters' own, x·A kept for B's gradient: B·T × r={ad.lora.rank} × {ad.layers} layers × {e} B"
+        if inputs:
+            text += f", and dropout's output and mask: B·T × {_n(inputs)} inputs × ({e} + 1) B"
+        if sp > 1:
+            text += f" ÷ {sp}"
+        return added, text + (
+            f" = {fmt_bytes(added)} (approximate: the frozen base is taken to keep what the full fine-tune kept, "
+            "though a frozen layer no longer keeps its input for its weight's gradient: expect somewhat less)"
+        )
+
+    def _compute(self, cfg: Config) -> tuple[str, int]:
+        """The dtype the configuration's activations are in, and its bytes: a new QLoRA base
+        computes in bf16; a dtype other than the run's casts them; else the run's."""
+        m = self.m
+        lora = Applied(cfg.toggles).lora
+        if lora is not None and lora.quantized and not m.quantization:
+            name = finetune.qlora_compute_dtype(cfg.dtype if cfg.dtype != m.dtype else None)
+        else:
+            name = cfg.dtype if cfg.dtype != m.dtype else m.compute_dtype
+        return name, DTYPE_BYTES[name]
 
     def _multiplier(self, cfg: Config) -> tuple[float, str]:
         """What dtype, autocast and sequence parallelism multiply activations and other by."""
         m = self.m
         text, mult = "", 1.0
-        ratio = DTYPE_BYTES[cfg.dtype] / m.element_bytes
+        name, e = self._compute(cfg)
+        ratio = e / DTYPE_BYTES[m.compute_dtype]
         if ratio != 1:
             mult *= ratio
-            text += f"; × {ratio:g} for {cfg.dtype} tensors"
+            text += f"; × {ratio:g} for {name} tensors"
         applied = Applied(cfg.toggles, m.toggles)
         if applied.new_autocast and cfg.dtype == "float32":
             mult = effects.autocast_activations(mult)
@@ -235,24 +335,27 @@ class CategoryPricer:
         largest sum taken (the peak's own row first)."""
         m = self.m
         params, p_line = self.parameters(cfg)
+        frozen, f_line = self.frozen(cfg)
         _, grads_full, g_line = self.gradients(cfg)
         state, o_line = self.optimizer_state(cfg)
         act_scale, act, a_line = self.variable("activations", cfg)
         other_scale, _, x_line = self.variable("other", cfg)
         ckpt, recomputed, a_line = self._checkpointing(act, a_line, cfg)
-        other_extra, extra_lines = self._extras(cfg, params, grads_full)
+        other_extra, extra_lines = self._extras(cfg, params, frozen, grads_full)
         other_extra += recomputed
         measured_params = m.categories["parameters"] or 1.0
-        weights = [params / measured_params, grads_full / measured_params]
-        weights.append(state / m.categories["optimizer_state"] if m.categories["optimizer_state"] else 0.0)
+        measured_frozen, measured_state = m.categories["frozen_parameters"], m.categories["optimizer_state"]
+        weights = [params / measured_params, frozen / measured_frozen if measured_frozen else 0.0]
+        weights += [grads_full / measured_params, state / measured_state if measured_state else 0.0]
         parts = m.timeline * np.concatenate([weights, act_scale * ckpt, other_scale])
-        cats = np.column_stack(
-            [parts[:, 0], parts[:, 1], parts[:, 2], parts[:, 3:6].sum(1), parts[:, 6:9].sum(1)]
-        )
-        cats[:, 2] += 0.0 if m.categories["optimizer_state"] else state  # state the run did not have
-        cats[:, 4] += other_extra
+        cats = np.column_stack([parts[:, :4], parts[:, 4:7].sum(1), parts[:, 7:10].sum(1)])
+        col = {c: i for i, c in enumerate(MEMORY_CATEGORIES)}
+        # what the run did not have: frozen weights (a full fine-tune under LoRA), optimizer state
+        cats[:, col["frozen_parameters"]] += 0.0 if measured_frozen else frozen
+        cats[:, col["optimizer_state"]] += 0.0 if measured_state else state
+        cats[:, col["other"]] += other_extra
         at = int(np.argmax(cats.sum(axis=1)))
-        lines = [p_line, g_line, o_line, a_line, x_line, *extra_lines]
+        lines = [p_line, f_line, g_line, o_line, a_line, x_line, *extra_lines]
         if at:
             lines.append(
                 "peak: the forecast step peaks elsewhere than the measured one, at the point of the measured "
@@ -283,7 +386,7 @@ class CategoryPricer:
             f" = {fmt_bytes(kept)}"
         )
         if m.hidden:
-            e = 2 if applied.autocast else DTYPE_BYTES[cfg.dtype]
+            e = 2 if applied.autocast else self._compute(cfg)[1]
             t = cfg.seq_len if m.seq_len else 1
             boundary = checkpointed * cfg.batch_size * t * m.hidden * e / applied.sp_size
             kept += boundary
@@ -294,7 +397,9 @@ class CategoryPricer:
         )
         return kept / act, recomputed, line + text + f" → {fmt_bytes(kept)}"
 
-    def _extras(self, cfg: Config, params: float, grads_full: float) -> tuple[float, list[str]]:
+    def _extras(
+        self, cfg: Config, params: float, frozen: float, grads_full: float
+    ) -> tuple[float, list[str]]:
         """Tensors the configuration adds that the run did not have (counted as other)."""
         m = self.m
         lines, extra = [], 0.0
@@ -310,6 +415,14 @@ class CategoryPricer:
             lines.append(
                 f"bf16 autocast: bf16 copies of the weights that matmuls keep for backward, P × 2 B = {fmt_bytes(copies)}"
             )
+        lora = Applied(cfg.toggles).lora
+        if lora is not None and lora.quantized and not m.quantization:
+            copy, shape = finetune.dequantized_copy(m, cfg.dtype if cfg.dtype != m.dtype else None)
+            extra += copy
+            lines.append(
+                f"QLoRA: each 4-bit layer dequantizes its weight for the matmul (in forward, again in backward), one "
+                f"at a time: the largest, {shape} = {fmt_bytes(copy)}"
+            )
         p_shard, g_shard, _ = cfg.shards
         if cfg.world_size > 1 and g_shard == 1 and m.world_size == 1:
             extra += grads_full
@@ -319,11 +432,11 @@ class CategoryPricer:
             )
         if p_shard > 1:
             blocks = max(1, m.blocks)
-            gathered = 2 * params * p_shard / blocks
+            gathered = 2 * (params + frozen) * p_shard / blocks
             extra += gathered
             lines.append(
                 f"sharded parameters: two blocks' worth gathered at a time (the current and the prefetched), "
-                f"2 × P/{blocks} = {fmt_bytes(gathered)}"
+                f"2 × P/{blocks} = {fmt_bytes(gathered)}" + (" (frozen weights included)" if frozen else "")
             )
         return extra, lines
 

@@ -52,8 +52,9 @@ class Peak:
 class Forecast:
     """Peak tensor memory of a training step in another configuration, and whether it fits.
 
-    categories: bytes at the forecast peak (parameters, gradients, optimizer_state,
-    activations, other); total_bytes: their sum; device: the preset (or capacity) it is for,
+    categories: bytes at the forecast peak (``MEMORY_CATEGORIES``: parameters, the ones that
+    train; frozen_parameters, the weights that do not, at their dtype or 4-bit packing;
+    gradients, optimizer_state, activations, other); total_bytes: their sum; device: the preset (or capacity) it is for,
     capacity_bytes: its total memory, context_bytes: what the CUDA context takes of it,
     usable_bytes: the rest; fits: total ≤ usable; headroom_bytes: usable − total (negative:
     short by that much); max_batch_size: the largest batch that fits at ``seq_len`` (0: not
@@ -61,7 +62,8 @@ class Forecast:
     at ``batch_size`` (None: the run has no sequence, or unbounded); derivation: one line per
     category (the formula with its numbers) and per assumption; expected_error_pct: how far
     off the total may be (±%), expected_error: why; measured: the run's categories at its
-    peak, measured_config: its batch, sequence, dtype, optimizer and ranks.
+    peak (frozen_parameters absent when the run did not measure them), measured_config: its
+    batch, sequence, dtype, optimizer, ranks and fine-tuning (``finetune_label``).
     """
 
     run_id: str
@@ -89,10 +91,16 @@ class Forecast:
     device_source: str = ""
 
     def table(self) -> pd.DataFrame:
-        """One row per category and the total: ``measured_bytes`` (the run, at its peak),
-        ``forecast_bytes``, ``share_pct`` (of the device's usable memory)."""
+        """One row per category and the total: ``measured_bytes`` (the run, at its peak; NaN
+        where it did not measure it), ``forecast_bytes``, ``share_pct`` (of the device's
+        usable memory)."""
         rows = [
-            (c, self.measured.get(c, 0.0), self.categories[c], 100.0 * self.categories[c] / self.usable_bytes)
+            (
+                c,
+                self.measured.get(c, float("nan")),
+                self.categories[c],
+                100.0 * self.categories[c] / self.usable_bytes,
+            )
             for c in MEMORY_CATEGORIES
         ]
         rows.append(
