@@ -18,12 +18,13 @@ def memory_footprint(run: Run) -> pd.DataFrame:
 
     Where a recorded step follows another recorded step, only such steps are used: the
     profiler saw every allocation alive in them, while the first step of a recording also
-    holds tensors whose allocation it never saw."""
+    holds tensors whose allocation it never saw. A category the run did not record (a run
+    from before ``frozen_parameters`` existed) is NaN: unknown, not 0."""
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     steps = run.steps
     if not set(cols) <= set(steps.columns):
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
-    recorded = steps.dropna(subset=cols)
+    recorded = steps.dropna(subset=cols, how="all")
     if recorded.empty:
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
     followers = recorded[recorded["step"].isin(recorded["step"] + 1)]
@@ -32,7 +33,7 @@ def memory_footprint(run: Run) -> pd.DataFrame:
     at_peak = recorded[cols].median()
     timeline = run.memory[run.memory["step"].isin(recorded["step"])] if len(run.memory) else run.memory
     maxima = timeline[cols].max() if len(timeline) else recorded[cols].max()
-    total = float(at_peak.sum()) or 1.0
+    total = float(at_peak.sum(min_count=1)) or 1.0
     return pd.DataFrame(
         {
             "category": MEMORY_CATEGORIES,
