@@ -203,3 +203,24 @@ def test_summary_and_list_name_the_finetuning(lora_llama):
     listed = swift_nb.runs(run.path.parent)
     assert listed["finetune"].iloc[0].startswith("LoRA r=8 · ")
     assert "fine-tuning" in runs_text(listed)
+
+
+def test_bytes_carried_from_the_steps_start_are_other_from_its_start():
+    """CUDA's allocator holds tensors the replay never saw made (cuBLAS's workspace, the
+    batch): the snapshot's CARRIED entry starts ``other`` at them, and a free of one of them
+    during the step comes out of it rather than below zero."""
+    from swift_nb.capture import memory_categories as memcat
+
+    snap = {100: ("parameters", 1000), memcat.CARRIED: ("other", 5000)}
+    mem = [(10, 2000, 200), (20, -3000, 300), (30, -2000, 200)]  # 300: carried, freed in the step
+    events = [{"ph": "X", "name": "ProfilerStep#3", "ts": 0, "dur": 100}] + [
+        {"name": "[memory]", "ts": ts, "args": {"Device Type": 1, "Bytes": n, "Addr": a}} for ts, n, a in mem
+    ]
+    (m,) = memcat.step_memory(events, {3: snap, 4: snap}, 1).values()
+    assert m.carried == 5000
+    assert m.at_peak["parameters"] == 1000 and m.at_peak["other"] == 7000 and m.peak == 8000
+    assert m.timeline[0, 1:].sum() == 6000  # the step's start: parameters and what it carried
+    assert m.timeline[:, 1 + memcat.CATEGORIES.index("other")].tolist() == [5000, 7000, 4000, 2000]
+    # on the CPU there is no allocator to ask: nothing is carried
+    model = torch.nn.Linear(4, 4)
+    assert memcat.CARRIED not in memcat.snapshot([torch.optim.SGD(model.parameters(), lr=0.1)], carried=True)

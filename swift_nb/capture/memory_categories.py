@@ -34,49 +34,61 @@ MAX_TIMELINE_POINTS = 400  # per step
 
 
 Snapshot = dict[int, tuple[str, int]]
+#: the snapshot's key (no storage has address 0) for the bytes the CUDA allocator holds at
+#: the step's edge beyond the snapshot's storages: tensors made before the recording began
+#: (library workspaces such as cuBLAS's, caches, the batch), counted as ``other`` from the
+#: step's start, since the replay never sees them allocated
+CARRIED = 0
 
 
-def snapshot(optimizers, models=()) -> Snapshot:
+def snapshot(optimizers, models=(), carried: bool = False) -> Snapshot:
     """Address -> (category, bytes) of every storage the optimizers hold, and of the
     parameters and buffers of ``models`` (root modules) that they do not train
     (``frozen_parameters``: a parameter an optimizer holds with ``requires_grad`` off is
     frozen too). Quantized weights count at their packed storage plus their quantization
     state. Only storages on the device the parameters train on (``device_type_code``)
-    count: the replay sees that device's allocations alone."""
+    count: the replay sees that device's allocations alone. With ``carried``, on CUDA, the
+    allocator's bytes beyond those storages are the ``CARRIED`` entry."""
     import torch  # here: the replay (``step_memory``) runs where torch is not imported
 
     optimizers, models = list(optimizers), list(models)
     device = "cuda" if device_type_code(optimizers, models) == 1 else "cpu"
     out: Snapshot = {}
-
-    def add(t, category):
-        # FSDP2 keeps its shards as DTensors (no storage of their own): count the local
-        # shard; GaLore keeps its projection on a projector object in the state.
-        for attr in ("_local_tensor", "ortho_matrix"):
-            inner = getattr(t, attr, None)
-            if inner is not None:
-                t = inner
-        if isinstance(t, torch.Tensor) and t.device.type == device:
-            st = t.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr and ptr not in out:  # a storage met twice keeps its first category
-                out[ptr] = (category, st.nbytes())
-
     for opt in optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
-                add(p, "parameters" if p.requires_grad else "frozen_parameters")
-                if p.grad is not None:
-                    add(p.grad, "gradients")
+                _add(out, device, p, "parameters" if p.requires_grad else "frozen_parameters")
+                _add(out, device, p.grad, "gradients")
         for state in opt.state.values():
             for t in state.values():
-                add(t, "optimizer_state")
+                _add(out, device, t, "optimizer_state")
     for model in models:
         for t in (*model.parameters(), *model.buffers()):
-            add(t, "frozen_parameters")
-            for q in quantization_state(t):
-                add(q, "frozen_parameters")
+            for part in (t, *quantization_state(t)):
+                _add(out, device, part, "frozen_parameters")
+    if carried and device == "cuda":
+        index = next((p.device for o in optimizers for g in o.param_groups for p in g["params"]), None)
+        allocated = torch.cuda.memory_allocated(index)
+        out[CARRIED] = ("other", max(0, int(allocated) - sum(n for _, n in out.values())))
     return out
+
+
+def _add(out: Snapshot, device: str, t, category: str) -> None:
+    """``t``'s storage into ``out`` as ``category``, unless it is on another device or
+    already there (a storage met twice keeps its first category)."""
+    import torch
+
+    # FSDP2 keeps its shards as DTensors (no storage of their own): count the local
+    # shard; GaLore keeps its projection on a projector object in the state.
+    for attr in ("_local_tensor", "ortho_matrix"):
+        inner = getattr(t, attr, None)
+        if inner is not None:
+            t = inner
+    if isinstance(t, torch.Tensor) and t.device.type == device:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr and ptr not in out:
+            out[ptr] = (category, st.nbytes())
 
 
 def quantization_state(t) -> list:
@@ -117,6 +129,7 @@ class StepMemory:
     maxima: dict[str, int]
     timeline: np.ndarray
     start_us: float = 0.0  # the step's start on the trace clock
+    carried: int = 0  # bytes of ``other`` alive from the step's start that the replay never saw made
 
     @property
     def peak(self) -> int:
@@ -279,4 +292,5 @@ def step_memory(
                 sorted(mem[k], key=lambda m: m[0]), snapshots[k], snapshots[k + 1], np.array(backward[k])
             )
             out[k].start_us = start_us
+            out[k].carried = snapshots[k].get(CARRIED, ("other", 0))[1]
     return out

@@ -47,7 +47,7 @@ class MemoryRecorder:
             return
         if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
             try:
-                self.snapshots[k] = memcat.snapshot(self._optimizers, self._models())
+                self.snapshots[k] = memcat.snapshot(self._optimizers, self._models(), carried=True)
             except RuntimeError as e:  # e.g. FSDP2's sharded parameters between steps
                 self._note(f"memory by category is not available for these parameters ({e})")
                 self.failed = True
@@ -72,6 +72,8 @@ class MemoryRecorder:
             steps[f"{c}_bytes"] = steps["step"].map({k: m.at_peak[c] for k, m in per_step.items()})
         if not cuda:
             steps["peak_tensor_bytes"] = steps["step"].map({k: m.peak for k, m in per_step.items()})
+        else:
+            steps["carried_bytes"] = steps["step"].map({k: m.carried for k, m in per_step.items()})
         frames = []
         for k, m in per_step.items():
             tl = pd.DataFrame(m.timeline, columns=["ts_us", *(f"{c}_bytes" for c in memcat.CATEGORIES)])

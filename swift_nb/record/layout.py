@@ -61,6 +61,9 @@ STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "cras
 #   rss_bytes: process resident set size at the step's end;
 #   parameters_bytes … other_bytes (recorded steps, with memory profiling): tensor bytes of
 #     each category at the step's peak (see memory.csv);
+#   carried_bytes (CUDA, recorded steps): of other_bytes, what the allocator held at the
+#     step's start beyond the parameters, frozen weights, gradients and optimizer state (library
+#     workspaces such as cuBLAS's, caches, the batch: made before the recording, never seen made);
 #   compile_s: seconds the step spent in torch.compile's compiling (dynamo, the backend,
 #     a lazy backward compile; swift_nb.capture.compile), 0 when it compiled nothing.
 STEP_COLUMNS = [

@@ -150,6 +150,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
     categories (recorded without ``profile_memory`` or with no recorded step)."""
     notes: list[str] = []
     run, frozen_measured = _frozen_known(run, notes)
+    run = _carried_apart(run)
     recorded = _recorded_steps(run)
     footprint = memory_footprint(run)
     if recorded.empty or footprint.empty:
@@ -213,6 +214,21 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         untracked_bytes=_untracked(recorded),
         notes=notes,
     )
+
+
+def _carried_apart(run: Run) -> Run:
+    """``run`` with the bytes its steps carried from their start (CUDA: the allocator's
+    workspaces, caches and the batch, made before the recording; ``carried_bytes``) taken
+    out of ``other``, in a copy: they do not grow with the batch or the sequence, and
+    ``_untracked`` keeps them as measured."""
+    if "carried_bytes" not in run.steps or not run.steps["carried_bytes"].fillna(0).any():
+        return run
+    carried = run.steps.set_index("step")["carried_bytes"].fillna(0.0)
+    steps = run.steps.assign(other_bytes=run.steps["other_bytes"] - run.steps["carried_bytes"].fillna(0.0))
+    memory = run.memory
+    if len(memory):
+        memory = memory.assign(other_bytes=memory["other_bytes"] - memory["step"].map(carried).fillna(0.0))
+    return replace(run, steps=steps, memory=memory)
 
 
 def _frozen_known(run: Run, notes: list[str]) -> tuple[Run, bool]:
