@@ -322,3 +322,8 @@ def test_profile_api_applies_and_records_lora(runs_dir):
     assert recorded["toggle"] == "lora" and recorded["applied"] and recorded["params"]["r"] == 4
     assert recorded["details"]["targets"] == 8
     assert recorded["changes"][0].startswith("`model` (GPT): LoRA r=4 on 8 modules")
+    # the fine-tuning as the run trained it (read at its first step, before the undo)
+    ft = saved.context["finetune"]
+    assert (ft["method"], ft["library"], ft["rank"]) == ("lora", "peft", 4)
+    assert ft["trainable_params"] == recorded["details"]["trainable_params"]
+    assert saved.summary["memory_categories_at_peak"]["frozen_parameters"] > 0
