@@ -7,7 +7,8 @@ From the post-mortem (``Run.oom``, read at the failure by ``swift_nb.capture.oom
   (the blocks still to run keep as much again) and the request is added; in the backward
   pass or the optimizer, what was live plus the request is a lower bound. The optimizer's
   own step needs parameters + gradients + its state, the state sized for the optimizer
-  when the first step never allocated it (Adam: two per parameter).
+  when the first step never allocated it (Adam: two per parameter). Frozen weights (a LoRA
+  base, a frozen encoder) are there throughout, with no gradient or state.
 - the room: the capacity less what is not tensors (the CUDA context; the process's own
   memory on CPU), less a margin (``MARGIN``) for the allocator's rounding and
   fragmentation.
@@ -98,8 +99,8 @@ def _fp32_activations(oom: OutOfMemory) -> bool:
 def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
     """The failed step's need, the room, and the fixes (those that fit first)."""
     c = {k: float(v) for k, v in oom.categories.items()}
-    params, grads, state, other = (
-        c.get(k, 0.0) for k in ("parameters", "gradients", "optimizer_state", "other")
+    params, frozen, grads, state, other = (
+        c.get(k, 0.0) for k in ("parameters", "frozen_parameters", "gradients", "optimizer_state", "other")
     )
     act, square, how = _activations(oom)
     # optimizer state per parameter byte, when the failure came before the state existed
@@ -107,14 +108,14 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
     full_state = state if state > 0 or not per_param else per_param * params
 
     def need(act_bytes: float, state_bytes: float = full_state) -> float:
-        return max(params + grads + state + act_bytes + other, 2 * params + state_bytes)
+        return frozen + max(params + grads + state + act_bytes + other, 2 * params + state_bytes)
 
     room = None
     if oom.capacity_bytes:
         room = int((oom.capacity_bytes - (oom.outside_tensors_bytes or 0)) * (1 - MARGIN))
     formula = (
-        f"need = max(parameters + gradients + optimizer state + activations + other, "
-        f"the optimizer's step: 2 × parameters + state {fmt_bytes(full_state)}); "
+        f"need = frozen parameters {fmt_bytes(frozen)} + max(parameters + gradients + optimizer state + "
+        f"activations + other, the optimizer's step: 2 × parameters + state {fmt_bytes(full_state)}); "
         f"activations {fmt_bytes(act)} = {how}"
     )
     if room is not None:

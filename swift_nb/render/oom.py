@@ -49,7 +49,7 @@ def _where_lines(oom: OutOfMemory) -> list[str]:
 
 def _categories_table(oom: OutOfMemory) -> str:
     rows = "".join(
-        f"<tr><th>{escape(c.replace('_', ' '))}</th><td>{escape(fmt_bytes(oom.categories.get(c, 0)))}</td></tr>"
+        f"<tr><th>{escape(c.replace('_', ' '))}</th><td>{escape(fmt_bytes(oom.categories.get(c)))}</td></tr>"
         for c in MEMORY_CATEGORIES
     )
     return f"<table class='kv'><tr><th>live at the failure</th><th>bytes</th></tr>{rows}</table>"
@@ -117,7 +117,7 @@ def oom_text(run: Run) -> str | None:
         return None
     d = diagnose(oom, run.context.get("optimizer"))
     lines = [headline(oom), *_where_lines(oom), "Live at the failure:"]
-    lines += [f"  {c.replace('_', ' ')}: {fmt_bytes(oom.categories.get(c, 0))}" for c in MEMORY_CATEGORIES]
+    lines += [f"  {c.replace('_', ' ')}: {fmt_bytes(oom.categories.get(c))}" for c in MEMORY_CATEGORIES]
     lines.append(f"The failed step needs ≈ {fmt_bytes(d.need_bytes)}. What would make it fit:")
     lines += [f"  - {s}" for s in fix_sentences(d)]
     if d.compare_line:
