@@ -155,6 +155,18 @@ class Entry:
 
 
 _GALORE_PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
+_LORA_PARAMS = (
+    Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
+    Param("alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive),
+    Param(
+        "targets",
+        str,
+        "auto",
+        "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
+        aliases=("target_modules",),
+    ),
+    Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
+)
 
 #: Every toggle, in the order menus and help list them. A new toggle is one entry here
 #: and, when it can be applied, its file under ``swift_nb/toggles/``.
@@ -182,20 +194,7 @@ TOGGLES: dict[str, Entry] = {
         Entry(
             "lora",
             "LoRA",
-            (
-                Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
-                Param(
-                    "alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive
-                ),
-                Param(
-                    "targets",
-                    str,
-                    "auto",
-                    "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
-                    aliases=("target_modules",),
-                ),
-                Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
-            ),
+            _LORA_PARAMS,
             flag="lora",
             help="LoRA adapters (peft) on the cell's model for this run; the optimizers train only them",
             metavar="r=8,alpha=16,targets=auto,dropout=0",
@@ -206,20 +205,7 @@ TOGGLES: dict[str, Entry] = {
         Entry(
             "qlora",
             "QLoRA",
-            (
-                Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
-                Param(
-                    "alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive
-                ),
-                Param(
-                    "targets",
-                    str,
-                    "auto",
-                    "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
-                    aliases=("target_modules",),
-                ),
-                Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
-            ),
+            _LORA_PARAMS,
             flag="qlora",
             help="4-bit NF4 base (bitsandbytes, CUDA only) plus LoRA adapters for this run",
             metavar="r=8,alpha=16,targets=auto,dropout=0",
