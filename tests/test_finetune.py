@@ -224,3 +224,59 @@ def test_bytes_carried_from_the_steps_start_are_other_from_its_start():
     # on the CPU there is no allocator to ask: nothing is carried
     model = torch.nn.Linear(4, 4)
     assert memcat.CARRIED not in memcat.snapshot([torch.optim.SGD(model.parameters(), lr=0.1)], carried=True)
+
+
+def test_dpo_reference_model_is_frozen_weights(tmp_path):
+    """TRL's DPOTrainer with a reference model: the policy trains in full, the reference is
+    frozen weights beside it, found on the trainer."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(61)}}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    g = torch.Generator().manual_seed(0)
+
+    def text(n: int) -> str:
+        return " ".join(f"w{int(i)}" for i in torch.randint(0, 61, (n,), generator=g))
+
+    data = datasets.Dataset.from_dict(
+        {k: [text(8 if k == "prompt" else 6) for _ in range(32)] for k in ("prompt", "chosen", "rejected")}
+    )
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    policy, reference = transformers.LlamaForCausalLM(cfg), transformers.LlamaForCausalLM(cfg)
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path / "dpo"), max_steps=4, per_device_train_batch_size=4, logging_strategy="no",
+        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, bf16=False,
+        gradient_checkpointing=False,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dpo = trl.DPOTrainer(
+            model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tok
+        )
+        with swift_nb.profile(out_dir=tmp_path / "runs", label="dpo", report=False) as r:
+            dpo.train()
+    run = swift_nb.load_run(r.path)
+    assert run.summary["steps"] == 4
+    cats = _at_peak(run)
+    expected = _stored_bytes([*reference.parameters(), *reference.buffers(), *policy.buffers()])
+    assert cats["frozen_parameters"] == pytest.approx(expected, rel=0.01)
+    assert cats["parameters"] == _trainable(policy)
+    ft = run.context["finetune"]
+    assert ft["method"] == "full" and ft["trainable_pct"] == 100.0
+    assert ft["frozen_models"] == [
+        {
+            "variable": "trainer.ref_model",
+            "class": "LlamaForCausalLM",
+            "params": sum(p.numel() for p in reference.parameters()),
+        }
+    ]
+    assert run.context["trainer"]["arguments_class"] == "DPOConfig"
