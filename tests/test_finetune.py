@@ -137,6 +137,14 @@ def test_lora_context_is_exact(lora_llama):
     assert ft["trainable_pct"] == pytest.approx(100 * trainable / total)
     assert ft["base_model"]["class"] == "LlamaForCausalLM"
     assert ft["quantization"] is None and ft["base_dtype"] == "float32"
+    # the base's linear layers by name, the adapters' own left out (what lora(targets=…) forecasts)
+    shapes = {row[0]: row[1:] for row in ft["linear_shapes"]}
+    assert (
+        shapes["q_proj"] == [64, 64, 2]
+        and shapes["down_proj"] == [64, 128, 2]
+        and shapes["lm_head"] == [VOCAB, 64, 1]
+    )
+    assert not any(name.startswith("lora_") for name in shapes)
     assert finetune_label(ft) == f"LoRA r=8 · {100 * trainable / total:.2g} %"
 
 

@@ -66,6 +66,7 @@ def describe(models: Mapping[str, nn.Module], optimizers: Iterable[torch.optim.O
     frozen = [p for p in params if not p.requires_grad]
     out["quantization"] = quant
     out["base_dtype"] = _common_dtype(frozen or params)
+    out["linear_shapes"] = linear_shapes(model)
     config = _peft_config(model)
     if config is not None:
         out.update(_adapter(config))
@@ -81,6 +82,28 @@ def describe(models: Mapping[str, nn.Module], optimizers: Iterable[torch.optim.O
     if others:
         out["frozen_models"] = others
     return out
+
+
+def linear_shapes(model: nn.Module) -> list[list[Any]]:
+    """``[[leaf name, out features, in features, how many], ...]`` of the model's linear
+    layers (``nn.Linear`` and its quantized subclasses, transformers' ``Conv1D``), by the
+    name the layer has in its block (``q_proj``); the adapters' own layers (``lora_A``,
+    ``lora_B``) are left out and a wrapped layer (peft's ``base_layer``) goes by its
+    wrapper's name. What the forecast adapts, by name, in ``lora(targets=…)``."""
+    found: Counter[tuple[str, int, int]] = Counter()
+    for name, m in model.named_modules():
+        parts = name.split(".")
+        if any(p.startswith("lora_") for p in parts):
+            continue
+        if isinstance(m, nn.Linear):
+            shape = (int(m.out_features), int(m.in_features))
+        elif type(m).__name__ == "Conv1D" and hasattr(m, "nf") and hasattr(m, "nx"):
+            shape = (int(m.nf), int(m.nx))
+        else:
+            continue
+        leaf = parts[-2] if parts[-1] == "base_layer" and len(parts) > 1 else parts[-1]
+        found[(leaf, *shape)] += 1
+    return [[leaf, o, i, n] for (leaf, o, i), n in found.items()]
 
 
 def _trained_model(models: Mapping[str, nn.Module], trained: set[int]) -> tuple[str, nn.Module] | None:
