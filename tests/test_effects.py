@@ -82,6 +82,23 @@ def test_a_measured_run_with_one_toggle():
         == 150.0
     )
     assert effects.toggle_peak("flash_attention", 200.0, cats, {}, {}) is None
+    # a LoRA run's blocks are in the lora_activations finding, which takes the activations one's place
+    on_lora = effects.toggle_peak(
+        "grad_checkpointing", 200.0, cats, {"checkpointed_blocks": 2}, {"lora_activations": {"blocks": 4}}
+    )
+    assert on_lora == ckpt
+
+
+def test_lora_adapters_and_their_optimizer_state():
+    # r·(in + out) per layer, the optimizer's states in fp32 (the adapters'), or 8-bit
+    assert effects.lora_params({(64, 64): 8, (128, 64): 4, (64, 128): 2}, 8) == 17_408
+    assert effects.adapter_optimizer_state(17_408, "AdamW") == 2 * 17_408 * 4
+    assert effects.adapter_optimizer_state(17_408, None) == 2 * 17_408 * 4  # Adam's when unknown
+    assert effects.adapter_optimizer_state(17_408, "SGD") == 17_408 * 4
+    assert effects.adapter_optimizer_state(17_408, "AdamW8bit") == 2 * 17_408
+    # without shapes: transformer blocks of ≈ 12·d², d = √(P / 12·L)
+    assert effects.block_linears(12 * 64 * 64 * 2, 2) == {(64, 64): 8, (256, 64): 2, (64, 256): 2}
+    assert effects.block_linears(1_000, 0) == effects.block_linears(1_000, 1)
 
 
 def test_a_configurations_toggles_as_the_formulas_ask():

@@ -1,6 +1,6 @@
 """The advisor's fine-tuning rules (``rules/frozen_fp32.py``, ``lora_small_batch.py``,
-``lora_activations.py``, ``frozen_grad.py``) and GaLore offered to full fine-tunes only
-(``rules/optimizer_state.py``).
+``lora_activations.py``, ``frozen_grad.py``), and GaLore and LoRA offered to full fine-tunes
+only (``rules/optimizer_state.py``), LoRA's predicted state against ``--compare lora``'s.
 
 Real runs profiled on the CPU (peft LoRA and full fine-tunes of a Llama built from a config,
 random weights; a model whose encoder only the optimizer leaves out; a frozen encoder beside
@@ -30,6 +30,8 @@ from swift_nb.analysis.advisor.rules import (
 )
 from swift_nb.analysis.advisor.rules.lora_small_batch import scaled_peak
 from swift_nb.analysis.device import CAUSES
+from swift_nb.analysis.forecast import finetune as forecast_finetune
+from swift_nb.analysis.forecast.measure import measure
 from swift_nb.record import MEMORY_CATEGORIES
 
 peft = pytest.importorskip("peft")
@@ -139,6 +141,46 @@ def frozen_encoder_run(tmp_path_factory):
     return _encoder_beside_a_head(tmp_path_factory, "frozen-encoder", requires_grad=True)
 
 
+def _tiny_llama_run(tmp_path_factory, label: str, toggles=None) -> swift_nb.Run:
+    """STEPS steps of a full fine-tune (AdamW) of a 2-block Llama, under ``toggles``: its
+    optimizer state ≈ 47 % of the peak (the peak at the optimizer's step)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with swift_nb.profile(
+            out_dir=tmp_path_factory.mktemp(label),
+            label=label,
+            report=False,
+            toggles=toggles,
+            namespace={"model": model, "opt": opt},
+        ) as run:
+            for _ in range(STEPS):
+                model(input_ids=x, labels=x).loss.backward()
+                opt.step()
+                opt.zero_grad()
+    return swift_nb.load_run(run.path)
+
+
+@pytest.fixture(scope="module")
+def tiny_full_and_lora(tmp_path_factory):
+    """The same full fine-tune as measured, and as ``--compare lora`` reruns it (r=8, targets=auto)."""
+    return (
+        _tiny_llama_run(tmp_path_factory, "tiny-full"),
+        _tiny_llama_run(tmp_path_factory, "tiny-lora", toggles=["lora"]),
+    )
+
+
 def _found(run) -> dict:
     return {f.id: f for f in advisor.advise(run)[1]}
 
@@ -222,6 +264,41 @@ def test_a_frozen_model_that_records_no_graph_is_left_alone(tmp_path_factory):
     run = _encoder_beside_a_head(tmp_path_factory, "no-graph", requires_grad=False)
     assert run.context["finetune"]["frozen_models"][0]["variable"] == "encoder"
     assert "frozen_grad" not in _found(run)
+
+
+@pytest.mark.slow
+def test_lora_offered_to_a_full_finetune_predicts_the_state_compare_lora_measures(tiny_full_and_lora):
+    full, lora = tiny_full_and_lora
+    f = _found(full)["optimizer_state"]
+    assert full.context["finetune"]["method"] == "full"
+    assert f.toggle == "galore" and "the lora toggle: r=8" in f.suggestion
+    (applied,) = lora.context["toggles"]
+    assert applied["toggle"] == "lora" and applied["applied"]
+    adapters = applied["details"]["trainable_params"]  # 14 layers, Σ 8·(in + out) = 17,408
+    measured = lora.summary["memory_categories_at_peak"]["optimizer_state"]
+    opt, peak = f.evidence["optimizer_state_bytes"], f.evidence["peak_bytes"]
+
+    # the rule's function on the layers targets=auto adapts, as the capture recorded them (the
+    # forecast's: q, k, v, o, gate, up, down of both blocks, the lm_head left out): exact
+    layers, how = forecast_finetune.base_layers(measure(full))
+    assert sum(layers.values()) == 14 and how == "(shapes recorded by the capture)"
+    exact = optimizer_state.lora_alternative(layers, how, opt, peak, full.context)
+    assert exact["lora_adapter_params"] == adapters
+    assert exact["lora_optimizer_state_bytes"] == pytest.approx(measured, rel=0.10)  # −0.08 %: step counters
+    assert exact["lora_saved_bytes"] == opt - exact["lora_optimizer_state_bytes"]
+    assert exact["lora_saved_pct"] == round(100 * exact["lora_saved_bytes"] / peak, 1)
+
+    # the finding itself, on the linear layers the capture recorded: the same layers, exact
+    assert f.evidence["lora_adapter_params"] == adapters
+    assert f.evidence["lora_optimizer_state_bytes"] == pytest.approx(measured, rel=0.10)
+    assert f.evidence["lora_shapes"].startswith("the 14 linear layers of the model but its output layer")
+    # a run recorded without linear shapes: 2 blocks of ≈ 12·d² hold the model's 115,008
+    # parameters, embeddings and lm_head (28 %) among them: d ≈ 69, not 64 (+14 %)
+    assumed = effects.block_linears(full.context["finetune"]["total_params"], 2)
+    estimate = optimizer_state.lora_alternative(assumed, "assumed", opt, peak, full.context)
+    assert estimate["lora_optimizer_state_bytes"] == pytest.approx(measured, rel=0.15)
+    assert "; with lora (r=8): optimizer state ≈ " in f.predicted_effect
+    assert "(Adam's 2) × Σ r·(in + out)" in f.formula
 
 
 # -- hand-built evidence -----------------------------------------------------------------------
@@ -441,6 +518,29 @@ def test_optimizer_state_offers_galore_to_full_finetunes_only():
     fp = _footprint(parameters=25 * MIB, optimizer_state=50 * MIB, activations=25 * MIB)
     full = optimizer_state.rule(_evidence(fp), TH, {"finetune": {"method": "full"}})
     assert full.toggle == "galore"
+    # LoRA beside it: 4 blocks of ≈ 12·d² holding the 6,553,600 fp32 parameters, d = 369
+    layers = {(369, 369): 16, (1476, 369): 4, (369, 1476): 4}
+    assert effects.block_linears(25 * MIB / 4, 4) == layers
+    after = 2 * effects.lora_params(layers, 8) * 4
+    assert after == 2 * 8 * 18 * 369 * 4 * 4 == 1_700_352
+    assert full.evidence["lora_optimizer_state_bytes"] == after
+    assert full.evidence["lora_saved_bytes"] == 50 * MIB - after
+    assert full.evidence["lora_saved_pct"] == round(100 * (50 * MIB - after) / (100 * MIB), 1) == 48.4
+    assert (
+        "with lora (r=8): optimizer state ≈ 1.6 MiB, 48.4 MiB (48.4 % of the peak) less"
+        in full.predicted_effect
+    )
+    assert "the lora toggle" in full.suggestion
+    # no count of blocks: LoRA named without a figure
+    unknown = optimizer_state.rule(_evidence(fp, attention_calls=0), TH, {"finetune": {"method": "full"}})
+    assert "the lora toggle" in unknown.suggestion and "with lora" not in unknown.predicted_effect
+    assert "lora_optimizer_state_bytes" not in unknown.evidence
+    # a partial fine-tune training a head of a 100M-parameter model: adapters on every block
+    # would need more state than the head has, so no figure
+    head = _footprint(parameters=1 * MIB, frozen_parameters=1 * MIB, optimizer_state=2 * MIB)
+    partial = {"finetune": {"method": "partial", "total_params": 100_000_000}}
+    f = optimizer_state.rule(_evidence(head), TH, partial)
+    assert f.toggle == "galore" and "lora_optimizer_state_bytes" not in f.evidence
     for method in ("lora", "qlora", "dora", "ia3", "prompt"):
         f = optimizer_state.rule(_evidence(fp), TH, _lora(method=method))
         assert f is not None and f.toggle is None

@@ -186,12 +186,38 @@ NF4_BLOCK = 64
 NF4_DOUBLE_BLOCK = 256
 NF4_CODE_BYTES = 16 * 4
 NF4_DOUBLE_CODE_BYTES = 256 * 4 + 4  # the second code and the absmax's offset
+#: LoRA's rank when none is given (the toggle's default)
+LORA_RANK: int = vocabulary.TOGGLES["lora"].defaults()["r"]
+#: bytes per adapter element: fp32 even on a half-precision base, as peft's get_peft_model
+#: and the lora toggle make them
+LORA_ADAPTER_BYTES = 4
+#: parameters of one transformer block per d² when its linear layers' shapes are unknown:
+#: q, k, v, o d×d and the MLP's d×4d and 4d×d
+BLOCK_PARAMS_PER_D2 = 12
 
 
 def lora_params(shapes: Mapping[tuple[int, int], int], rank: int) -> int:
     """Elements of LoRA adapters of rank ``rank`` on the linear layers ``shapes`` (``(out, in)``
     → how many): A is r×in and B out×r, r·(in + out) per layer."""
     return int(sum(rank * (a + b) * k for (a, b), k in shapes.items()))
+
+
+def block_linears(params: float, blocks: int) -> dict[tuple[int, int], int]:
+    """The linear layers of ``blocks`` transformer blocks (at least one) holding ``params``
+    parameters, when no shapes are known (``(out, in)`` → how many): each block ≈ 12·d²
+    (``BLOCK_PARAMS_PER_D2``), d = √(P / 12·L)."""
+    blocks = max(1, blocks)
+    d = max(1, math.isqrt(int(params // (BLOCK_PARAMS_PER_D2 * blocks))))
+    return {(d, d): 4 * blocks, (4 * d, d): blocks, (d, 4 * d): blocks}
+
+
+def adapter_optimizer_state(elements: float, optimizer: str | None) -> float:
+    """Bytes of ``optimizer``'s state (Adam's when unknown) when it trains LoRA adapters of
+    ``elements`` elements alone: states × elements × bytes per element, the adapters' fp32
+    (``LORA_ADAPTER_BYTES``) unless the optimizer keeps its own (8-bit). Adam's 4-byte step
+    counter per tensor is left out."""
+    state = OPTIMIZERS.get(optimizer or "") or OPTIMIZERS["AdamW"]
+    return state.states * elements * (state.element_bytes or LORA_ADAPTER_BYTES)
 
 
 def lora_activations(
@@ -270,7 +296,9 @@ def toggle_peak(
     if toggle == "grad_checkpointing" and details.get("checkpointed_blocks"):
         checkpointed = int(details["checkpointed_blocks"])
         # the trace's count of blocks where the advisor has one: the toggle may skip some (every_n)
-        blocks = int(evidence.get("activations", {}).get("blocks") or checkpointed)
+        # LoRA runs get lora_activations in the activations finding's place, with its evidence
+        found = evidence.get("activations") or evidence.get("lora_activations") or {}
+        blocks = int(found.get("blocks") or checkpointed)
         return checkpointed_peak(peak, act, max(blocks, checkpointed), checkpointed)
     if toggle == "flash_attention" and "peak_saved_bytes" in evidence.get("eager_attention", {}):
         return peak - evidence["eager_attention"]["peak_saved_bytes"]

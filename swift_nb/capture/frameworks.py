@@ -1,19 +1,24 @@
 """Training frameworks swift_nb recognises around a profiled loop: Hugging Face's
-``transformers.Trainer`` and accelerate's ``Accelerator``.
+``transformers.Trainer``, accelerate's ``Accelerator`` and PyTorch Lightning's ``Trainer``
+(``lightning.pytorch`` or ``pytorch_lightning``).
 
 Capture: at a run's first step boundary ``detect`` looks up the call stack for the Trainer
-whose ``train()`` is running (a frame whose ``self`` is one), else a Trainer or an
-Accelerator that holds the optimizer that stepped, in a variable of a frame on the stack
-(the cell's namespace, a training function's locals), innermost first, and returns what
-the run's context records about it:
+whose ``train()`` is running (a frame whose ``self`` is one), else the Lightning Trainer
+whose ``fit()`` is running (a frame whose ``self`` is one or holds one as ``trainer``, as
+Lightning's loops do), else a Trainer or an Accelerator that holds the optimizer that
+stepped, in a variable of a frame on the stack (the cell's namespace, a training
+function's locals), innermost first, and returns what the run's context records about it:
 ``context["trainer"]`` (the framework, the class, the variable, the settings that decide
 speed and memory) and, unless the caller gave them, ``batch_size`` (samples per optimizer
 step: micro-batch × gradient accumulation) and ``num_workers`` (the DataLoader's).
 
+Lightning steps the optimizer once per ``accumulate_grad_batches`` batches (the other
+batches run the closure alone), so its runs, too, have one step per optimizer update.
+
 Advice reads it back from a run's context: ``swift_nb.analysis.advisor.frameworks``.
 
-Neither framework is imported here: objects are recognised by their classes' modules, so
-looking costs nothing when neither is in use.
+No framework is imported here: objects are recognised by their classes' modules, so
+looking costs nothing when none is in use.
 """
 
 from __future__ import annotations
@@ -44,8 +49,24 @@ TRAINING_ARGUMENTS = (
     "world_size",
 )
 
+#: Lightning ``Trainer`` attributes recorded as they are (the strategy and accelerator are
+#: recorded by their class names, the DataLoader apart)
+LIGHTNING_ARGUMENTS = (
+    "precision",
+    "accumulate_grad_batches",
+    "num_devices",
+    "num_nodes",
+    "world_size",
+    "max_steps",
+    "max_epochs",
+    "gradient_clip_val",
+    "gradient_clip_algorithm",
+)
+#: the modules of Lightning's two distributions (``lightning`` and ``pytorch_lightning``)
+LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")
 
-def _is_a(obj: Any, package: str, name: str) -> bool:
+
+def _is_a(obj: Any, package: str | tuple[str, ...], name: str) -> bool:
     return any(c.__name__ == name and c.__module__.startswith(package) for c in type(obj).__mro__)
 
 
@@ -56,6 +77,11 @@ def is_trainer(obj: Any) -> bool:
 
 def is_accelerator(obj: Any) -> bool:
     return _is_a(obj, "accelerate.", "Accelerator")
+
+
+def is_lightning_trainer(obj: Any) -> bool:
+    """A PyTorch Lightning ``Trainer`` (or a subclass), from either distribution."""
+    return _is_a(obj, LIGHTNING_PACKAGES, "Trainer")
 
 
 # -- capture -----------------------------------------------------------------------------
@@ -81,14 +107,40 @@ def _variables(frame: FrameType) -> Mapping[str, Any]:
 
 
 def _held(frames: list[FrameType]) -> list[tuple[str, Any]]:
-    """``(variable, object)`` of every Trainer and Accelerator in the frames' variables,
-    innermost frame first."""
+    """``(variable, object)`` of every framework object (a Trainer, an Accelerator, a
+    Lightning Trainer) in the frames' variables, innermost frame first."""
     held = []
     for f in frames:
         for name, value in list(_variables(f).items()):
-            if not name.startswith("_") and name != "self" and (is_trainer(value) or is_accelerator(value)):
+            if (
+                not name.startswith("_")
+                and name != "self"
+                and (is_trainer(value) or is_accelerator(value) or is_lightning_trainer(value))
+            ):
                 held.append((name, value))
     return held
+
+
+def _lightning_trainer_of(frame: FrameType) -> Any:
+    """The Lightning Trainer a frame's ``self`` is, or holds as ``trainer`` (its loops do);
+    read from the instance's own attributes, so no property runs."""
+    owner = frame.f_locals.get("self")
+    if is_lightning_trainer(owner):
+        return owner
+    held = getattr(owner, "__dict__", {}).get("trainer") if owner is not None else None
+    return held if is_lightning_trainer(held) else None
+
+
+def running_lightning(frame: FrameType | None) -> tuple[str | None, Any] | None:
+    """``(variable, trainer)`` of the Lightning Trainer whose ``fit()`` runs the code at
+    ``frame``: the variable that holds it in a frame outside Lightning (whose own functions
+    call it ``trainer``), None when none does."""
+    frames = list(_frames(frame))
+    trainer = next((t for t in map(_lightning_trainer_of, frames) if t is not None), None)
+    if trainer is None:
+        return None
+    outside = [f for f in frames if not str(f.f_globals.get("__name__", "")).startswith(LIGHTNING_PACKAGES)]
+    return next((n for n, v in _held(outside) if v is trainer), None), trainer
 
 
 def running_trainer(frame: FrameType | None) -> tuple[str | None, Any] | None:
@@ -111,11 +163,12 @@ def find(
     frame: FrameType | None, optimizer: torch.optim.Optimizer | None = None
 ) -> tuple[str | None, Any] | None:
     """``(variable, object)`` of the framework driving the code at ``frame``: the Trainer
-    whose method is running, else the innermost Trainer or Accelerator held in a variable
-    that holds ``optimizer`` (the one that stepped: a Trainer's ``optimizer``, what an
-    Accelerator prepared); variable is None when no variable holds it. None when none: a
-    Trainer or Accelerator merely present in the namespace does not drive the loop."""
-    running = running_trainer(frame)
+    whose method is running, else the Lightning Trainer whose ``fit()`` is, else the
+    innermost Trainer or Accelerator held in a variable that holds ``optimizer`` (the one
+    that stepped: a Trainer's ``optimizer``, what an Accelerator prepared); variable is None
+    when no variable holds it. None when none: a framework object merely present in the
+    namespace does not drive the loop."""
+    running = running_trainer(frame) or running_lightning(frame)
     if running is not None or optimizer is None:
         return running
     return next(((n, v) for n, v in _held(list(_frames(frame))) if _steps(v, optimizer)), None)
@@ -143,6 +196,32 @@ def _model_state(model: Any) -> dict[str, Any]:
 
 def _version(package: str) -> str | None:
     return getattr(sys.modules.get(package), "__version__", None)
+
+
+def _loader_record(loader: Any) -> dict[str, Any]:
+    """A DataLoader's batch size and workers (a loader that batches through a sampler of
+    its own has batch_size None: the sampler's)."""
+    sampler = getattr(loader, "batch_sampler", None)
+    batch = getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", None)
+    return {"batch_size": plain(batch), "num_workers": plain(getattr(loader, "num_workers", None))}
+
+
+def _first_loader(iterables: Any) -> torch.utils.data.DataLoader | None:
+    """The first DataLoader of what ``trainer.fit`` was given: one, or a list or dict of them."""
+    if isinstance(iterables, Mapping):
+        iterables = list(iterables.values())
+    if not isinstance(iterables, (list, tuple)):
+        iterables = [iterables]
+    return next((v for v in iterables if isinstance(v, torch.utils.data.DataLoader)), None)
+
+
+def _read(obj: Any, attr: str) -> Any:
+    """``obj.attr``, None where reading it fails (Lightning's properties raise when the
+    Trainer is half set up)."""
+    try:
+        return getattr(obj, attr, None)
+    except Exception:
+        return None
 
 
 def describe_trainer(trainer: Any, variable: str | None) -> dict[str, Any]:
@@ -187,14 +266,36 @@ def describe_accelerator(accelerator: Any, variable: str | None) -> dict[str, An
     # the DataLoaders accelerator.prepare() wrapped (accelerate keeps them for its checkpoints)
     loaders = getattr(accelerator, "_dataloaders", None) or []
     if loaders:
-        loader = loaders[0]
-        # accelerate's loaders batch through a sampler of their own (batch_size None)
-        sampler = getattr(loader, "batch_sampler", None)
-        batch = getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", None)
-        out["dataloader"] = {
-            "batch_size": plain(batch),
-            "num_workers": plain(getattr(loader, "num_workers", None)),
+        out["dataloader"] = _loader_record(loaders[0])
+    return out
+
+
+def describe_lightning(trainer: Any, variable: str | None) -> dict[str, Any]:
+    """A Lightning Trainer's record: its ``LIGHTNING_ARGUMENTS``, its strategy and
+    accelerator by class, the LightningModule's class and optimization mode, and the batch
+    size and workers of the DataLoader ``fit()`` got."""
+    arguments = {a: plain(_read(trainer, a)) for a in LIGHTNING_ARGUMENTS}
+    for attr in ("strategy", "accelerator"):  # objects: SingleDeviceStrategy, CPUAccelerator …
+        value = _read(trainer, attr)
+        arguments[attr] = None if value is None else type(value).__name__
+    # the distribution of Lightning's own class, under a subclass of the cell's
+    package = next(c.__module__ for c in type(trainer).__mro__ if c.__module__.startswith(LIGHTNING_PACKAGES))
+    out: dict[str, Any] = {
+        "framework": "lightning",
+        "class": type(trainer).__name__,
+        "variable": variable,
+        "version": _version(package.split(".")[0]),
+        "arguments": arguments,
+    }
+    module = _read(trainer, "lightning_module")
+    if module is not None:
+        out["model"] = {
+            "class": type(module).__name__,
+            "automatic_optimization": plain(_read(module, "automatic_optimization")),
         }
+    loader = _first_loader(_read(trainer, "train_dataloader"))
+    if loader is not None:
+        out["dataloader"] = _loader_record(loader)
     return out
 
 
@@ -210,11 +311,16 @@ def detect(frame: FrameType | None, optimizer: torch.optim.Optimizer | None = No
         a = info["arguments"]
         micro, workers = a.get("per_device_train_batch_size"), a.get("dataloader_num_workers")
     else:
-        info = describe_accelerator(obj, variable)
+        info = (
+            describe_lightning(obj, variable)
+            if is_lightning_trainer(obj)
+            else describe_accelerator(obj, variable)
+        )
         loader = info.get("dataloader", {})
         micro, workers = loader.get("batch_size"), loader.get("num_workers")
     out: dict[str, Any] = {TRAINER_KEY: info}
-    accumulation = info["arguments"].get("gradient_accumulation_steps") or 1
+    a = info["arguments"]
+    accumulation = a.get("gradient_accumulation_steps") or a.get("accumulate_grad_batches") or 1
     if isinstance(micro, int) and isinstance(accumulation, int):
         out["batch_size"] = micro * accumulation
     if isinstance(workers, int):

@@ -70,11 +70,11 @@ def in_frames(frames: list[FrameType]) -> dict[str, nn.Module]:
             if name == "self":
                 continue
             add(name, v)
-            if frameworks.is_trainer(v) or _is_lightning_trainer(v):
+            if frameworks.is_trainer(v) or frameworks.is_lightning_trainer(v):
                 for attr in FRAMEWORK_MODELS:
                     add(f"{name}.{attr}", getattr(v, attr, None))
         owner = frame.f_locals.get("self")
-        if frameworks.is_trainer(owner) or _is_lightning_trainer(owner):
+        if frameworks.is_trainer(owner) or frameworks.is_lightning_trainer(owner):
             for attr in FRAMEWORK_MODELS:
                 add(f"trainer.{attr}", getattr(owner, attr, None))
     return roots(found)
@@ -87,10 +87,3 @@ def on_stack(frame: FrameType | None) -> dict[str, nn.Module]:
         frames.append(frame)
         frame = frame.f_back
     return in_frames(frames)
-
-
-def _is_lightning_trainer(obj: Any) -> bool:
-    return any(
-        c.__name__ == "Trainer" and c.__module__.startswith(("lightning.", "pytorch_lightning."))
-        for c in type(obj).__mro__
-    )

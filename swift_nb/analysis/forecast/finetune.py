@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from swift_nb.analysis import effects
 from swift_nb.analysis.effects import LoRA
@@ -120,7 +121,7 @@ def _rerank(m: Measured, lora: LoRA, r0: int) -> Adapters:
 def targets(m: Measured, names: tuple[str, ...]) -> tuple[Layers, str]:
     """The linear layers LoRA with ``names`` adapts ((out, in) → how many; none named: every
     one but the output layer), and where their shapes come from."""
-    recorded = _recorded(m)
+    recorded = _recorded(m.finetune)
     if recorded:
         if not names:
             return base_layers(m)
@@ -155,13 +156,9 @@ def base_layers(m: Measured) -> tuple[Layers, str]:
     """The model's linear layers but its output layer, and where their shapes come from:
     recorded by the capture, else the trace's (LoRA's own left out), else square d×d
     matrices holding the model's parameters."""
-    recorded = _recorded(m)
+    recorded = adapted_layers(m.finetune, m.vocab)
     if recorded:
-        kept: Counter = Counter()
-        for name, a, b, k in recorded:
-            if not _output(name, a, b, m.vocab):
-                kept[(a, b)] += k
-        return dict(kept), "(shapes recorded by the capture)"
+        return recorded, "(shapes recorded by the capture)"
     r0 = m.lora_rank
     model = m.frozen_params if r0 is not None else m.params
     traced = {s: k for s, k in m.matrices.items() if r0 is None or r0 not in s}
@@ -266,10 +263,20 @@ def qlora_compute_dtype(dtype: str | None) -> str:
     return dtype if dtype == "float16" else QLORA_COMPUTE_DTYPE
 
 
-def _recorded(m: Measured) -> list[tuple[str, int, int, int]]:
+def adapted_layers(finetune: Mapping[str, Any], vocab: int | None = None) -> Layers:
+    """``(out, in)`` → how many of the linear layers ``targets=auto`` adapts, from the
+    capture's ``linear_shapes`` (the output layer left out); empty when none were recorded."""
+    kept: Counter = Counter()
+    for name, a, b, k in _recorded(finetune):
+        if not _output(name, a, b, vocab):
+            kept[(a, b)] += k
+    return dict(kept)
+
+
+def _recorded(finetune: Mapping[str, Any]) -> list[tuple[str, int, int, int]]:
     """The capture's ``linear_shapes`` rows (name, out, in, how many), those it can read."""
     out = []
-    for row in m.finetune.get("linear_shapes") or []:
+    for row in finetune.get("linear_shapes") or []:
         try:
             name, a, b, k = row
             out.append((str(name), int(a), int(b), int(k)))
