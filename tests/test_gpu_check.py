@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 CUDA_ONLY = ["quickstart_nvml", "max_memory_allocated", "cuda_oom"]
-ON_CPU_TOO = ["flash_attention", "forecast", "cost_ratio", "import_trace"]
+ON_CPU_TOO = ["flash_attention", "forecast", "lora", "cost_ratio", "import_trace"]
 RECORD_KEYS = {"name", "title", "ok", "skipped", "seconds", "details", "error"}
 
 
@@ -59,7 +59,7 @@ def test_the_cpu_smoke_runs_every_check_that_needs_no_gpu(tmp_path):
         assert c["ok"] is True and c["skipped"] is None and c["error"] is None, c
         assert c["details"]["held"] and all(c["details"]["held"].values())
         assert c["seconds"] > 0
-    assert doc["summary"] == {"held": 4, "failed": 0, "skipped": 3}
+    assert doc["summary"] == {"held": 5, "failed": 0, "skipped": 3}
     # the numbers behind the statements
     flash = checks["flash_attention"]["details"]
     assert flash["eager"]["backend"] == "eager" and flash["flash_attention"]["backend"] == "flash"
@@ -67,6 +67,8 @@ def test_the_cpu_smoke_runs_every_check_that_needs_no_gpu(tmp_path):
     forecast = checks["forecast"]["details"]
     assert abs(forecast["error_at_2b_pct"]) <= forecast["tolerance_pct"]
     assert math.isfinite(checks["cost_ratio"]["details"]["ratio"])
+    lora = checks["lora"]["details"]
+    assert lora["finetune"]["method"] == "lora" and lora["frozen_at_peak_mib"] == lora["expected_frozen_mib"]
     assert checks["import_trace"]["details"]["imported_steps"] == 3  # the schedule's active steps
     log = (tmp_path / "gpu_check.log").read_text()
     assert "[ok] forecast" in log and "[skipped] cuda_oom: " in log
