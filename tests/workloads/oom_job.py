@@ -6,6 +6,7 @@ its window). Prints the run's status and folder on its last line."""
 import resource
 import sys
 
+import pandas as pd
 import psutil
 import torch
 
@@ -20,6 +21,9 @@ model = demo.GPT(cfg)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 tokens = torch.randint(0, cfg.vocab_size, (grow, cfg.seq_len + 1))
 
+# pandas loads pyarrow (where installed) at its first column of strings, which maps ~1 GiB of
+# address space (its allocator's reservations): the run's tables make one, so it comes first.
+pd.Series(["a"])
 # The limit: what the process maps now plus 2.5 GiB, enough for the small steps only.
 limit = psutil.Process().memory_info().vms + (2500 << 20)
 resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
