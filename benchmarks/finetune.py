@@ -125,7 +125,7 @@ def main() -> None:
                     {
                         "model": shape,
                         "variant": variant,
-                        "trains": f"{ft.get('trainable_pct', 100):.2g} %",
+                        "trains": f"{ft.get('trainable_pct', 100):.1f} %",
                         "step (median)": f"{1e3 * run.summary['step_time_median_s']:.0f} ms",
                         "peak": fmt_bytes(peak(run)),
                         **{c: fmt_bytes(cats.get(c, 0)) for c in MEMORY_CATEGORIES},
