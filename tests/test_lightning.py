@@ -260,3 +260,39 @@ def test_changes_lightning_has_no_trainer_argument_for_keep_the_plain_advice():
     suggestion = data_loading.rule(ev, TH, context).suggestion
     assert "DataLoader(num_workers=4, persistent_workers=True" in suggestion
     assert "TrainingArguments" not in suggestion
+
+
+def test_fp32_activations_under_lightning_show_its_precision_setting():
+    ev = _evidence(matmul_types=frozenset({"float"}))
+    f = fp32_activations.rule(ev, TH, _lightning("32-true"))
+    assert f.evidence["mixed_precision"] == "off (Trainer: precision='32-true')"
+    assert "precision='16-mixed' instead on GPUs without bfloat16" in f.suggestion
+    for words in ("bf16=", "fp16=", "TrainingArguments"):
+        assert words not in f.suggestion and words not in f.evidence["mixed_precision"]
+
+
+def test_communication_under_lightning_names_its_strategies():
+    ev = _evidence(exposed_comm_share=0.5, collective_share=0.6, world_size=4, shares={"comm": 0.5})
+    context = {**_lightning(num_devices=4, world_size=4, strategy="DDPStrategy"), "params": 1_000_000}
+    f = communication.rule(ev, TH, context)
+    assert "set Trainer(accumulate_grad_batches=4)" in f.suggestion
+    assert "Trainer(strategy=DDPStrategy(bucket_cap_mb=…)) sets the bucket size" in f.suggestion
+    assert "strategy='fsdp' with precision='bf16-mixed' shards" in f.suggestion
+    for words in ("ddp_bucket_cap_mb", "fsdp='full_shard'", "bf16=True", "TrainingArguments"):
+        assert words not in f.suggestion
+
+
+def test_an_adapter_finetune_under_lightning_returns_8bit_adam_from_configure_optimizers():
+    at_peak = {"parameters": 25 * MIB, "optimizer_state": 50 * MIB, "activations": 25 * MIB}
+    footprint = pd.DataFrame(
+        {"category": MEMORY_CATEGORIES, "at_peak_bytes": [at_peak.get(c, 0.0) for c in MEMORY_CATEGORIES]}
+    )
+    context = {**_lightning(), "finetune": {"method": "lora", "trainable_params": 1_000}}
+    f = optimizer_state.rule(_evidence(footprint=footprint), TH, context)
+    assert f is not None and f.toggle is None
+    assert (
+        "bnb.optim.AdamW8bit(self.parameters(), lr=…) from the LightningModule's configure_optimizers()"
+        in (f.suggestion)
+    )
+    for words in ("optim=", "adamw_bnb_8bit", "TrainingArguments", "bf16=True"):
+        assert words not in f.suggestion

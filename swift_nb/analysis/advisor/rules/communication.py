@@ -99,9 +99,18 @@ def fix(rec: Recorded) -> str | None:
             f"{2 * accumulation} micro-batches."
         )
     accumulation = rec.accumulation
+    if rec.is_lightning:
+        tail = (
+            "Trainer(strategy=DDPStrategy(bucket_cap_mb=…)) sets the bucket size, and strategy='fsdp' with "
+            "precision='bf16-mixed' shards parameters, gradients and optimizer state."
+        )
+    else:
+        tail = (
+            "ddp_bucket_cap_mb=… sets the bucket size, and fsdp='full_shard' with bf16=True shards parameters, "
+            "gradients and optimizer state."
+        )
     return (
         f"The Trainer owns the DDP wrapper: {frameworks.set_arguments(rec, gradient_accumulation_steps=2 * accumulation)} "
         f"synchronises the gradients once per {2 * accumulation} micro-batches (the Trainer skips the "
-        "all-reduce on the others), ddp_bucket_cap_mb=… sets the bucket size, and fsdp='full_shard' with "
-        "bf16=True shards parameters, gradients and optimizer state."
+        f"all-reduce on the others), {tail}"
     )

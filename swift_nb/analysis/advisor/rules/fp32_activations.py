@@ -30,9 +30,12 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     if rec is not None:
         if rec.mixed_precision() is not False:
             return None
-        setting = (
-            "bf16=False, fp16=False" if rec.is_trainer else f"mixed_precision={rec.get('mixed_precision')!r}"
-        )
+        if rec.is_lightning:
+            setting = f"precision={rec.get('precision')!r}"
+        elif rec.is_trainer:
+            setting = "bf16=False, fp16=False"
+        else:
+            setting = f"mixed_precision={rec.get('mixed_precision')!r}"
         mixed = f"off ({rec.cls}: {setting})"
     elif ev.matmul_types & FLOATING == {"float"}:  # a loop of its own: its matmuls ran on fp32 inputs
         mixed = "off (the matmuls' inputs in the trace are fp32)"
@@ -73,10 +76,11 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
 
 def fix(rec: Recorded) -> str | None:
     if rec.is_trainer:
+        fp16 = "precision='16-mixed'" if rec.is_lightning else "fp16=True"
         return (
             f"Train in mixed precision: {frameworks.set_arguments(rec, bf16=True)}. The forward then runs under autocast in "
             "bfloat16 and the activations it keeps for backward take half the bytes; weights, gradients and "
-            "optimizer state stay fp32 (fp16=True instead on GPUs without bfloat16; on GPUs the matrix "
+            f"optimizer state stay fp32 ({fp16} instead on GPUs without bfloat16; on GPUs the matrix "
             "multiplies also run at the 16-bit rate)."
         )
     return (

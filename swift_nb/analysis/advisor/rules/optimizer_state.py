@@ -131,11 +131,15 @@ def _adapters(
     element = _element(context)
     after = opt * (effects.OPTIMIZERS["AdamW8bit"].element_bytes or 1) / element
     evidence.update(method=method, trainable_params=ft.get("trainable_params"))
-    eight_bit = (
-        frameworks.set_arguments(rec, optim="adamw_bnb_8bit")
-        if rec is not None and rec.is_trainer
-        else "bitsandbytes' AdamW8bit(params, lr=…) in place of AdamW"
-    )
+    if rec is not None and rec.is_lightning:
+        eight_bit = (
+            "return bitsandbytes' bnb.optim.AdamW8bit(self.parameters(), lr=…) from the LightningModule's "
+            "configure_optimizers() in place of AdamW"
+        )
+    elif rec is not None and rec.is_trainer:
+        eight_bit = frameworks.set_arguments(rec, optim="adamw_bnb_8bit")
+    else:
+        eight_bit = "bitsandbytes' AdamW8bit(params, lr=…) in place of AdamW"
     lower = " or a lower rank r" if method in ("lora", "qlora", "dora") else ""
     return Finding(
         id="optimizer_state",
