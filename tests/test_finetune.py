@@ -288,3 +288,66 @@ def test_dpo_reference_model_is_frozen_weights(tmp_path):
         }
     ]
     assert run.context["trainer"]["arguments_class"] == "DPOConfig"
+
+
+def test_a_4bit_base_counts_packed_with_its_quantization_state(tmp_path):
+    """QLoRA's base as bitsandbytes stores it (NF4, two weights a byte, double-quantized
+    absmax and codes beside it), on the CPU: frozen at its packed bytes plus its state, the
+    method qlora."""
+    bnb = pytest.importorskip("bitsandbytes")
+
+    class Block(torch.nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.q_proj, self.up, self.down = (
+                torch.nn.Linear(d, d),
+                torch.nn.Linear(d, 4 * d),
+                torch.nn.Linear(4 * d, d),
+            )
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.q_proj(x))))
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(Block(128) for _ in range(2))
+    fp32_bytes = sum(
+        p.numel() * 4 for b in blocks for n in ("q_proj", "up", "down") for p in [getattr(b, n).weight]
+    )
+    for b in blocks:
+        for name in ("q_proj", "up", "down"):
+            lin = getattr(b, name)
+            q = bnb.nn.Linear4bit(
+                lin.in_features, lin.out_features, compute_dtype=torch.float32, quant_type="nf4"
+            )
+            q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, quant_type="nf4")
+            q.bias = torch.nn.Parameter(lin.bias.data, requires_grad=False)
+            setattr(b, name, q.to("cpu"))  # quantized here
+    del lin, q  # the last fp32 layer, held by a variable, would count: it is memory the cell holds
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(
+            torch.nn.Sequential(*blocks), peft.LoraConfig(r=4, target_modules=["q_proj"])
+        )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with swift_nb.profile(out_dir=tmp_path, label="qlora-cpu", report=False) as r:
+        for _ in range(STEPS):
+            model(torch.randn(8, 128)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    run = swift_nb.load_run(r.path)
+    weights = [getattr(b, n).weight for b in blocks for n in ("q_proj", "up", "down")]
+    state = []
+    for w in weights:
+        qs = w.quant_state
+        while qs is not None:
+            state += [v for v in vars(qs).values() if isinstance(v, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+    biases = [getattr(b, n).bias for b in blocks for n in ("q_proj", "up", "down")]
+    expected = _stored_bytes([*weights, *state, *biases])
+    frozen = _at_peak(run)["frozen_parameters"]
+    assert frozen == pytest.approx(expected, rel=0.01)
+    assert _stored_bytes(weights) == fp32_bytes // 8  # 4 bits of a 32-bit weight
+    assert frozen < fp32_bytes / 5  # packed, with its state: not the dequantized weights
+    ft = run.context["finetune"]
+    assert (ft["method"], ft["quantization"], ft["base_dtype"]) == ("qlora", "nf4", "float32")
+    assert ft["total_params"] == sum(b.numel() for b in biases) + fp32_bytes // 4 + ft["trainable_params"]

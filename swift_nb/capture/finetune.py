@@ -27,6 +27,9 @@ _PEFT_METHODS = {
 }
 
 
+_QUANTIZED = ("Params4bit", "Int8Params")
+
+
 def numel(p: torch.Tensor) -> int:
     """Elements a parameter stands for: a bitsandbytes 4-bit weight packs two in a byte."""
     n = p.numel()
@@ -65,7 +68,10 @@ def describe(models: Mapping[str, nn.Module], optimizers: Iterable[torch.optim.O
     quant = quantization(model)
     frozen = [p for p in params if not p.requires_grad]
     out["quantization"] = quant
-    out["base_dtype"] = _common_dtype(frozen or params)
+    # a 4-bit base is stored as uint8: its dtype is the quantization; the rest of it (norms,
+    # embeddings, the head) says what the base computes in
+    plain = [p for p in frozen if type(p).__name__ not in _QUANTIZED]
+    out["base_dtype"] = _common_dtype(plain or frozen or params)
     out["linear_shapes"] = linear_shapes(model)
     config = _peft_config(model)
     if config is not None:
@@ -107,13 +113,15 @@ def linear_shapes(model: nn.Module) -> list[list[Any]]:
 
 
 def _trained_model(models: Mapping[str, nn.Module], trained: set[int]) -> tuple[str, nn.Module] | None:
-    """The root model holding most of the trained parameters (the first model when
-    nothing trains yet)."""
-    best, count = None, 0
+    """The root model holding most of the trained parameters; between two holding as
+    many (a peft wrapper and a container of the same blocks), the one with a peft config,
+    then the larger. None when no model holds one."""
+    best, key = None, (0, False, 0)
     for name, m in models.items():
-        c = sum(1 for p in m.parameters() if id(p) in trained)
-        if c > count:
-            best, count = (name, m), c
+        params = list(m.parameters())
+        k = (sum(1 for p in params if id(p) in trained), _peft_config(m) is not None, len(params))
+        if k[0] and k > key:
+            best, key = (name, m), k
     return best
 
 
