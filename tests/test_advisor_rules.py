@@ -131,6 +131,10 @@ def test_fp32_activations_only_without_mixed_precision():
     f = fp32_activations.rule(ev, TH, {})
     assert f.toggle == "bf16_autocast"
     assert f.evidence["predicted_peak_bytes"] == 70 * MIB
+    # the code names the device the run's tensors were on
+    assert "torch.autocast('cpu', dtype=torch.bfloat16)" in f.suggestion and "'cuda'" not in f.suggestion
+    on_gpu = fp32_activations.rule(dataclasses.replace(ev, tensors_on="cuda"), TH, {})
+    assert "torch.autocast('cuda', dtype=torch.bfloat16)" in on_gpu.suggestion
     assert (
         fp32_activations.rule(dataclasses.replace(ev, matmul_types=frozenset({"c10::BFloat16"})), TH, {})
         is None

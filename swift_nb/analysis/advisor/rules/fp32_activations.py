@@ -58,7 +58,8 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         },
         suggestion=frameworks.phrased(context, fix)
         or (
-            "Run the forward pass under bf16 autocast (with torch.autocast('cuda', dtype=torch.bfloat16): …); "
+            f"Run the forward pass under bf16 autocast (with torch.autocast({ev.tensors_on!r}, "
+            "dtype=torch.bfloat16): …); "
             "try it without editing the cell: %%swift_profile --compare bf16_autocast"
         ),
         toggle="bf16_autocast",
