@@ -1,9 +1,12 @@
 """swift_nb.analysis.trace_decode: trace files decoded into the tables without a dict per
-event, and decompressed in a stream that stops at a size cap."""
+event, and decompressed in a stream that stops at a size cap; hostile files (JSON nested past
+any decoder's recursion, gzip bombs) are one RecordError naming the file."""
 
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -12,14 +15,16 @@ import pandas as pd
 import pytest
 
 import swift_nb
+from swift_nb.analysis import trace_decode
 from swift_nb.analysis.trace import (
     load_trace_file,
+    parse_document,
     parse_events,
     read_trace,
     read_trace_document,
     read_trace_with_meta,
 )
-from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, read_json_bytes
+from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, MAX_STRETCH, read_json_bytes
 from swift_nb.errors import RecordError
 
 DATA = Path(__file__).parent / "data"
@@ -86,7 +91,9 @@ def test_the_cap_reaches_the_import_and_the_default_is_generous(bomb, tmp_path):
         swift_nb.import_trace(bomb, out, max_bytes=1 << 20)
     assert not [p for p in out.iterdir() if not p.name.startswith(".")]  # no half-imported run
     assert DEFAULT_MAX_BYTES == 16 << 30
-    assert len(read_json_bytes(bomb)) == (256 << 20) + len(b'{"traceEvents": []}')
+    # under the default cap the bomb is refused at its first MAX_STRETCH of whitespace
+    with pytest.raises(RecordError, match="64 MiB of JSON without a string"):
+        read_json_bytes(bomb)
 
 
 def test_a_plain_file_over_the_cap_is_refused_unread(tmp_path):
@@ -121,3 +128,150 @@ def test_a_gzip_cut_short_is_damaged(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(RecordError, match="end-of-stream"):
         read_trace(path)
+
+
+def test_a_trace_without_complete_events_is_empty_not_malformed(tmp_path):
+    path = tmp_path / "t.json"
+    for text in (b'{"traceEvents": []}', b'[{"ph": "i", "name": "x", "ts": 1}]'):
+        path.write_bytes(text)
+        got, expected = read_trace(path), parse_events([])
+        for name in ("events", "memory", "steps"):
+            pd.testing.assert_frame_equal(getattr(got, name), getattr(expected, name))
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1000])
+def test_inflating_a_piece_at_a_time_loses_nothing(tmp_path, monkeypatch, piece):
+    """Pieces of any size, across reads and members."""
+    monkeypatch.setattr(trace_decode, "_PIECE", piece)
+    monkeypatch.setattr(trace_decode, "_READ", 100)
+    text = b'{"traceEvents": [' + b'{"ph": "i", "name": "' + b"}" * 5000 + b'"}' + b"]}"
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(text[:40]) + gzip.compress(text[40:], compresslevel=9))
+    assert read_json_bytes(path) == text
+
+
+DEPTH = 200_000
+DEEP = {
+    "in traceEvents": b'{"traceEvents": [' + b"[" * DEPTH + b"]" * DEPTH + b"]}",
+    "bare array": b"[" + b"[" * DEPTH + b"]" * DEPTH + b"]",
+    "in args": b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "args": {"x": '
+    + b'{"a": ' * DEPTH
+    + b"1"
+    + b"}" * DEPTH
+    + b"}}]}",
+    "in metadata": b'{"traceEvents": [], "distributedInfo": ' + b"[" * DEPTH + b"]" * DEPTH + b"}",
+}
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["json", "gzip"])
+@pytest.mark.parametrize("where", DEEP)
+def test_json_nested_past_any_recursion_is_one_record_error(tmp_path, where, gzipped):
+    path = tmp_path / ("deep.json.gz" if gzipped else "deep.json")
+    path.write_bytes(gzip.compress(DEEP[where]) if gzipped else DEEP[where])
+    for read in (read_trace, read_trace_document):
+        with pytest.raises(RecordError, match=r"not JSON: .*(nested too deeply|depth limit)") as info:
+            read(path)
+        assert info.value.path == path and str(info.value).startswith(f"{path}: ")
+
+
+def test_args_orjson_decodes_but_str_cannot_is_one_record_error(tmp_path):
+    """orjson decodes 1024 levels, more than the str() of an event's shapes recurses."""
+    path = tmp_path / "t.json"
+    dims = b"[" * 1020 + b"]" * 1020
+    path.write_bytes(
+        b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "args": {"Input Dims": ' + dims + b"}}]}"
+    )
+    with pytest.raises(RecordError, match="nested too deeply"):
+        parse_document(path, read_trace_document(path))
+    with pytest.raises(RecordError, match="nested too deeply"):
+        read_trace(path)
+
+
+def test_the_import_refuses_deep_nesting_naming_the_file(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_bytes(DEEP["in args"])
+    out = tmp_path / "runs"
+    with pytest.raises(RecordError, match="nested too deeply") as info:
+        swift_nb.import_trace(path, out, report=False)
+    assert info.value.path == path
+    assert not [p for p in out.iterdir() if not p.name.startswith(".")]
+
+
+def write_bomb(path: Path, mib: int, body: bytes = b" ") -> Path:
+    """``{"traceEvents": [`` then ``mib`` MiB of ``body`` repeated: one gzip member of 64 MiB
+    written again and again (a file gzip reads whole; fast to make at any size)."""
+    member = gzip.compress(body * ((64 << 20) // len(body)), compresslevel=9)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(b'{"traceEvents": ['))
+        for _ in range(mib // 64):
+            f.write(member)
+        f.write(gzip.compress(b"]}"))
+    return path
+
+
+@pytest.mark.parametrize(
+    "body, missing",
+    [(b" ", "a string"), (b"\n\t ", "a string"), (b"[", "a string"), (b'{"a": ', "the end of an object")],
+    ids=["spaces", "whitespace", "nesting", "nested objects"],
+)
+def test_a_bomb_is_refused_at_the_first_long_stretch_without_inflating_more(
+    tmp_path, monkeypatch, body, missing
+):
+    monkeypatch.setattr(trace_decode, "MAX_STRETCH", 1 << 20)
+    bomb = write_bomb(tmp_path / "bomb.json.gz", 64, body)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RecordError, match=f"more than 1 MiB of JSON without {missing}") as info:
+            read_trace(bomb)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.path == bomb
+    assert peak < 8 << 20  # a stretch and a piece, never the 64 MiB
+
+
+def test_a_giant_string_is_refused_like_a_bomb(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_decode, "MAX_STRETCH", 1 << 20)
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "' + b"a" * (8 << 20) + b'"}]}'))
+    with pytest.raises(RecordError, match="without a string"):
+        read_trace(path)
+
+
+def test_real_traces_have_no_stretch_near_the_limit(monkeypatch):
+    monkeypatch.setattr(trace_decode, "MAX_STRETCH", 64 << 10)  # a thousandth of the limit
+    for path in TRACES:
+        read_json_bytes(path)
+
+
+_PEAK = """
+import resource, sys
+import swift_nb
+from swift_nb.analysis.trace import read_trace
+from swift_nb.errors import RecordError
+for read in (read_trace, lambda p: swift_nb.import_trace(p, sys.argv[2], report=False)):
+    try:
+        read(sys.argv[1])
+    except RecordError as e:
+        print(e)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow  # a subprocess, for its peak RSS
+def test_a_2_gib_whitespace_bomb_is_refused_under_1_5_gib_of_memory(tmp_path):
+    bomb = write_bomb(tmp_path / "bomb.json.gz", 2048)
+    assert bomb.stat().st_size < 4 << 20  # 2 GiB of JSON in ~2 MB, as the bomb in the wild
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(bomb), str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    *errors, peak = done.stdout.splitlines()
+    assert len(errors) == 2 and all(e.startswith(f"{bomb}: inflates to more than") for e in errors), (
+        done.stdout
+    )
+    assert MAX_STRETCH == 64 << 20
+    assert int(peak) < 1.5 * 2**30

@@ -25,6 +25,7 @@ from swift_nb.analysis.trace_decode import (
     give_back_freed_memory,
     read_json_bytes,
     split_document,
+    too_deep,
 )
 from swift_nb.errors import RecordError
 from swift_nb.gc_pause import paused
@@ -341,6 +342,8 @@ def parse_document(path: Path, doc: dict) -> Trace:
         return parse_events(doc["traceEvents"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+    except RecursionError:  # args nested deeper than str() recurses (orjson decodes 1024 levels)
+        raise too_deep(path) from None
 
 
 #: the trace's size in bytes when its tables were cached: a cache of another trace is not used

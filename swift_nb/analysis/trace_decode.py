@@ -2,11 +2,12 @@
 
 A trace of a few steps of a large model is gigabytes of JSON and millions of events; a
 dict per event (what ``json.loads`` makes) costs several times the JSON's size. Here the
-file is decompressed in a stream, refused past ``max_bytes`` before it is whole, and its
-``traceEvents`` array is split (by msgspec, in C) into the byte ranges of its events
-without decoding them; the events are then decoded a batch at a time into small typed
-structs that keep only the fields the tables have, and appended to the columns, so what
-stays in memory is the JSON text and the columns.
+file is decompressed in a stream, refused past ``max_bytes`` or at a stretch no trace has
+(``MAX_STRETCH``) before it is whole, and its ``traceEvents`` array is split (by msgspec,
+in C) into the byte ranges of its events without decoding them; the events are then
+decoded a batch at a time into small typed structs that keep only the fields the tables
+have, and appended to the columns, so what stays in memory is the JSON text and the
+columns. JSON nested deeper than the decoders recurse is a ``RecordError`` too.
 Measured against the alternatives in ``benchmarks/scale.py``.
 """
 
@@ -19,7 +20,7 @@ import re
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -31,6 +32,11 @@ DEFAULT_MAX_BYTES = 16 << 30
 GZIP_MAGIC = b"\x1f\x8b"
 _BATCH = 50_000  # events decoded to structs at once: a few MB of structs
 _READ = 1 << 20
+_PIECE = 1 << 20  # the most one call inflates: a gzip bomb's output never arrives in one piece
+#: the longest stretch of a gzipped trace's JSON without a '"' (every key and name has them) or
+#: without a '}' (every event ends with one): longer is whitespace or one giant value, as a
+#: gzip bomb is, refused before more of it is inflated
+MAX_STRETCH = 64 << 20
 _LEADING_SPACE = re.compile(rb"\s*")
 
 
@@ -78,9 +84,10 @@ _decode_events = msgspec.json.Decoder(list[_Event])
 def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytearray:
     """The JSON text of a trace file, gunzipped in a stream when it is gzip.
 
-    ``RecordError`` when it is or would decompress to more than ``max_bytes`` (checked as
-    it decompresses: a gzip bomb is refused at the cap, not after), is cut short or is
-    not gzip after all."""
+    ``RecordError`` when it is or would decompress to more than ``max_bytes``, is gzip
+    holding more than ``MAX_STRETCH`` bytes without a '"' or a '}' (both checked as it
+    decompresses, a piece of at most ``_PIECE`` bytes at a time: a gzip bomb is refused
+    there, not after), is cut short or is not gzip after all."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -101,20 +108,47 @@ def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytearray
 
 def _gunzip(f, path: Path, max_bytes: int) -> bytearray:
     out = bytearray()
+    stretch = _Stretches(path)
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     data = f.read(_READ)
     while data:
-        out += d.decompress(data, max_bytes + 1 - len(out))
+        out += (piece := d.decompress(data, min(_PIECE, max_bytes + 1 - len(out))))
         if len(out) > max_bytes:
             raise _too_large(path, max_bytes)
+        stretch.see(piece)
         if d.eof:  # what follows is another member (`cat a.gz b.gz`), or nothing
             data = d.unused_data or f.read(_READ)
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)
             continue
+        # the rest of a full piece's input, or more (zlib holds no output past its input's
+        # end: the member's trailer follows it)
         data = d.unconsumed_tail or f.read(_READ)
         if not data:
             raise EOFError("Compressed file ended before the end-of-stream marker was reached")
     return out
+
+
+class _Stretches:
+    """How far the JSON inflated so far runs past its last '"' and its last '}';
+    ``RecordError`` past ``MAX_STRETCH`` (checked a piece at a time, so a stretch may
+    run one piece further)."""
+
+    _WHAT: ClassVar[dict[bytes, str]] = {b'"': "a string ('\"')", b"}": "the end of an object ('}')"}
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.since = dict.fromkeys(self._WHAT, 0)
+
+    def see(self, piece: bytes) -> None:
+        for char, since in self.since.items():
+            last = piece.rfind(char)
+            self.since[char] = since = len(piece) - 1 - last if last >= 0 else since + len(piece)
+            if since > MAX_STRETCH:
+                raise RecordError(
+                    self.path,
+                    f"inflates to more than {MAX_STRETCH >> 20} MiB of JSON without {self._WHAT[char]} "
+                    "(whitespace or one giant value, as in a gzip bomb): not a Chrome trace",
+                )
 
 
 def _too_large(path: Path, max_bytes: int) -> RecordError:
@@ -124,6 +158,11 @@ def _too_large(path: Path, max_bytes: int) -> RecordError:
         "size; pass a larger max_bytes= (swift_nb.import_trace(..., max_bytes=...), "
         "swift_nb.analysis.trace.read_trace(path, max_bytes=...)) if the trace really is this large",
     )
+
+
+def too_deep(path: Path) -> RecordError:
+    """The error for JSON nested deeper than the decoders recurse (``RecursionError``)."""
+    return RecordError(path, "not JSON: nested too deeply (maximum recursion depth exceeded)")
 
 
 def split_document(path: Path, data: bytearray) -> tuple[dict[str, Any], list[msgspec.Raw]]:
@@ -144,6 +183,8 @@ def split_document(path: Path, data: bytearray) -> tuple[dict[str, Any], list[ms
         raise RecordError(path, "not a Chrome trace: no list of traceEvents") from None
     except msgspec.DecodeError as e:
         raise RecordError(path, f"not JSON: {e}") from None
+    except RecursionError:
+        raise too_deep(path) from None
     if events is None:
         raise RecordError(path, "not a Chrome trace: no list of traceEvents")
     return meta, events
@@ -230,7 +271,7 @@ class ColumnBuilder:
         ext = num["ext_id"]
         if len(ext) and self.ext_missing == len(ext):
             ext = np.full(len(ext), None, dtype=object)  # what pandas makes of a list of None
-        elif not self.ext_missing:
+        elif not self.ext_missing and isinstance(ext, np.ndarray):
             ext = ext.astype(np.int64)
         events = {
             **self.text,
@@ -275,6 +316,8 @@ def decode_events(path: Path, events: list[msgspec.Raw], text: bytearray | None 
                 release.upto(batch[-1])
     except (msgspec.DecodeError, KeyError, TypeError, ValueError, OverflowError) as e:
         raise RecordError(path, f"malformed trace events ({type(e).__name__}: {e})") from None
+    except RecursionError:  # an event nested deeper than msgspec (or str() of its args) recurses
+        raise too_deep(path) from None
     return cols
 
 

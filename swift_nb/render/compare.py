@@ -19,6 +19,7 @@ from swift_nb.errors import RecordError
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
 from swift_nb.render.diff import diff_html
 from swift_nb.render.figures import figure_png, new_figure
+from swift_nb.render.fonts import shown
 from swift_nb.render.html import CSP, STYLE, empty, figure_html
 from swift_nb.units import fmt_bytes, fmt_seconds
 
@@ -177,7 +178,7 @@ def step_times_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0) -
     for name, run in runs:
         steps = run.steps[run.steps["trigger"] != "end"]
         ms = pd.to_numeric(steps["duration_s"], errors="coerce") * 1e3
-        (line,) = ax.plot(steps["step"], ms, marker="o", label=name)
+        (line,) = ax.plot(steps["step"], ms, marker="o", label=shown(name, run.id))
         compiling = (
             pd.to_numeric(steps.get("compile_s", pd.Series(0.0, index=steps.index)), errors="coerce") > 0
         )
@@ -212,7 +213,7 @@ def memory_curves_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0
             continue
         total = mem[cols].sum(axis=1)
         t = mem["t_s"] - mem["t_s"].iloc[0]
-        ax.plot(t, total / 2**20, label=name)
+        ax.plot(t, total / 2**20, label=shown(name, run.id))
         top = max(top, float(total.max()))
     ax.set_xlabel("time since the first recorded step (s)")
     ax.set_ylabel("tensor memory (MiB)")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from swift_nb.record import MEMORY_CATEGORIES, Run
+from swift_nb.render.fonts import fit_text, shown
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_seconds
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def timeline_figure(run: Run, width_in: float = 10.0) -> Figure:
     n = run.summary.get("steps", 0)
     # parse_math=False: a label with "$" must show as typed, not as (possibly broken) TeX.
     fig.suptitle(
-        f"{run.label or run.id} — {n} steps, status {run.status} (grey lines: step ends)",
+        f"{shown(run.label, run.id)} — {n} steps, status {run.status} (grey lines: step ends)",
         fontsize=10,
         parse_math=False,
     )
@@ -386,6 +387,8 @@ def operators_figure(
 
 
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
+    """``fig`` as a PNG, each text in a font that has its characters (``fonts.fit_text``)."""
+    fit_text(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, pil_kwargs=PNG_OPTIONS)
     return buf.getvalue()

@@ -33,9 +33,10 @@ _KEYED_IMG = re.compile(
 def _drawn_by() -> bytes:
     """What draws the figures: the drawing code and matplotlib's version (a figure drawn
     by other code is drawn again)."""
-    from swift_nb.render import figures
+    from swift_nb.render import figures, fonts
 
-    return Path(figures.__file__).read_bytes() + importlib.metadata.version("matplotlib").encode()
+    code = Path(figures.__file__).read_bytes() + Path(fonts.__file__).read_bytes()
+    return code + importlib.metadata.version("matplotlib").encode()
 
 
 def _frame_bytes(df: pd.DataFrame) -> bytes:
