@@ -5,13 +5,16 @@ recorded anywhere as runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 
 from swift_nb.analysis.diff import REGRESSION, diff, gate
-from swift_nb.errors import ConfigError, RecordError
-from swift_nb.importer import import_trace
+from swift_nb.errors import ConfigError, MissingDependencyError, RecordError
+from swift_nb.importer import RanksNotReadError, import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
 from swift_nb.render.compare import compare_table_text
 from swift_nb.render.diff import SHOWN_ROWS, diff_text
@@ -25,9 +28,11 @@ exit status:
   1  could not do what was asked: a damaged run record or trace (the file and what is
      wrong with it are printed), or a report whose analysis could not run (a damaged trace,
      steps.csv missing: report.html is written and says why); or `diff` found run B
-     regressed beyond a --max-…-regression-pct limit (what changed is printed first)
+     regressed beyond a --max-…-regression-pct limit (what changed is printed first); or
+     an import whose worker was lost (the traces not read are named; no run is written)
   2  usage error: bad arguments (a limit that is not a percentage ≥ 0), a folder that is
-     not a run folder, or a trace path that does not exist
+     not a run folder, a trace path that does not exist, or --scheduler without
+     swift_nb[cluster] installed or without a scheduler answering there
 
 A damaged run is listed by `list` with status "damaged" and its problem."""
 
@@ -87,9 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         "-o", "--out", default=None, help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)"
     )
     p_import.add_argument("--label", default=None, help="a name for the run")
+    p_import.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="a Dask scheduler (tcp://HOST:8786) whose workers read the ranks; they must see the traces "
+        "and the output folder at the same paths (pip install 'swift_nb[cluster]')",
+    )
     args = parser.parse_args(argv)
     if args.command == "import":
-        return _import(args.traces, args.out, args.label)
+        return _import(args.traces, args.out, args.label, args.scheduler)
     if args.command == "list":
         print(runs_text(runs(args.root, limit=args.n)))
         return OK
@@ -182,13 +194,36 @@ def _report(run: Run) -> int:
     return OK if analysis is not None else FAILED
 
 
-def _import(traces: list[str], out: str | None, label: str | None) -> int:
+@contextlib.contextmanager
+def _scheduler(address: str | None) -> Iterator[Executor | None]:
+    """The executor of a Dask client connected to ``address`` (closed after), or None."""
+    if address is None:
+        yield None
+        return
     try:
-        run = import_trace(traces, out, label=label, report=False)
-    except ConfigError as e:
+        from distributed import Client
+    except ImportError:
+        raise MissingDependencyError(
+            "--scheduler needs Dask's distributed package: pip install 'swift_nb[cluster]'"
+        ) from None
+    try:
+        client = Client(address)
+    except OSError as e:  # nothing answering there (a timeout is an OSError too)
+        raise ConfigError(
+            "--scheduler", f"must be the address of a running Dask scheduler ({e})", address
+        ) from None
+    with client:
+        yield client.get_executor()
+
+
+def _import(traces: list[str], out: str | None, label: str | None, scheduler: str | None = None) -> int:
+    try:
+        with _scheduler(scheduler) as executor:
+            run = import_trace(traces, out, label=label, report=False, executor=executor)
+    except (ConfigError, MissingDependencyError) as e:
         _error(str(e))
         return USAGE
-    except RecordError as e:
+    except (RecordError, RanksNotReadError) as e:
         _error(str(e))
         return FAILED
     print(f"imported {len(run.rank_trace_paths())} trace(s) as {run.path}")

@@ -19,6 +19,10 @@ class ConfigError(ValueError):
     def message(self, name: Callable[[str], str] = str) -> str:
         return f"{name(self.param)} {self.requirement}; got {self.value!r}"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as its arguments: raised in a worker process, it arrives as raised
+        return type(self), (self.param, self.requirement, self.value)
+
 
 class RunDirError(OSError):
     """The run folder cannot be created or written."""
@@ -40,3 +44,6 @@ class RecordError(ValueError):
     def __init__(self, path: Path | str, problem: str) -> None:
         self.path, self.problem = Path(path), problem
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.path, self.problem)

@@ -11,7 +11,9 @@ swift_nb step hook's cost; per-step tensor memory only when the trace has ``[mem
 events (``profile_memory=True``).
 
 The report, the results panel (``%swift_profile --open DIR``) and ``compare`` then work on
-the folder as on any captured run.
+the folder as on any captured run. A job's ranks are read in local worker processes, or by
+any ``concurrent.futures.Executor`` (a Dask cluster's ``Client.get_executor()``): each rank
+is read and reduced where the executor runs it.
 """
 
 from __future__ import annotations
@@ -23,27 +25,22 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from swift_nb import trace_names as tn
-from swift_nb.analysis.comm import comm_per_step, comm_shares
-from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
 from swift_nb.analysis.ranks import RankAnalysis, analyse_rank
 from swift_nb.analysis.trace import Trace, read_trace_with_meta, save_tables
 from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
 from swift_nb.capture.job import RANK_COLUMNS
 from swift_nb.errors import ConfigError, RecordError
+from swift_nb.import_rank import rank_record
 from swift_nb.record import (
-    SAMPLE_COLUMNS,
-    STEP_COLUMNS,
     TRACE_FILE,
     Run,
     default_root,
@@ -52,18 +49,29 @@ from swift_nb.record import (
     rank_folder,
     rank_trace_file,
     save,
-    summarize,
     tables_path,
-    utc_now_iso,
 )
 from swift_nb.units import fmt_span
 
 #: the file names torch.profiler gives traces (``*.pt.trace.json`` too)
 TRACE_SUFFIXES = (".json", ".json.gz")
-#: steps.csv's ``trigger`` of an imported step: the profiler's own ``ProfilerStep#N`` span
-TRIGGER = "trace"
-#: the ``[memory]`` events' device type code of CUDA (0 is the CPU)
-_CUDA = 1
+#: what to do when a local worker process dies
+_LOCAL_ADVICE = "Try again with fewer workers (import_trace(..., workers=1)) or on a machine with more memory"
+#: what to do when an executor's worker is lost or fails
+_EXECUTOR_ADVICE = (
+    "No run was written: import again once the executor's workers are healthy; they must see the "
+    "trace files and the output folder at the same paths as this process (shared storage)"
+)
+
+
+class RanksNotReadError(RuntimeError):
+    """Traces an import could not read because the worker reading them died, was lost or
+    failed; no run folder is left. ``unread``: those files; ``ranks``: their ranks where
+    the ranks read tell (every rank of the job given), else None."""
+
+    def __init__(self, message: str, unread: list[Path], ranks: list[int] | None) -> None:
+        super().__init__(message)
+        self.unread, self.ranks = unread, ranks
 
 
 @dataclass
@@ -142,6 +150,7 @@ def import_trace(
     report: bool = True,
     max_bytes: int = DEFAULT_MAX_BYTES,
     workers: int | None = None,
+    executor: Executor | None = None,
 ) -> Run:
     """Import torch.profiler traces (one per rank) as a swift_nb run and return it.
 
@@ -155,6 +164,12 @@ def import_trace(
     most one per trace; a job of under 16 MB of files is read in this process, as with
     ``workers=1``); each rank is reduced to its tables and record before the next, so
     memory does not grow with the number of ranks.
+    ``executor``: any ``concurrent.futures.Executor`` that reads the ranks instead (a Dask
+    client's ``get_executor()``; it is not shut down): every trace is read and reduced
+    where the executor runs it, its copy and tables written into a staging folder beside
+    the run, so its workers must see the traces and ``out_dir`` at the same paths. A rank
+    whose work fails other than on its trace (a worker killed or lost, a file it cannot
+    see) is a ``RanksNotReadError`` naming the traces not read.
     Imported runs are never pruned by the import: it adds a folder and deletes nothing.
     """
     files = trace_files(paths)
@@ -162,16 +177,25 @@ def import_trace(
         raise ConfigError("max_bytes", "must be a positive number of bytes", max_bytes)
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ConfigError("workers", "must be a whole number ≥ 1", workers)
+    _check_executor(executor, workers)
     root = ensure_writable(Path(out_dir) if out_dir is not None else default_root())
     folder = root / new_run_id(label or "import")
     folder.mkdir()
+    # the ranks' copies and tables are written beside the run until they are placed in it:
+    # a remote worker still writing when the import fails cannot leave a file in the run
+    staging = Path(os.path.abspath(root / f".{folder.name}.staging"))
+    # a job's report reads every rank's findings and collectives: each rank's are made
+    # while its tables are held (in the workers), not by reading every trace again
+    analyse = report and len(files) > 1
     try:
-        # a job's report reads every rank's findings and collectives: each rank's are made
-        # while its tables are held (in the workers), not by reading every trace again
-        run, analysed = _import_into(files, folder, max_bytes, workers, analyse=report and len(files) > 1)
+        staging.mkdir()
+        reduced = _reduce_all(files, staging, max_bytes, workers, executor, analyse)
+        run, analysed = _assemble(reduced, folder, analyse)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)  # no half-imported run is left behind
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     run.id, run.label, run.path = folder.name, label, folder
     save(run)
     if report:
@@ -186,17 +210,43 @@ def import_trace(
 IN_PROCESS_BYTES = 16 << 20
 
 
-def _import_into(
-    files: list[Path], folder: Path, max_bytes: int, workers: int | None, analyse: bool = False
-) -> tuple[Run, dict[int, RankAnalysis] | None]:
-    """The run record of ``files`` in ``folder``, and (``analyse``) each rank's analysis."""
+def _check_executor(executor: Executor | None, workers: int | None) -> None:
+    """``executor`` is an Executor, and not given with ``workers``."""
+    if executor is None:
+        return
+    if not isinstance(executor, Executor):
+        raise ConfigError(
+            "executor", "must be a concurrent.futures.Executor (a Dask client's get_executor())", executor
+        )
+    if workers is not None:
+        raise ConfigError("workers", "sizes the local worker processes: give workers= or executor=", workers)
+
+
+def _reduce_all(
+    files: list[Path],
+    staging: Path,
+    max_bytes: int,
+    workers: int | None,
+    executor: Executor | None,
+    analyse: bool,
+) -> list[RankRecord]:
+    """Every file reduced by ``reduce_rank``, its copy and tables staged in ``staging``:
+    by ``executor``, else here or in local worker processes."""
+    staged = [staging / f"{i}.json.gz" for i in range(len(files))]
+    if executor is not None:
+        # an executor's workers may run elsewhere, in another working directory
+        futures = _submit(executor, [Path(os.path.abspath(f)) for f in files], staged, max_bytes, analyse)
+        return _gather(futures, files, local=False)
     small = sum(f.stat().st_size for f in files) < IN_PROCESS_BYTES
     if len(files) == 1 or workers == 1 or (workers is None and small):
-        reduced = [
-            reduce_rank(f, folder / f".staged-{i}.json.gz", max_bytes, analyse) for i, f in enumerate(files)
-        ]
-    else:
-        reduced = _reduce_in_workers(files, folder, max_bytes, workers, analyse)
+        return [reduce_rank(f, s, max_bytes, analyse) for f, s in zip(files, staged, strict=True)]
+    return _reduce_in_workers(files, staged, max_bytes, workers, analyse)
+
+
+def _assemble(
+    reduced: list[RankRecord], folder: Path, analyse: bool
+) -> tuple[Run, dict[int, RankAnalysis] | None]:
+    """The run record of the reduced ranks in ``folder``, and (``analyse``) each rank's analysis."""
     by_rank = _by_rank(reduced)
     if len(by_rank) == 1:
         rr = next(iter(by_rank.values()))
@@ -216,7 +266,7 @@ def reduce_rank(
     rt = read_trace_file(path, max_bytes)
     _copy_gzipped(rt.path, staged)
     save_tables(rt.trace, tables_path(staged), source=staged)
-    record = _rank_record(rt)
+    record = rank_record(rt)
     analysis = analyse_rank(record, rt.trace, rt.rank, rt.world_size) if analyse else None
     return RankRecord(rt.path, rt.rank, rt.world_size, record, staged, analysis)
 
@@ -250,32 +300,103 @@ def _main_script_hidden() -> Iterator[None]:
 
 
 def _reduce_in_workers(
-    files: list[Path], folder: Path, max_bytes: int, workers: int | None, analyse: bool = False
+    files: list[Path], staged: list[Path], max_bytes: int, workers: int | None, analyse: bool = False
 ) -> list[RankRecord]:
     """Every file reduced by ``reduce_rank`` in at most ``workers`` processes (default:
     the cores); a worker that dies (killed, out of memory) is an error naming the traces
     it left unread, never a wait."""
     n = min(len(files), workers or os.cpu_count() or 1)
-    staged = [folder / f".staged-{i}.json.gz" for i in range(len(files))]
     with ProcessPoolExecutor(max_workers=n, mp_context=_context()) as pool:
         with _main_script_hidden():  # the workers start as these are submitted
-            futures = [
-                pool.submit(reduce_rank, f, s, max_bytes, analyse) for f, s in zip(files, staged, strict=True)
-            ]
-        try:
-            return [f.result() for f in futures]
-        except BrokenProcessPool:
-            unread = [str(p) for p, fut in zip(files, futures, strict=True) if fut.exception() is not None]
-            raise RuntimeError(
-                f"a worker process reading the traces died (killed, or out of memory) before it finished; "
-                f"{len(unread)} of {len(files)} traces were not read: {', '.join(unread[:4])}"
-                f"{' …' if len(unread) > 4 else ''}. Try again with fewer workers (import_trace(..., "
-                "workers=1)) or on a machine with more memory"
-            ) from None
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+            futures = _submit(pool, files, staged, max_bytes, analyse)
+        return _gather(futures, files, local=True)
+
+
+def _submit(
+    executor: Executor, files: list[Path], staged: list[Path], max_bytes: int, analyse: bool
+) -> list[Future]:
+    """``reduce_rank`` of every file submitted (by reference to this module's function, so
+    any executor can send it to its workers); those submitted are cancelled if one fails to be."""
+    futures: list[Future] = []
+    try:
+        for f, s in zip(files, staged, strict=True):
+            futures.append(executor.submit(reduce_rank, f, s, max_bytes, analyse))
+    except BaseException:
+        _cancel(futures)
+        raise
+    return futures
+
+
+def _gather(futures: list[Future], files: list[Path], local: bool) -> list[RankRecord]:
+    """The futures' records, in order. At the first failure the rest are cancelled and it
+    is raised: a trace's own error (``RecordError``, ``ConfigError``) as it is; a lost
+    worker as ``RanksNotReadError``: of the ``local`` process pool a ``BrokenProcessPool``
+    (any other error is raised as it is), of another executor any other error (a worker
+    killed or lost, a file it cannot see)."""
+    try:
+        wait(futures, return_when=FIRST_EXCEPTION)
+    except BaseException:
+        _cancel(futures)
+        raise
+    if all(_read(fut) for fut in futures):
+        return [fut.result() for fut in futures]
+    read = [fut.result() for fut in futures if _read(fut)]
+    unread = [p for p, fut in zip(files, futures, strict=True) if not _read(fut)]
+    cause = next(e for e in map(_failure, futures) if e is not None)
+    _cancel(futures)
+    if isinstance(cause, (RecordError, ConfigError)) or (local and not isinstance(cause, BrokenProcessPool)):
+        raise cause
+    raise _not_read(files, unread, read, cause, local) from cause
+
+
+def _read(fut: Future) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _failure(fut: Future) -> BaseException | None:
+    if not fut.done():
+        return None
+    return CancelledError() if fut.cancelled() else fut.exception()
+
+
+def _cancel(futures: list[Future]) -> None:
+    for fut in futures:
+        fut.cancel()
+
+
+def _not_read(
+    files: list[Path], unread: list[Path], read: list[RankRecord], cause: BaseException, local: bool
+) -> RanksNotReadError:
+    """The error naming the traces not read, and their ranks where the ranks read tell."""
+    ranks = _unread_ranks(len(files), read)
+    shown = ", ".join(map(str, unread[:4])) + (" …" if len(unread) > 4 else "")
+    if local:
+        what = "a worker process reading the traces died (killed, or out of memory) before it finished"
+    else:
+        what = f"a worker reading the traces was lost or failed ({_said(cause)})"
+    return RanksNotReadError(
+        f"{what}; {len(unread)} of {len(files)} traces were not read: {shown}"
+        f"{f' (ranks not read: {fmt_span(ranks)})' if ranks else ''}. "
+        f"{_LOCAL_ADVICE if local else _EXECUTOR_ADVICE}",
+        unread,
+        ranks,
+    )
+
+
+def _said(error: BaseException) -> str:
+    """An error's type and first sentence (Dask's KilledWorker goes on for a paragraph)."""
+    text = str(error).strip()
+    first = text.splitlines()[0].split(". ")[0][:300] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _unread_ranks(n_files: int, read: list[RankRecord]) -> list[int] | None:
+    """The job's ranks missing from ``read`` when ``n_files`` traces are all its ranks."""
+    worlds = {rr.world_size for rr in read}
+    if len(worlds) != 1 or next(iter(worlds)) != n_files:
+        return None
+    missing = sorted(set(range(n_files)) - {rr.rank for rr in read})
+    return missing if len(missing) == n_files - len(read) else None
 
 
 def _place(rr: RankRecord, dest: Path) -> None:
@@ -314,139 +435,6 @@ def _copy_gzipped(src: Path, dest: Path) -> None:
         return
     with open(src, "rb") as f, gzip.open(dest, "wb", compresslevel=1) as out:
         shutil.copyfileobj(f, out, 1 << 20)
-
-
-# -- one rank ---------------------------------------------------------------------------
-
-
-def _main_device(trace: Trace) -> int | None:
-    """The GPU the rank's kernels ran on (Kineto gives device work the device's index as
-    pid), or None for a trace without device work."""
-    dev = trace.events.loc[trace.events["cat"].isin(tn.DEVICE_WORK), "pid"]
-    dev = pd.to_numeric(dev, errors="coerce").dropna()
-    return int(dev.mode().iloc[0]) if len(dev) else None
-
-
-def _steps(trace: Trace, device: int | None) -> pd.DataFrame:
-    """steps.csv from the ProfilerStep spans, on a clock starting at the first one."""
-    spans = trace.steps
-    t0 = float(spans["start_us"].min())
-    steps = pd.DataFrame(
-        {
-            "step": spans["step"].astype(int),
-            "start_s": (spans["start_us"] - t0) / 1e6,
-            "end_s": (spans["end_us"] - t0) / 1e6,
-            "duration_s": spans["dur_us"] / 1e6,
-            "phase": "active",
-            "trigger": TRIGGER,
-            "overhead_s": np.nan,
-            "peak_tensor_bytes": _peak_per_step(trace, spans, device),
-            "reserved_bytes": np.nan,
-            "rss_bytes": np.nan,
-        },
-        columns=STEP_COLUMNS,
-    )
-    return steps.reset_index(drop=True)
-
-
-def _peak_per_step(trace: Trace, spans: pd.DataFrame, device: int | None) -> np.ndarray:
-    """Per step, the allocator's highest total in the trace's ``[memory]`` events on the
-    rank's device (NaN without them: absent, not zero)."""
-    mem = trace.memory
-    if device is not None:
-        mem = mem[(mem["device_type"] == _CUDA) & (mem["device_id"] == device)]
-    else:
-        mem = mem[mem["device_type"] != _CUDA]
-    peaks = mem[mem["step"] >= 0].groupby("step")["total_allocated"].max()
-    return spans["step"].map(peaks).astype(float).to_numpy()
-
-
-def _started_at(rt: RankTrace) -> str:
-    """When the trace's first step began (ISO, UTC), from the trace's clock: Kineto's
-    ``baseTimeNanoseconds`` plus the timestamps, or timestamps in µs since the epoch;
-    else the file's modification time."""
-    t0_us = float(rt.trace.steps["start_us"].min())
-    base_ns = rt.meta.get("baseTimeNanoseconds")
-    if isinstance(base_ns, (int, float)) and base_ns > 0:
-        epoch_s = base_ns / 1e9 + t0_us / 1e6
-    elif t0_us > 1e15:  # µs since 1970 (later than 2001)
-        epoch_s = t0_us / 1e6
-    else:
-        epoch_s = rt.path.stat().st_mtime
-    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _environment(rt: RankTrace, device: int | None) -> dict[str, Any]:
-    info = rt.meta.get("distributedInfo") or {}
-    props = [p for p in rt.meta.get("deviceProperties") or [] if isinstance(p, dict)]
-    env: dict[str, Any] = {
-        "rank": rt.rank,
-        "world_size": rt.world_size,
-        "device": "cuda" if device is not None else "cpu",
-        "host": str(rt.meta.get("host_name", "")),
-    }
-    if info.get("backend"):
-        env["backend"] = str(info["backend"])
-    if info.get("nccl_version"):
-        env["nccl"] = str(info["nccl_version"])
-    for key in ("cuda_runtime_version", "cuda_driver_version", "cupti_version"):
-        if key in rt.meta:
-            env[key.removesuffix("_version")] = str(rt.meta[key])
-    used = [p for p in props if p.get("id") == device] or props
-    if used:
-        env["devices"] = [str(p.get("name", "")) for p in used]
-        env["device_mem_total_bytes"] = used[0].get("totalGlobalMem")
-    if device is not None:
-        env["rank_device"] = f"cuda:{device}"
-    return env
-
-
-def _rank_record(rt: RankTrace) -> Run:
-    """The record of one rank's trace."""
-    device = _main_device(rt.trace)
-    steps = _steps(rt.trace, device)
-    samples = pd.DataFrame(columns=SAMPLE_COLUMNS)
-    ts, te = rt.trace.events["ts_us"], rt.trace.events["end_us"]
-    run = Run(
-        id="",
-        status="ok",
-        started_at=_started_at(rt),
-        wall_s=float((te.max() - ts.min()) / 1e6) if len(ts) else float(steps["end_s"].max()),
-        source={"imported_from": [str(rt.path.resolve())], "imported_at": utc_now_iso()},
-        environment=_environment(rt, device),
-        context={"toggles": [], "world_size": rt.world_size},
-        host=str(rt.meta.get("host_name", "")),
-        steps=steps,
-        samples=samples,
-    )
-    run.summary.update(summarize(steps, samples))
-    run.summary["recorded_steps"] = [int(s) for s in steps["step"]]
-    run.summary["trace_events"] = len(rt.trace.events)
-    device = device_summary(rt.trace)
-    run.summary.update({k: round(float(device[k]), 3) for k in RUN_SUMMARY_KEYS if device.get(k) is not None})
-    collective_s, share = _collective_summary(rt.trace)
-    if np.isfinite(collective_s) and collective_s > 0:
-        run.summary["collective_s_per_step"] = collective_s
-        run.summary["collective_share"] = share
-    run.notes.append(
-        f"imported from {rt.path.name}: resource samples, process memory and swift_nb's step "
-        "hook are not in a trace, so they are absent here"
-    )
-    if steps["peak_tensor_bytes"].isna().all():
-        run.notes.append(
-            "the trace has no [memory] events (recorded without profile_memory=True): "
-            "memory per step and by category are absent"
-        )
-    return run
-
-
-def _collective_summary(trace: Trace) -> tuple[float, float]:
-    """(collective seconds per recorded step, their share of the recorded steps' time),
-    as ``capture.job.collective_summary`` measures a captured rank's, from the tables."""
-    per_step = comm_per_step(trace)
-    if per_step.empty:
-        return float("nan"), float("nan")
-    return float(per_step["collective_s"].mean()), comm_shares(per_step)[0]
 
 
 # -- several ranks ----------------------------------------------------------------------
