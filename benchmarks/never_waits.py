@@ -14,15 +14,24 @@ Per mode, for torch on every core and with one core left free (``--free-core``):
   - the training process's RSS while the trace is digested, against the bare loop's
     (target: at most +100 MB).
 
+With ``--components``, what each piece of the capture costs a step after the window: the
+profiled loop with every piece, then with one piece switched off in turn (the per-step
+sample, the sampler thread, the journal, the stderr filter, the helper's digest during
+the loop), each against the bare loop of its own round: median and worst step after the
+window, steps above 1.25x, the step hook's own time after the window (median), and the whole run with its report.
+
     python benchmarks/never_waits.py [--steps 120] [--rounds 3] [--threads 2] [--free-core]
+    python benchmarks/never_waits.py --components [--steps 200] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 
 import psutil
 import torch
@@ -59,6 +68,100 @@ def loop(model, opt, batches, times: list[float], rss: list[float]) -> None:
         rss.append(proc.memory_info().rss / 2**20)
 
 
+def _off(obj: object, name: str, value: object) -> Callable[[], contextlib.AbstractContextManager]:
+    @contextlib.contextmanager
+    def switched() -> Iterator[None]:
+        saved = getattr(obj, name)
+        setattr(obj, name, value)
+        try:
+            yield
+        finally:
+            setattr(obj, name, saved)
+
+    return switched
+
+
+def _components() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
+    """Each piece of the capture, as a switch that turns it off."""
+    from swift_nb.capture import journal, sampler, stderr_filter, torch_profiler
+
+    def digest_at_end(self, replay=None):  # the window's trace digested after the loop only
+        if not getattr(self, "_finishing", False):
+            return None
+        return _digest(self, replay)
+
+    _digest = torch_profiler.TraceRecorder.digest
+
+    @contextlib.contextmanager
+    def no_digest_in_loop() -> Iterator[None]:
+        finish = torch_profiler.TraceRecorder.finish
+
+        def finishing(self, replay=None):
+            self._finishing = True
+            return finish(self, replay)
+
+        with (
+            _off(torch_profiler.TraceRecorder, "digest", digest_at_end)(),
+            _off(torch_profiler.TraceRecorder, "finish", finishing)(),
+        ):
+            yield
+
+    return {
+        "all": contextlib.nullcontext,
+        "- step samples": _off(sampler.Sampler, "on_step", lambda self, sync=False: None),
+        "- sampler thread": _off(sampler.Sampler, "start", lambda self, t0=None: None),
+        "- journal": _off(journal.Journal, "start", lambda self: None),
+        "- stderr filter": _off(stderr_filter.StderrFilter, "start", lambda self: None),
+        "- digest in loop": no_digest_in_loop,
+    }
+
+
+def components(args, model, opt, batches, out: str) -> None:
+    switches = _components()
+    rows: dict[str, list[dict]] = {name: [] for name in switches}
+    for _ in range(args.rounds):
+        for name, switch in switches.items():
+            bare_times: list[float] = []
+            t = time.perf_counter()
+            loop(model, opt, batches, bare_times, [])
+            bare_wall = time.perf_counter() - t
+            times: list[float] = []
+            with switch():
+                t = time.perf_counter()
+                with swift_nb.profile(out_dir=out, keep=2) as run:
+                    loop(model, opt, batches, times, [])
+                    last = time.perf_counter()
+                done = time.perf_counter()
+            window = run.schedule["wait"] + run.schedule["warmup"] + run.schedule["active"]
+            med = statistics.median(bare_times)
+            after = times[window:]
+            rows[name].append(
+                dict(
+                    median=statistics.median(after) / med,
+                    worst=max(after) / med,
+                    over=sum(1 for s in after if s > 1.25 * med),
+                    hook_us=1e6 * float(run.steps.loc[run.steps["phase"] == "none", "overhead_s"].median()),
+                    wall=(done - t) / bare_wall,
+                    exit_s=done - last,
+                )
+            )
+    print(
+        f"{'':<20}{'median step':>12}{'worst step':>11}{'>1.25x':>8}{'hook µs':>9}{'whole run':>10}{'exit s':>8}"
+    )
+    for name, found in rows.items():
+        best = min(found, key=lambda row: row["wall"])
+        print(
+            f"{name:<20}{statistics.median(r['median'] for r in found):>12.3f}"
+            f"{max(r['worst'] for r in found):>11.2f}{sum(r['over'] for r in found):>8d}"
+            f"{statistics.median(r['hook_us'] for r in found):>9.0f}{best['wall']:>10.3f}"
+            f"{statistics.median(r['exit_s'] for r in found):>8.2f}"
+        )
+    print(
+        "median/worst step: after the window, against the same round's bare median; >1.25x: such "
+        f"steps, all {args.rounds} rounds; whole run: best round, report included, against its bare loop"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=120)
@@ -69,6 +172,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--components", action="store_true", help="what each piece of the capture costs")
     args = ap.parse_args()
     threads = max(1, args.threads - 1) if args.free_core else args.threads
     torch.set_num_threads(threads)
@@ -82,6 +186,14 @@ def main() -> None:
     ]
     loop(model, opt, batches[:3], [], [])  # warm up allocator and kernels
     out = tempfile.mkdtemp(prefix="swift_nb_never_waits_")
+    if args.components:
+        print(
+            f"torch.nn Transformer LM: {args.layers} layers, width {args.width}, seq {args.seq}, "
+            f"batch {args.batch}; {args.steps}-step runs, {args.rounds} rounds; "
+            f"torch {torch.__version__} on {threads} of {psutil.cpu_count()} cores"
+        )
+        components(args, model, opt, batches, out)
+        return
 
     steps: dict[str, list[list[float]]] = {"bare": [], "profiled": []}
     walls: dict[str, list[float]] = {"bare": [], "profiled": []}

@@ -8,22 +8,27 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 from swift_nb.analysis import Analysis
+from swift_nb.capture.helper import Helper
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordWriteWarning
 from swift_nb.options import ProfileOptions
 from swift_nb.record import Run
-from swift_nb.render.document import build_ahead
+from swift_nb.render.document import build_ahead, draw_run_ahead
 from swift_nb.render.sections.figure_cache import FigureCache
 
 # the reading half of the API, torch-free, named here too: the magic, the monitor and the
 # reruns compose it with capture
 from swift_nb.reporting import Reported, compare, findings_of, report  # noqa: F401
 from swift_nb.toggles import Toggle, ToggleReport, build
+
+#: what the helper draws of a finished run (``_draw_elsewhere``)
+DRAW_RUN_AHEAD = f"{draw_run_ahead.__module__}:{draw_run_ahead.__name__}"
 
 
 class ReportAhead:
@@ -64,9 +69,29 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
         if not isinstance(ahead, ReportAhead):
             return report(run)
         ahead.take(built)
-        return report(run, figures=ahead.figures)
+        return report(run, figures=ahead.figures, drawing=_draw_elsewhere(run))
     except OSError as e:
         return Reported(_write_failed(run, e), None, [])
+
+
+def _draw_elsewhere(run: Run) -> Callable[[], Any] | None:
+    """The figures the record alone determines, given to this process's helper to draw
+    while the analysis runs here (None: no helper is running; they are drawn here)."""
+    if run.path is None:
+        return None
+    helper = Helper(Path(run.path), lambda said: None)  # failing, they are drawn here: nothing lost
+    helper.start(launch=False)
+    if not helper.alive:
+        return None
+    pending = helper.submit(DRAW_RUN_AHEAD, replace(run))
+
+    def drawn() -> Any:
+        try:
+            return pending.result()
+        finally:
+            helper.close()
+
+    return drawn
 
 
 def _write_failed(run: Run, error: OSError) -> Run:

@@ -4,7 +4,7 @@ traces, ``swift-nb report``, ``import_trace``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,7 @@ def report(
     trace_tables: Trace | None = None,
     figures: FigureCache | None = None,
     ranks: dict[int, RankAnalysis] | None = None,
+    drawing: Callable[[], FigureCache | None] | None = None,
 ) -> Reported:
     """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
@@ -55,7 +56,9 @@ def report(
     (saves reading the file); ``trace_tables``: their tables, when built already (saves
     building them); ``figures``: figures drawn already (``ReportAhead.figures``). Figures
     of the report this one replaces that show the same are not drawn again either.
-    ``ranks``: for a job, its ranks' analyses made already (the importer's workers)."""
+    ``ranks``: for a job, its ranks' analyses made already (the importer's workers).
+    ``drawing``: figures being drawn elsewhere while this analyses (``api.finish``): called
+    once the analysis is done, what it returns joins ``figures``; failing, they are drawn here."""
     run = run if isinstance(run, Run) else load_run(run)
     analysis, failure = None, None
     if steps_missing(run):
@@ -87,11 +90,22 @@ def report(
             }
         )
     figures = figures if figures is not None else FigureCache()
+    if drawing is not None:
+        _take_drawn(figures, drawing)
     _reuse_earlier_figures(run, figures)
     sections = report_sections(run, figures, **analysis_fields(analysis), not_analysed=failure)
     write_report(run, document_html(run, sections))
     save_meta(run)
     return Reported(run, analysis, sections)
+
+
+def _take_drawn(figures: FigureCache, drawing: Callable[[], FigureCache | None]) -> None:
+    try:
+        drawn = drawing()
+    except Exception:  # drawn here instead
+        return
+    for key in drawn if drawn is not None else ():
+        figures.put(key, drawn.png(key))
 
 
 def _reuse_earlier_figures(run: Run, figures: FigureCache) -> None:

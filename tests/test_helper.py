@@ -1,12 +1,16 @@
-"""The trace is digested in a helper process, and the run loses nothing when the helper
-cannot start, dies in the middle, or the cell is interrupted: the work falls back to this
-process with a note, and no helper is left behind."""
+"""The trace is digested in a helper process, shared by the runs of a process, and the run
+loses nothing when the helper cannot start, dies in the middle, or the cell is
+interrupted: the work falls back to this process with a note, and no helper is left busy
+with work nobody waits for, or behind its process."""
 
 from __future__ import annotations
 
 import _thread
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 
 import psutil
@@ -55,7 +59,21 @@ def _complete(run) -> None:
 OPTIONS = dict(wait=1, warmup=1, active=3, keep=50)
 
 
-def test_helper_digests_at_low_priority_and_leaves_with_the_run(tmp_path):
+@pytest.fixture(autouse=True)
+def fresh_helper():
+    """Each test starts without this process's shared helper, and leaves none."""
+    helper.stop_shared()
+    yield
+    helper.stop_shared()
+
+
+def _idle_or_gone() -> bool:
+    """No helper is left working: the shared one, if any, has no job queued."""
+    process = helper.shared(start=False)
+    return _helpers() == [] or (process is not None and not process.busy and len(_helpers()) == 1)
+
+
+def test_helper_digests_at_low_priority_and_serves_the_next_run(tmp_path):
     seen = {}
 
     def look(k):
@@ -70,8 +88,35 @@ def test_helper_digests_at_low_priority_and_leaves_with_the_run(tmp_path):
     assert prof.session.digested.pid == seen["pid"]  # the digest ran there, not here
     assert not any("helper" in n for n in run.notes), run.notes
     _complete(run)
-    assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == psutil.STATUS_ZOMBIE
-    assert _helpers() == []
+    assert [p.pid for p in _helpers()] == [seen["pid"]]  # idle, warm, for the next run
+    assert not helper.shared(start=False).busy
+
+    again = swift_nb.profile(out_dir=tmp_path, **OPTIONS)
+    with again as second:
+        _train(8)
+    assert again.session.digested.pid == seen["pid"]
+    _complete(second)
+
+
+def test_helper_leaves_with_its_process(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        import swift_nb
+        from test_helper import _train
+        prof = swift_nb.profile(out_dir={str(tmp_path)!r}, wait=1, warmup=1, active=3)
+        with prof:
+            _train(8)
+        print(prof.session.digested.pid)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    assert pid != os.getpid()
+    gone = psutil.wait_procs([psutil.Process(pid)], timeout=10)[0] if psutil.pid_exists(pid) else True
+    assert gone, "the helper outlived its process"
 
 
 def test_helper_that_cannot_start_leaves_the_work_to_this_process(tmp_path, monkeypatch):
@@ -107,7 +152,7 @@ def test_helper_killed_mid_digest_loses_nothing(tmp_path):
     assert _helpers() == []
 
 
-def test_interrupted_cell_leaves_no_helper_and_keeps_the_run(tmp_path):
+def test_interrupted_cell_leaves_no_busy_helper_and_keeps_the_run(tmp_path):
     def interrupt(k):
         if k == 5:
             raise KeyboardInterrupt
@@ -117,7 +162,21 @@ def test_interrupted_cell_leaves_no_helper_and_keeps_the_run(tmp_path):
         _train(8, interrupt)
     assert run.status == "interrupted"
     _complete(run)
-    assert _helpers() == []
+    assert _idle_or_gone()
+
+
+def test_run_ending_with_its_job_unanswered_ends_the_helper(tmp_path, monkeypatch):
+    """A job nobody waits for any more (the run ended before taking its answer) ends the
+    helper: the next run starts a fresh one rather than queue behind it."""
+    h = helper.Helper(tmp_path, lambda said: None)
+    h.start()
+    pid = h.pid
+    pending = h.submit("time:sleep", 30)
+    h.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert helper.shared(start=False) is None
+    assert not pending.done
+    assert list(tmp_path.iterdir()) == [], "the abandoned job's file is left behind"
 
 
 def test_interrupted_again_while_the_digest_runs(tmp_path, monkeypatch):
@@ -142,7 +201,7 @@ def test_interrupted_again_while_the_digest_runs(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt), prof as run:
         _train(8, interrupt)
     assert waiting == {"unanswered": True}
-    assert _helpers() == []
+    assert _idle_or_gone()
     saved = load_run(run.path)
     assert saved.status == "interrupted" and len(saved.steps) == 6
     assert saved.trace_path is not None and tables_path(saved.trace_path).exists()

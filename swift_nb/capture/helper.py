@@ -1,25 +1,34 @@
-"""Work done outside the training process: one helper process per profiled run.
+"""Work done outside the training process: one helper process, shared by the runs of a
+training process (a notebook's kernel, a script).
 
 A thread of the training process holds the GIL whenever it runs Python, and the training
 thread needs the GIL between every operator, so background work there slows every step it
 overlaps. What a run does with its finished trace (decode, tables, memory replay, figures)
-therefore runs in a helper: a fresh interpreter, started when the run starts (its start-up
-overlaps the first steps) at the lowest CPU priority, that runs jobs given as a
-``"module:function"`` name and a picklable argument.
+therefore runs in a helper: a fresh interpreter at the lowest CPU priority that runs jobs
+given as a ``"module:function"`` name and a picklable argument.
+
+The helper outlives its run: it is started by the first run (or ahead of it, ``prewarm``,
+as ``%load_ext swift_nb`` does), imports what the digests and figures need while nothing
+waits for it, and serves every later run of the process warm, so a cell does not pay an
+interpreter's start and pandas' and matplotlib's imports (about a second of CPU on a small
+machine) each time. It leaves when the training process does (``atexit``, or on its own
+when that process is gone), and is killed when a run ends with a job of it unanswered (an
+interrupted cell): a later run starts a fresh one rather than queue behind abandoned work.
 
 The training process writes a job into the run folder and sends its file name down the
 helper's stdin; the helper writes the result beside it and answers on a pipe of its own.
 Nothing the training thread does waits on the helper: it only writes a small file and a
 line. If the helper cannot start, or dies before it answers, the job runs in this process
-instead (``Pending.result``) and the run's notes say so once. The helper leaves with its
-run (``close``), and on its own when the training process is gone.
+instead (``Pending.result``) and the run's notes say so once.
 
 Run ``python -m swift_nb.capture.helper`` only as the helper.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import itertools
 import os
 import pickle
 import signal
@@ -35,6 +44,8 @@ from typing import Any
 PYTHON = sys.executable
 _NICE = 19
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: what the helper imports as soon as it starts, before its first job asks for them
+WARM = ("swift_nb.capture.digest", "swift_nb.render.document", "matplotlib.pyplot")
 
 
 def resolve(target: str) -> Callable[[Any], Any]:
@@ -58,6 +69,10 @@ class Pending:
         self._value: Any = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def _run_here(self, background: bool) -> None:
         def run() -> None:
@@ -83,9 +98,10 @@ class Pending:
 
     def result(self) -> Any:
         """The job's result (its exception raised here)."""
-        while not self._done.wait(0.1):
-            dead = self._thread is None and not self._helper.alive
-            if dead and not self._helper._answer_pending(self):  # it died before answering
+        while not self._done.wait(0.05):
+            process = self._helper.process
+            dead = self._thread is None and (process is None or not process.alive)
+            if dead and not (process is not None and process.answered(self)):  # it died before answering
                 self._helper.tell(self._helper.death())
                 self._run_here(background=False)
         if self._thread is not None:
@@ -97,24 +113,18 @@ class Pending:
         return self._value
 
 
-class Helper:
-    """The helper process of one run. ``folder``: where jobs and results are written (the
-    run's folder); ``note``: where a problem is told (the run's notes), once."""
+class HelperProcess:
+    """The helper interpreter: its pipes, and the jobs it has not answered yet, in order."""
 
-    def __init__(self, folder: Path, note: Callable[[str], None]) -> None:
-        self.folder = folder
-        self._note = note
-        self._told = False
+    def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.owner = os.getpid()  # a forked child (a DataLoader worker) does not own it
         self._pending: list[Pending] = []
         self._lock = threading.Lock()
-        self._count = 0
         self._reader: threading.Thread | None = None
-
-    # -- life ----------------------------------------------------------------------------
+        self.error: OSError | None = None
 
     def start(self) -> None:
-        """Start the helper (never raises: without one, jobs run in this process)."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env["SWIFT_NB_HELPER_PARENT"] = str(os.getpid())
@@ -128,12 +138,9 @@ class Helper:
                 close_fds=True,
             )
         except OSError as e:
-            self.tell(f"the helper process could not start ({e}); the trace was digested in this process")
+            self.error = e
             return
-        # From its first instruction (its imports too) it gives way to the training. Not
-        # SCHED_IDLE: starved, the helper stays runnable for the rest of the run and its
-        # cache and memory traffic slowed every later step (1.4x, benchmarks/never_waits.py)
-        # where nice 19 lets it finish within a few steps.
+        # From its first instruction (its imports too) it gives way to the training.
         try:
             os.setpriority(os.PRIO_PROCESS, self.proc.pid, _NICE)
         except OSError:
@@ -149,21 +156,43 @@ class Helper:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def death(self) -> str:
-        code = self.proc.returncode if self.proc is not None else None
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return f"the helper process ended before it finished ({how}); the trace was digested in this process"
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._pending)
 
-    def tell(self, message: str) -> None:
-        if not self._told:
-            self._told = True
-            self._note(message)
+    def send(self, pending: Pending, job_file: Path) -> None:
+        """Queue ``pending`` (its job already in ``job_file``); OSError/ValueError: the pipe
+        is broken (the helper died)."""
+        with self._lock:
+            self._pending.append(pending)
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(f"{job_file}\n".encode())
+            self.proc.stdin.flush()
+        except BaseException:
+            with self._lock:
+                if pending in self._pending:
+                    self._pending.remove(pending)
+            raise
+
+    def answered(self, pending: Pending) -> bool:
+        """Whether ``pending`` was answered (the reader may still be handing it over)."""
+        if self._reader is not None:
+            self._reader.join(timeout=1.0)
+        return pending.done
+
+    def abandon(self, jobs: list[Pending]) -> bool:
+        """Whether any of ``jobs`` is still queued here (the helper is then busy with work
+        nobody waits for)."""
+        with self._lock:
+            return any(p in self._pending for p in jobs)
 
     def close(self) -> None:
-        """End the helper: its jobs are answered or abandoned by now, so it is killed
-        rather than waited for (an interpreter's exit costs a quarter second)."""
+        """End the helper: killed rather than waited for (an interpreter's exit costs a
+        quarter second)."""
         proc = self.proc
-        if proc is None:
+        if proc is None or os.getpid() != self.owner:
             return
         try:
             if proc.stdin is not None:
@@ -177,44 +206,6 @@ class Helper:
             self._reader.join(timeout=1.0)  # it reads the pipe's end, then leaves
         if proc.stdout is not None:
             proc.stdout.close()
-
-    # -- jobs ----------------------------------------------------------------------------
-
-    def submit(self, target: str, arg: Any) -> Pending:
-        """Give the helper ``target(arg)`` to run; the training thread only writes a small
-        file and a line."""
-        if not self.alive:
-            if self.proc is not None:
-                self.tell(self.death())
-            pending = Pending(self, target, arg, None)
-            pending._run_here(background=True)
-            return pending
-        self._count += 1
-        job_file = self.folder / f".helper-job{self._count}.pkl"
-        pending = Pending(self, target, arg, job_file)
-        try:
-            with open(job_file, "wb") as f:
-                pickle.dump((target, arg), f, protocol=pickle.HIGHEST_PROTOCOL)
-            with self._lock:
-                self._pending.append(pending)
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(f"{job_file}\n".encode())
-            self.proc.stdin.flush()
-        except (OSError, ValueError) as e:  # a broken pipe: it died; a full disk: no job file
-            with self._lock:
-                if pending in self._pending:
-                    self._pending.remove(pending)
-            job_file.unlink(missing_ok=True)
-            self.tell(f"the helper process could not take the trace ({e}); it was digested in this process")
-            pending._job_file = None
-            pending._run_here(background=True)
-        return pending
-
-    def _answer_pending(self, pending: Pending) -> bool:
-        """Whether ``pending`` was answered (the reader may still be handing it over)."""
-        if self._reader is not None:
-            self._reader.join(timeout=1.0)
-        return pending._done.is_set()
 
     def _read(self) -> None:
         """The helper's answers, in the order the jobs were sent: ``<result file>``."""
@@ -234,6 +225,129 @@ class Helper:
             pending._answered(ok, value)
 
 
+_shared: HelperProcess | None = None
+_shared_lock = threading.Lock()
+
+
+def shared(start: bool = True) -> HelperProcess | None:
+    """This process's helper, started (or started again, if it died) when ``start``;
+    None where it is not running and not to be started."""
+    global _shared
+    with _shared_lock:
+        process = _shared
+        if process is not None and (process.owner != os.getpid() or not process.alive):
+            if process.owner == os.getpid():
+                process.close()
+            process = _shared = None
+        if process is None and start:
+            process = HelperProcess()
+            process.start()
+            if process.proc is not None:
+                _shared = process
+        return process
+
+
+def prewarm() -> None:
+    """Start the helper now, so that its imports are done before the first run needs it."""
+    shared()
+
+
+def stop_shared() -> None:
+    """End this process's helper (the next run starts a fresh one)."""
+    global _shared
+    with _shared_lock:
+        process, _shared = _shared, None
+    if process is not None:
+        process.close()
+
+
+atexit.register(stop_shared)
+
+
+class Helper:
+    """One run's use of the helper process. ``folder``: where its jobs and results are
+    written (the run's folder); ``note``: where a problem is told (the run's notes), once."""
+
+    def __init__(self, folder: Path, note: Callable[[str], None]) -> None:
+        self.folder = folder
+        self._note = note
+        self._told = False
+        self.process: HelperProcess | None = None
+        self._jobs: list[Pending] = []
+        self._count = itertools.count(1)
+
+    def start(self, launch: bool = True) -> None:
+        """Take this process's helper, starting it where none runs (``launch``; else only
+        one already running). Never raises: without one, jobs run in this process."""
+        process = shared(start=launch)
+        if process is not None and process.proc is None:
+            self.tell(
+                f"the helper process could not start ({process.error}); the trace was digested in this process"
+            )
+            return
+        self.process = process
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive
+
+    def death(self) -> str:
+        proc = self.process.proc if self.process is not None else None
+        code = proc.returncode if proc is not None else None
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return f"the helper process ended before it finished ({how}); the trace was digested in this process"
+
+    def tell(self, message: str) -> None:
+        if not self._told:
+            self._told = True
+            self._note(message)
+
+    def close(self) -> None:
+        """The run is over: a helper still working on a job of it is ended (nobody waits
+        for that work, and the next run should not queue behind it); an idle one serves the
+        next run."""
+        process = self.process
+        self.process = None
+        if process is not None and process.abandon(self._jobs):
+            if _shared is process:
+                stop_shared()
+            else:
+                process.close()
+        for job in self._jobs:
+            if not job.done and job._job_file is not None:
+                job._job_file.unlink(missing_ok=True)
+        self._jobs.clear()
+
+    def submit(self, target: str, arg: Any) -> Pending:
+        """Give the helper ``target(arg)`` to run; the training thread only writes a small
+        file and a line."""
+        process = self.process
+        if process is None or not process.alive:
+            if process is not None:
+                self.tell(self.death())
+            pending = Pending(self, target, arg, None)
+            pending._run_here(background=True)
+            return pending
+        job_file = self.folder / f".helper-job{next(self._count)}-{os.getpid()}.pkl"
+        pending = Pending(self, target, arg, job_file)
+        try:
+            with open(job_file, "wb") as f:
+                pickle.dump((target, arg), f, protocol=pickle.HIGHEST_PROTOCOL)
+            process.send(pending, job_file)
+        except (OSError, ValueError) as e:  # a broken pipe: it died; a full disk: no job file
+            job_file.unlink(missing_ok=True)
+            self.tell(f"the helper process could not take the trace ({e}); it was digested in this process")
+            pending._job_file = None
+            pending._run_here(background=True)
+            return pending
+        self._jobs.append(pending)
+        return pending
+
+
 # -- the helper's side -------------------------------------------------------------------
 
 
@@ -245,13 +359,24 @@ def _watch_parent(parent: int) -> None:
         threading.Event().wait(1.0)
 
 
+def _warm() -> None:
+    """Import what jobs need, while no job waits (a failure shows when a job imports it)."""
+    for name in WARM:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+
 def serve() -> None:
     """The helper's loop: a job file name per line of stdin, a result file name per answer."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes where its errors go, not into the answers
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook's interrupt is for the cell
+    os.environ.setdefault("MPLBACKEND", "Agg")  # figures are drawn into PNGs, never shown
     parent = int(os.environ.get("SWIFT_NB_HELPER_PARENT", os.getppid()))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    _warm()
     for line in sys.stdin.buffer:
         job_file = Path(line.decode().strip())
         try:

@@ -21,6 +21,7 @@ from IPython.display import display
 from swift_nb import toggles as toggle_registry
 from swift_nb import vocabulary
 from swift_nb.api import ReportAhead, apply_toggles, finish, report, undo_toggles
+from swift_nb.capture import helper
 from swift_nb.capture.session import Session, cell_source
 from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
@@ -292,6 +293,7 @@ def widgets_available(shell) -> bool:
 
 def load_ipython_extension(ip) -> None:
     ip.register_magics(SwiftMagics)
+    helper.prewarm()  # its imports done while the notebook is idle, before the first profiled cell
     if ProfiledCellError in ip.custom_exceptions:
         return
     previous, prev_handler = tuple(ip.custom_exceptions), ip.CustomTB

@@ -15,12 +15,15 @@ from typing import Any
 
 from swift_nb.analysis import Analysis
 from swift_nb.analysis.breakdown import trace_breakdown
+from swift_nb.analysis.memory import memory_timeline
 from swift_nb.analysis.operators import by_memory, top_operators
 from swift_nb.analysis.trace import Trace, parse_events, save_tables
 from swift_nb.record import REPORT_FILE, Run, atomic_write_text, tables_path
 from swift_nb.render import sections
 from swift_nb.render.html import CSP, STYLE
 from swift_nb.render.sections import breakdown, operators_memory, operators_time
+from swift_nb.render.sections import memory as memory_section
+from swift_nb.render.sections import timeline as timeline_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs, Section
 from swift_nb.render.sections.figure_cache import FigureCache
 from swift_nb.render.sections.operators import operator_parts
@@ -30,6 +33,7 @@ __all__ = [
     "analysis_fields",
     "document_html",
     "draw_ahead",
+    "draw_run_ahead",
     "report_html",
     "report_sections",
     "write_report",
@@ -102,6 +106,20 @@ def build_ahead(events: list[dict], trace_path: Path, written: Path) -> FigureCa
         draw_ahead(trace, figures)
     except Exception:  # drawn again, and any failure reported, after the cell
         pass
+    return figures
+
+
+def draw_run_ahead(run: Run) -> FigureCache:
+    """The figures that the run's record alone determines (utilisation and memory over
+    time), drawn and returned: in the helper process, while the training process analyses
+    the run (``swift_nb.api.finish``). The report's figures that show the same take them."""
+    figures = FigureCache()
+    inputs = ReportInputs(run, timeline=memory_timeline(run))
+    for kind in (timeline_section.SECTION, memory_section.SECTION):
+        section = kind.section(inputs)
+        for part in section.parts if section is not None else ():
+            if isinstance(part, FigurePart):
+                figures.keep(part)
     return figures
 
 
