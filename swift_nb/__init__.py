@@ -96,7 +96,20 @@ def _results_as_html() -> None:
         html.for_type(RunDiff, diff_html)
 
 
+def _prewarm_in_a_kernel() -> None:
+    """In a notebook's kernel, the helper that digests profiled runs starts now, at the
+    lowest priority: its imports are done while the notebook is idle, not at the end of the
+    first profiled cell (``swift_nb.capture.helper``)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        from swift_nb.capture import helper
+
+        helper.prewarm()
+
+
 _results_as_html()
+_prewarm_in_a_kernel()
 
 
 def load_ipython_extension(ip) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import _thread
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import psutil
 import pytest
@@ -207,3 +209,46 @@ def test_interrupted_again_while_the_digest_runs(tmp_path, monkeypatch):
     assert saved.trace_path is not None and tables_path(saved.trace_path).exists()
     assert saved.summary["recorded_steps"] == [2, 3, 4]
     assert not [p for p in os.listdir(run.path) if p.startswith(".")], "leftover temporary files"
+
+
+def test_figures_are_drawn_in_the_helper_not_in_the_training_process(tmp_path):
+    """The end of a profiled cell: the training process analyses the run while the helper
+    draws every figure of the report, so the training process never imports matplotlib,
+    and the report holds the same figures as one drawn in a single process."""
+    code = textwrap.dedent(
+        f"""
+        import re, sys
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        import swift_nb
+        from test_helper import _train
+        with swift_nb.profile(out_dir={str(tmp_path)!r}, wait=1, warmup=1, active=3) as run:
+            _train(8)
+        print("matplotlib" in sys.modules)
+        print(run.path)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    imported, path = out.stdout.split()[-2:]
+    assert imported == "False", "the training process drew a figure"
+    drawn = (Path(path) / "report.html").read_text(encoding="utf-8")
+    keys = sorted(re.findall(r"data-figure='([0-9a-f]{40})'", drawn))
+    assert len(keys) >= 5  # the steps' breakdown, operators by time and memory, timeline, memory
+    (Path(path) / "report.html").unlink()
+    again = swift_nb.report(path).run.path / "report.html"  # drawn here, in one process
+    assert sorted(re.findall(r"data-figure='([0-9a-f]{40})'", again.read_text(encoding="utf-8"))) == keys
+    assert drawn == again.read_text(encoding="utf-8")
+
+
+def test_prewarmed_helper_waits_at_low_priority_for_the_first_run(tmp_path):
+    """``%load_ext swift_nb`` starts the helper ahead; it idles at the lowest priority (on
+    a machine whose cores the training fills, any of its work in the loop stalls steps:
+    benchmarks/never_waits.py), and the first run takes it."""
+    helper.prewarm()
+    process = helper.shared(start=False)
+    assert process is not None and psutil.Process(process.pid).nice() == 19
+    prof = swift_nb.profile(out_dir=tmp_path, **OPTIONS)
+    with prof as run:
+        _train(8)
+    assert prof.session.digested.pid == process.pid
+    _complete(run)

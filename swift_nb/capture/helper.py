@@ -42,7 +42,7 @@ from typing import Any
 
 #: the interpreter the helper runs in (a fault test points it somewhere that does not exist)
 PYTHON = sys.executable
-_NICE = 19
+_NICE = int(os.environ.get("SWIFT_NB_HELPER_NICE", "19"))
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 #: what the helper imports as soon as it starts, before its first job asks for them
 WARM = ("swift_nb.capture.digest", "swift_nb.render.document", "matplotlib.pyplot")
