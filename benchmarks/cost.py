@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from swift_nb.api import ReportAhead, finish, report
+from swift_nb.api import ReportAhead, _draw_elsewhere, finish, report
 from swift_nb.capture.sampler import Sampler
 from swift_nb.capture.session import Session
 from swift_nb.demo import GPT, GPTConfig
@@ -117,7 +117,7 @@ def big_trace(layers: int, active: int, after: int, hta: bool, root: str) -> dic
     out = {"finish_s": time.perf_counter() - t}
     t = time.perf_counter()
     ahead.take(session.take_trace_tables())
-    reported = report(run, figures=ahead.figures)
+    reported = report(run, figures=ahead.figures, drawing=_draw_elsewhere(run))
     show(reported)
     out["warm_s"] = time.perf_counter() - t
     run = reported.run
@@ -290,7 +290,7 @@ def main() -> None:
             _ratio(bare_out + statistics.median(hook_s), bare_out),
             "≤ 1.02×",
         ),
-        ("last step → results visible (median)", f"{statistics.median(tail_s):.2f} s", "≤ 1 s"),
+        ("last step → results visible (median)", f"{statistics.median(tail_s):.2f} s", "≤ 0.5 s"),
         (
             f"{big['mb']:.0f} MB trace ({big['events']:,} events): capture's finish after the last step "
             f"(the cell ran {args.big_after} steps past the schedule)",
@@ -298,9 +298,9 @@ def main() -> None:
             "",
         ),
         (
-            f"{big['mb']:.0f} MB trace: analysis + report + outputs right after capture",
-            f"{big['warm_s']:.2f} s",
-            "≤ 1 s",
+            f"{big['mb']:.0f} MB trace: last step → results (capture's finish, analysis, report, outputs)",
+            f"{big['finish_s'] + big['warm_s']:.2f} s",
+            "≤ 2 s",
         ),
         (
             f"{big['mb']:.0f} MB trace: analysis + report + outputs cold from its run folder",
