@@ -96,20 +96,29 @@ def _results_as_html() -> None:
         html.for_type(RunDiff, diff_html)
 
 
-def _prewarm_in_a_kernel() -> None:
-    """In a notebook's kernel, the helper that digests profiled runs starts now, at the
-    lowest priority: its imports are done while the notebook is idle, not at the end of the
-    first profiled cell (``swift_nb.capture.helper``)."""
+def _prewarm() -> None:
+    """Where training will run (a notebook's kernel; a script that imported torch first),
+    the helper that digests profiled runs starts now, at the lowest priority: its imports
+    are done while the notebook is idle or the script builds its model, not at the end of
+    the first profiled cell (``swift_nb.capture.helper``). Not in processes that only read
+    runs (the CLI, the helper itself, the importer's workers: no torch), nor in a
+    multiprocessing child (a DataLoader worker)."""
+    import multiprocessing
+    import os
+
+    if os.environ.get("SWIFT_NB_HELPER_PARENT") or multiprocessing.parent_process() is not None:
+        return
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
-    if shell is not None and getattr(shell, "kernel", None) is not None:
+    in_kernel = shell is not None and getattr(shell, "kernel", None) is not None
+    if in_kernel or "torch" in sys.modules:
         from swift_nb.capture import helper
 
         helper.prewarm()
 
 
 _results_as_html()
-_prewarm_in_a_kernel()
+_prewarm()
 
 
 def load_ipython_extension(ip) -> None:
