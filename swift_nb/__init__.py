@@ -97,12 +97,10 @@ def _results_as_html() -> None:
 
 
 def _prewarm() -> None:
-    """Where training will run (a notebook's kernel; a script that imported torch first),
-    the helper that digests profiled runs starts now, at the lowest priority: its imports
-    are done while the notebook is idle or the script builds its model, not at the end of
-    the first profiled cell (``swift_nb.capture.helper``). Not in processes that only read
-    runs (the CLI, the helper itself, the importer's workers: no torch), nor in a
-    multiprocessing child (a DataLoader worker)."""
+    """In a notebook's kernel, the helper that digests profiled runs starts now, at the
+    lowest priority: its imports are done while the notebook is idle, not at the end of the
+    first profiled cell (``swift_nb.capture.helper``). Not in the helper itself, nor in a
+    multiprocessing child (a DataLoader worker); a script's first run starts it."""
     import multiprocessing
     import os
 
@@ -111,7 +109,7 @@ def _prewarm() -> None:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     in_kernel = shell is not None and getattr(shell, "kernel", None) is not None
-    if in_kernel or "torch" in sys.modules:
+    if in_kernel:
         from swift_nb.capture import helper
 
         helper.prewarm()

@@ -31,9 +31,11 @@ import importlib
 import itertools
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
@@ -123,6 +125,8 @@ class HelperProcess:
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self.error: OSError | None = None
+        # its jobs and answers, outside any run folder (a cell may remove its runs' folder)
+        self.jobs = Path(tempfile.mkdtemp(prefix="swift_nb-helper-"))
 
     def start(self) -> None:
         env = dict(os.environ)
@@ -192,7 +196,10 @@ class HelperProcess:
         """End the helper: killed rather than waited for (an interpreter's exit costs a
         quarter second)."""
         proc = self.proc
-        if proc is None or os.getpid() != self.owner:
+        if os.getpid() != self.owner:
+            return
+        shutil.rmtree(self.jobs, ignore_errors=True)
+        if proc is None:
             return
         try:
             if proc.stdin is not None:
@@ -244,6 +251,8 @@ def shared(start: bool = True) -> HelperProcess | None:
             process.start()
             if process.proc is not None:
                 _shared = process
+            else:
+                shutil.rmtree(process.jobs, ignore_errors=True)
         return process
 
 
@@ -332,7 +341,7 @@ class Helper:
             pending = Pending(self, target, arg, None)
             pending._run_here(background=True)
             return pending
-        job_file = self.folder / f".helper-job{next(self._count)}-{os.getpid()}.pkl"
+        job_file = process.jobs / f"job{next(self._count)}-{id(self)}.pkl"
         pending = Pending(self, target, arg, job_file)
         try:
             with open(job_file, "wb") as f:
