@@ -46,7 +46,18 @@ def local_run(job, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client():
     """Two worker processes of one thread; a task whose worker dies fails at once (no
-    rerun elsewhere), so a killed worker is an error, not a retry."""
+    rerun elsewhere), so a killed worker is an error, not a retry. Dask sets
+    OMP_NUM_THREADS, MALLOC_TRIM_THRESHOLD_ and others in this process's environment for
+    its workers: they are put back after, so later tests' subprocesses do not inherit them."""
+    saved = dict(os.environ)
+    try:
+        yield from _cluster_client()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _cluster_client():
     with (
         dask.config.set({"distributed.scheduler.allowed-failures": 0}),
         distributed.LocalCluster(
