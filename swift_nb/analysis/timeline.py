@@ -29,6 +29,8 @@ from swift_nb.record import Run
 #: columns of ``Timeline.query``
 ITEM_COLUMNS = ["track", "name", "start_us", "end_us", "count", "depth"]
 _ITEM_DTYPES = {"track": object, "name": object, "start_us": float, "end_us": float, "count": np.int64, "depth": np.int32}
+#: items a page carries at most (``Timeline.embed``): about 7 MB of JSON
+EMBED_BUDGET = 200_000
 #: events sampled to name a merged run of events (its dominant name, by time)
 _NAME_SAMPLES = 8
 #: launches a detail lists at most (an optimizer's foreach step launches thousands)
@@ -360,10 +362,74 @@ class Timeline:
             columns=ITEM_COLUMNS,
         )
 
+    def payload(self, items: pd.DataFrame, counters: pd.DataFrame | None = None) -> dict[str, Any]:
+        """``items`` (of ``query``) and ``counters`` (of ``counters``) as JSON-able columns
+        for a viewer: ``origin_us`` (the trace's start; every time below is µs after it,
+        to a nanosecond), ``start_us``/``end_us`` (the trace's bounds, on its clock),
+        ``tracks`` (``track``, ``label``, ``kind``, ``max_depth``), ``names``, ``items``
+        (``track`` and ``name`` as indices into those lists, ``start``, ``end``, ``count``,
+        ``depth``) and ``counters`` (``track`` index, ``t``, ``value``)."""
+        origin = self.start_us
+        track_index = pd.Index(self.tracks["track"])
+        name_codes, names = pd.factorize(items["name"])
+        counters = pd.DataFrame(columns=COUNTER_COLUMNS) if counters is None else counters
+        return {
+            "origin_us": origin,
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "tracks": self.tracks[["track", "label", "kind", "max_depth"]].to_dict("records"),
+            "names": [str(n) for n in names],
+            "items": {
+                "track": track_index.get_indexer(items["track"]).tolist(),
+                "name": name_codes.tolist(),
+                "start": _rounded(items["start_us"].to_numpy(dtype=float) - origin),
+                "end": _rounded(items["end_us"].to_numpy(dtype=float) - origin),
+                "count": items["count"].astype(np.int64).tolist(),
+                "depth": items["depth"].astype(np.int64).tolist(),
+            },
+            "counters": {
+                "track": track_index.get_indexer(counters["track"]).tolist(),
+                "t": _rounded(counters["t_us"].to_numpy(dtype=float) - origin),
+                "value": [float(v) for v in counters["value"]],
+            },
+        }
+
+    def embed(self, budget_items: int = EMBED_BUDGET, counter_width_px: int = 4000) -> dict[str, Any]:
+        """A ``payload`` of the whole trace for a page to carry: every event while they are
+        no more than ``budget_items``; beyond, the level of detail of the whole trace at
+        the widest drawing whose items fit the budget, and a ``note`` saying so
+        (``detail``: ``full`` or ``merged``)."""
+        if self.events <= budget_items:
+            items, note, detail = self.all_items(), None, "full"
+        else:
+            # the widest drawing (doubling from a guess) whose items fit the budget
+            width = max(budget_items // (2 * max(len(self._rows.track), 1)), 1)
+            items = self.query(width_px=width)
+            while len(items) > budget_items and width > 1:
+                width //= 2
+                items = self.query(width_px=width)
+            while len(wider := self.query(width_px=2 * width)) <= budget_items:
+                width, items = 2 * width, wider
+            note = (
+                f"The trace holds {self.events:,} events, more than the {budget_items:,} this page "
+                f"carries: runs of events shorter than 1/{width:,} of the trace are merged into "
+                "one bar each (its count and commonest name on hover). The notebook's timeline, or "
+                "Perfetto, shows every event."
+            )
+            detail = "merged"
+        out = self.payload(items, self.counters(width_px=counter_width_px))
+        out["note"], out["detail"] = note, detail
+        return out
+
     @property
     def events(self) -> int:
         """How many events the span tracks hold."""
         return len(self._rows.start)
+
+
+def _rounded(us: np.ndarray) -> list[float]:
+    """µs to the nanosecond, for JSON (a float's 17 digits would double a page's size)."""
+    return np.round(us, 3).tolist()
 
 
 def _ranks(n: np.ndarray) -> np.ndarray:
