@@ -28,7 +28,14 @@ from swift_nb.record import Run
 
 #: columns of ``Timeline.query``
 ITEM_COLUMNS = ["track", "name", "start_us", "end_us", "count", "depth"]
-_ITEM_DTYPES = {"track": object, "name": object, "start_us": float, "end_us": float, "count": np.int64, "depth": np.int32}
+_ITEM_DTYPES = {
+    "track": object,
+    "name": object,
+    "start_us": float,
+    "end_us": float,
+    "count": np.int64,
+    "depth": np.int32,
+}
 #: items a page carries at most (``Timeline.embed``): about 7 MB of JSON
 EMBED_BUDGET = 200_000
 #: events sampled to name a merged run of events (its dominant name, by time)
@@ -70,7 +77,8 @@ class Timeline:
             pd.DataFrame(columns=COUNTER_COLUMNS) if counters is None else counters
         ).sort_values(["track", "t_us"], kind="stable", ignore_index=True)
         counter_tracks = [
-            {"track": t, "label": t, "kind": "counter", "max_depth": 0} for t in self._counters["track"].unique()
+            {"track": t, "label": t, "kind": "counter", "max_depth": 0}
+            for t in self._counters["track"].unique()
         ]
         if counter_tracks:
             self.tracks = pd.concat([self.tracks, pd.DataFrame(counter_tracks)], ignore_index=True)
@@ -98,7 +106,9 @@ class Timeline:
         bounds = np.searchsorted(track, np.arange(len(self.tracks) + 1))
         depth = np.zeros(len(start), dtype=np.int32)
         for t in range(len(self.tracks)):
-            depth[bounds[t] : bounds[t + 1]] = depths(start[bounds[t] : bounds[t + 1]], end[bounds[t] : bounds[t + 1]])
+            depth[bounds[t] : bounds[t + 1]] = depths(
+                start[bounds[t] : bounds[t + 1]], end[bounds[t] : bounds[t + 1]]
+            )
         order = np.lexsort((start, depth, track))
         start, end, code, source, track, depth = (a[order] for a in (start, end, code, source, track, depth))
         key = track.astype(np.int64) * (MAX_DEPTH + 1) + depth
@@ -311,8 +321,12 @@ class Timeline:
         ev = self._events
         correlation = ev["correlation"].to_numpy()
         if row["cat"] in tn.DEVICE_CATEGORIES:
-            calls = np.flatnonzero((correlation == row["correlation"]) & ev["cat"].isin(tn.LAUNCH_CATEGORIES).to_numpy())
-            return [], (self._item(self._flat(int(calls[0]))) if len(calls) and row["correlation"] >= 0 else None)
+            calls = np.flatnonzero(
+                (correlation == row["correlation"]) & ev["cat"].isin(tn.LAUNCH_CATEGORIES).to_numpy()
+            )
+            return [], (
+                self._item(self._flat(int(calls[0]))) if len(calls) and row["correlation"] >= 0 else None
+            )
         # the runtime calls on this thread inside the event, and the device work they launched
         ts = ev["ts_us"].to_numpy()
         inside = (
@@ -340,7 +354,9 @@ class Timeline:
     def search(self, text: str, limit: int = 200) -> pd.DataFrame:
         """Events whose name holds ``text`` (any case), the first ``limit`` by start:
         ``track``, ``name``, ``start_us``, ``end_us``, ``depth``."""
-        match = np.flatnonzero(pd.Series(self.names, dtype=object).str.contains(text, case=False, regex=False))
+        match = np.flatnonzero(
+            pd.Series(self.names, dtype=object).str.contains(text, case=False, regex=False)
+        )
         hits = np.flatnonzero(np.isin(self._rows.name, match))
         hits = hits[np.argsort(self._rows.start[hits], kind="stable")[: int(limit)]]
         cols = ["track", "name", "start_us", "end_us", "depth"]

@@ -16,7 +16,11 @@ COUNTER_COLUMNS = ["track", "t_us", "value"]
 #: samples.csv columns drawn as counters → their track's name
 SERIES = {"cpu_pct": "CPU %", "rss_bytes": "Process memory (bytes)"}
 _GPU_SERIES = re.compile(r"^gpu(\d+)_(util_pct|mem_used_bytes|power_w)$")
-_GPU_LABELS = {"util_pct": "GPU {} utilisation %", "mem_used_bytes": "GPU {} memory used (bytes)", "power_w": "GPU {} power (W)"}
+_GPU_LABELS = {
+    "util_pct": "GPU {} utilisation %",
+    "mem_used_bytes": "GPU {} memory used (bytes)",
+    "power_w": "GPU {} power (W)",
+}
 _CATEGORY = re.compile(r"^(\w+)_bytes$")
 
 
@@ -29,7 +33,9 @@ def clock_offset_us(trace: Trace, steps_csv: pd.DataFrame | None) -> float | Non
     both = both[pd.to_numeric(both["start_s"], errors="coerce").notna()]
     if both.empty:
         return None
-    return float(np.median(both["start_us"].to_numpy(dtype=float) - both["start_s"].to_numpy(dtype=float) * 1e6))
+    return float(
+        np.median(both["start_us"].to_numpy(dtype=float) - both["start_s"].to_numpy(dtype=float) * 1e6)
+    )
 
 
 def counter_series(
@@ -58,9 +64,7 @@ def counter_series(
 
 
 def _memory_labels(columns) -> list[tuple[str, str]]:
-    return [
-        (c, "Memory: " + m.group(1).replace("_", " ")) for c in columns if (m := _CATEGORY.match(str(c)))
-    ]
+    return [(c, "Memory: " + m.group(1).replace("_", " ")) for c in columns if (m := _CATEGORY.match(str(c)))]
 
 
 def _sample_labels(columns) -> list[tuple[str, str]]:

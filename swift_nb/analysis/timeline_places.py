@@ -67,10 +67,7 @@ def sync_stall(trace: Trace) -> tuple[float, float] | None:
         return None
     start, end = row["ts_us"], row["end_us"]
     around = ev[
-        (ev["tid"] == row["tid"])
-        & (ev["cat"] == "cpu_op")
-        & (ev["ts_us"] <= start)
-        & (ev["end_us"] >= end)
+        (ev["tid"] == row["tid"]) & (ev["cat"] == "cpu_op") & (ev["ts_us"] <= start) & (ev["end_us"] >= end)
     ]
     if len(around):  # the innermost op around it: the user's call
         inner = around.loc[around["dur_us"].idxmin()]
@@ -81,7 +78,9 @@ def sync_stall(trace: Trace) -> tuple[float, float] | None:
 def longest_collective(trace: Trace) -> tuple[float, float] | None:
     """The longest collective the host called (``c10d::…``, ``nccl:…``, ``gloo:…``)."""
     ev = trace.events
-    calls = ev[per_name(trace, tn.is_collective) & (ev["cat"] == "cpu_op").to_numpy() & (ev["step"] >= 0).to_numpy()]
+    calls = ev[
+        per_name(trace, tn.is_collective) & (ev["cat"] == "cpu_op").to_numpy() & (ev["step"] >= 0).to_numpy()
+    ]
     row = _longest(calls)
     return None if row is None else _window(row["ts_us"], row["end_us"])
 
@@ -113,7 +112,9 @@ _BY_FINDING = {
 }
 
 
-def places(run, findings: Iterable[Finding] = (), trace: Trace | None = None) -> dict[str, tuple[float, float]]:
+def places(
+    run, findings: Iterable[Finding] = (), trace: Trace | None = None
+) -> dict[str, tuple[float, float]]:
     """Finding id → the window (start_us, end_us) to show it in, for ``findings`` with a
     place in time, plus ``slowest_step`` and, for a run that ran out of memory, ``oom``."""
     trace = load_trace(run) if trace is None else trace

@@ -65,7 +65,15 @@ def rank_overview(run: Run) -> Timeline:
             continue
         for state, iv in rank_states(trace):
             raw += [
-                {"ph": "X", "name": state, "cat": "rank_state", "ts": s, "dur": e - s, "pid": "ranks", "tid": f"{rank:07d}"}
+                {
+                    "ph": "X",
+                    "name": state,
+                    "cat": "rank_state",
+                    "ts": s,
+                    "dur": e - s,
+                    "pid": "ranks",
+                    "tid": f"{rank:07d}",
+                }
                 for s, e in iv
             ]
         del trace

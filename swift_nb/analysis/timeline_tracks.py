@@ -62,7 +62,11 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     labelled = []
     for g, key in firsts.iterrows():
         if key["gpu"]:
-            sort, kind, label = (2, key["pid"], _stream_order(key["tid"])), "gpu", f"GPU {key['pid']} stream {key['tid']}"
+            sort, kind, label = (
+                (2, key["pid"], _stream_order(key["tid"])),
+                "gpu",
+                f"GPU {key['pid']} stream {key['tid']}",
+            )
         elif key["pid"] == main_pid:
             first = key["tid"] == loop_tid
             sort = (0, "", (0 if first else 1, *_stream_order(key["tid"])))
@@ -77,7 +81,9 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     head = [(STEPS_TRACK, "Steps", "steps")] if len(trace.steps) else []
     if is_data.any():
         head.append((DATA_TRACK, "DataLoader", "worker"))
-    tracks = pd.DataFrame(head + [(t, label, kind) for _, _, t, label, kind in labelled], columns=TRACK_COLUMNS)
+    tracks = pd.DataFrame(
+        head + [(t, label, kind) for _, _, t, label, kind in labelled], columns=TRACK_COLUMNS
+    )
     index_of_group = np.empty(len(firsts), dtype=np.int32)
     for position, (_, g, *_rest) in enumerate(labelled):
         index_of_group[g] = len(head) + position
@@ -87,9 +93,12 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
         {
             "start_us": np.r_[steps["start_us"].to_numpy(dtype=float), ev["ts_us"].to_numpy()[is_data]],
             "end_us": np.r_[steps["end_us"].to_numpy(dtype=float), ev["end_us"].to_numpy()[is_data]],
-            "name": [f"{tn.STEP_PREFIX}{int(s)}" for s in steps["step"]] + list(ev["name"].to_numpy()[is_data]),
+            "name": [f"{tn.STEP_PREFIX}{int(s)}" for s in steps["step"]]
+            + list(ev["name"].to_numpy()[is_data]),
             "source": np.r_[np.full(len(steps), -1), np.flatnonzero(is_data)].astype(np.int64),
-            "track": np.r_[np.zeros(len(steps)), np.full(int(is_data.sum()), 1 if len(steps) else 0)].astype(np.int32),
+            "track": np.r_[np.zeros(len(steps)), np.full(int(is_data.sum()), 1 if len(steps) else 0)].astype(
+                np.int32
+            ),
         }
     )
     return track_of, tracks, extra
