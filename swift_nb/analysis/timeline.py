@@ -142,11 +142,15 @@ class Timeline:
         path = run.trace_path if rank is None else paths.get(rank)
         if rank is not None and path is None:
             have = ", ".join(str(r) for r in sorted(paths)) or "none"
-            raise ConfigError(f"rank {rank} has no trace in {run.path}; the ranks with one: {have}")
+            raise ConfigError(
+                "rank", f"must be a rank with a trace in {run.path} (the ranks with one: {have})", rank
+            )
         if path is None:
             raise ConfigError(
-                f"run {run.id} has no trace to draw: the profiler recorded no step (profile more "
-                "steps than the schedule's wait and warmup, or see the run's notes)"
+                "run",
+                "has no trace to draw: the profiler recorded no step (profile more steps than the "
+                "schedule's wait and warmup, or see the run's notes)",
+                run.id,
             )
         trace = load_trace_file(path)
         if path == run.trace_path:  # the record's samples and memory are its own rank's
@@ -166,7 +170,9 @@ class Timeline:
         t0 = self.start_us if start_us is None else float(start_us)
         t1 = self.end_us if end_us is None else float(end_us)
         if not (np.isfinite(t0) and np.isfinite(t1)) or t1 < t0:
-            raise ConfigError(f"a timeline window ends after it starts; got {start_us} to {end_us}")
+            raise ConfigError(
+                "end_us", "must be after start_us: a timeline window ends after it starts", (start_us, end_us)
+            )
         return t0, t1
 
     def query(
@@ -184,7 +190,7 @@ class Timeline:
         cost stays bounded by the items returned). Events partly inside keep their bounds."""
         t0, t1 = self.window(start_us, end_us)
         if int(width_px) < 1:
-            raise ConfigError(f"width_px is the drawing's width in pixels, at least 1; got {width_px}")
+            raise ConfigError("width_px", "is the drawing's width in pixels, at least 1", width_px)
         width = int(width_px)
         px = max(t1 - t0, 1e-6) / width
         parts = [p for r in range(len(self._rows.track)) if (p := self._row_items(r, t0, t1, px, width))]
