@@ -33,6 +33,7 @@ _LAZY = {
     "profile": "swift_nb.api",
     "report": "swift_nb.reporting",
     "step": "swift_nb.capture.steps",
+    "timeline": "swift_nb.notebook.timeline_widget",
     "import_trace": "swift_nb.importer",
     "Report": "swift_nb.monitor",
     "ResourceMonitor": "swift_nb.monitor",
@@ -74,6 +75,7 @@ __all__ = [
     "save",
     "shard_sequence",
     "step",
+    "timeline",
     "ulysses_attention",
 ]
 __version__ = "0.1.0"

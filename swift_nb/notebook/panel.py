@@ -14,15 +14,17 @@ cell (they say the same), so a live notebook shows each result once.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 
 import ipywidgets as widgets
 from IPython.display import display
 
 from swift_nb.notebook.forecast_form import ForecastForm, has_memory
+from swift_nb.notebook.timeline_widget import TimelineWidget
 from swift_nb.record import Run
 from swift_nb.render.sections import TABS, FigurePart, Section
+from swift_nb.render.sections.timeline import TimelinePart
 from swift_nb.render.tables import summary_html, summary_text
 from swift_nb.units import fmt_bytes
 
@@ -68,23 +70,47 @@ def show_run(
 def results_panel(
     run: Run, sections: Sequence[Section], actions: widgets.Widget | None = None
 ) -> widgets.VBox:
-    """Tabs of a run's results: Summary, Timeline, Memory, Operators, Advice (ending with
-    ``actions``, the rerun controls, when given), Files."""
+    """Tabs of a run's results: Summary, Timeline (the trace's timeline widget first),
+    Memory, Operators, Advice (a "Show on timeline" button for each finding with a place
+    in time, then ``actions``, the rerun controls, when given), Files."""
     content: dict[str, list[widgets.Widget]] = {t: [] for t in TABS}
     content["Summary"].append(_html(summary_html(run)))
+    viewers: list[TimelineWidget] = []
     for section in sections:
         if section.tab is not None:
-            content[section.tab] += _section_widgets(section)
+            content[section.tab] += _section_widgets(section, viewers)
     if has_memory(run):
         content["Memory"].append(ForecastForm(run).widget())
     content["Files"][:0] = [_html(files_html(run))]
+    buttons: list[widgets.Button] = []
+    if viewers and viewers[0].places:
+        buttons = [
+            widgets.Button(
+                description=f"Show on timeline: {p['title']}",
+                tooltip=p["title"],
+                layout=widgets.Layout(width="auto"),
+                _dom_classes=["swift-nb-show-on-timeline"],
+            )
+            for p in viewers[0].places
+        ]
+        content["Advice"].append(widgets.HBox(buttons, layout=widgets.Layout(flex_flow="row wrap")))
     if actions is not None:
         content["Advice"].append(actions)
     for tab in TABS:
         if not content[tab]:
             content[tab].append(_html("<p class='empty'>Nothing recorded for this tab.</p>"))
     tabs = widgets.Tab(children=[widgets.VBox(content[t]) for t in TABS], titles=TABS)
+    for button, place in zip(buttons, viewers[0].places if viewers else (), strict=False):
+        button.on_click(_show_place(tabs, viewers[0], place))
     return widgets.VBox([widgets.HTML(PANEL_STYLE), tabs], _dom_classes=["swift-nb-results"])
+
+
+def _show_place(tabs: widgets.Tab, viewer: TimelineWidget, place: dict) -> Callable[[widgets.Button], None]:
+    def show(_button: widgets.Button) -> None:
+        tabs.selected_index = TABS.index("Timeline")
+        viewer.show(place["start_us"], place["end_us"])
+
+    return show
 
 
 def files_html(run: Run) -> str:
@@ -117,7 +143,9 @@ def _html(value: str) -> widgets.HTML:
     return widgets.HTML(value, layout=widgets.Layout(max_width="100%"))
 
 
-def _section_widgets(section: Section) -> list[widgets.Widget]:
+def _section_widgets(section: Section, viewers: list[TimelineWidget]) -> list[widgets.Widget]:
+    """A section's parts as widgets; the trace's timeline as its widget (kept in
+    ``viewers``), or as its image where the widget cannot be made."""
     out: list[widgets.Widget] = []
     html = [f"<h4>{escape(section.title)}</h4>"]
     for part in section.parts:
@@ -126,11 +154,24 @@ def _section_widgets(section: Section) -> list[widgets.Widget]:
             continue
         out.append(_html("".join(html)))
         html = []
-        out.append(widgets.Image(value=part.png, format="png", layout=widgets.Layout(max_width="100%")))
+        viewer = _timeline_widget(part) if isinstance(part, TimelinePart) else None
+        if viewer is not None:
+            viewers.append(viewer)
+            out.append(viewer)
+        else:
+            out.append(widgets.Image(value=part.png, format="png", layout=widgets.Layout(max_width="100%")))
         out.append(_html(f"<div class='caption'>{escape(part.caption)}</div>"))
     if html:
         out.append(_html("".join(html)))
     return out
+
+
+def _timeline_widget(part: TimelinePart) -> TimelineWidget | None:
+    assert part.run is not None
+    try:
+        return TimelineWidget(part.run, timeline=part.timeline, places=part.places)
+    except Exception:  # its image stands in for it (drawn from the same trace, or saying why not)
+        return None
 
 
 def show_static(run: Run, sections: Sequence[Section]) -> None:

@@ -2,8 +2,9 @@
 the registry's order) in one document.
 
 The document opens offline and from an email attachment alike: CSS is inline, figures
-are base64 PNGs, there are no scripts, and a Content-Security-Policy forbids loading
-anything else. Every string that comes from the user or the trace is escaped.
+are base64 PNGs, the one script (the timeline's viewer) is inline and allowed by its hash,
+and a Content-Security-Policy forbids loading anything else. Every string that comes from
+the user or the trace is escaped.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from swift_nb.render.sections import timeline as timeline_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs, Section
 from swift_nb.render.sections.figure_cache import FigureCache
 from swift_nb.render.sections.operators import operator_parts
+from swift_nb.render.timeline_view import script_sources
 
 __all__ = [
     "REPORT_FILE",
@@ -70,7 +72,7 @@ def document_html(run: Run, parts: Sequence[Section]) -> str:
     ]
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}{script_sources(''.join(body))}\">"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>swift_nb report — {escape(name)}</title><style>{STYLE}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"

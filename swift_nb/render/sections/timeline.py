@@ -1,18 +1,92 @@
-"""Utilisation and memory over the run's time, the profiler's steps shaded."""
+"""The run's timeline: its trace as a zoomable viewer (report.html: the viewer and the
+trace's events inline; the notebook's results panel: the timeline widget; static outputs:
+a PNG of the whole timeline), then utilisation and memory over the run's time, the
+profiler's steps shaded."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from html import escape
+from typing import Any
+
 import pandas as pd
 
+from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.timeline import Timeline
+from swift_nb.analysis.timeline_places import places as finding_places
+from swift_nb.record import Run
 from swift_nb.render.figures import timeline_figure
 from swift_nb.render.html import empty
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind
 from swift_nb.render.sections.figure_cache import figure_key
 from swift_nb.render.tables import absent_text, is_imported
+from swift_nb.render.timeline_view import embedded_html
+from swift_nb.render.timeline_view import timeline_figure as trace_figure
+
+#: titles of the places that are not a finding's
+PLACE_TITLES = {"slowest_step": "slowest step", "oom": "last allocations before the OOM"}
+
+
+@dataclass
+class TimelinePart(FigurePart):
+    """The trace's timeline: in report.html the viewer with the events embedded
+    (``html``), as an image the whole timeline (``png``); the results panel puts the
+    widget in its place. ``places``: the findings' windows the viewer zooms to. The
+    timeline is read when first needed, once for the report and the panel."""
+
+    run: Run | None = None
+    findings: Sequence[Finding] = field(default_factory=list)
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        assert self.run is not None
+        return Timeline.of_run(self.run)
+
+    @cached_property
+    def places(self) -> list[dict[str, Any]]:
+        assert self.run is not None
+        return place_list(self.run, self.findings)
+
+    def html(self) -> str:
+        assert self.run is not None
+        try:
+            viewer = embedded_html(self.timeline, self.places, self.run.label or self.run.id)
+        except Exception as e:  # the rest of the report stands without its timeline
+            return empty(f"The trace's timeline could not be drawn ({type(e).__name__}: {e}).")
+        return f"{viewer}<p class='caption'>{escape(self.caption)}</p>"
+
+
+def place_list(run: Run, findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    """The viewer's places, ``[{id, title, start_us, end_us}]``: where each finding with a
+    place in time happened (``analysis.timeline_places``), with the slowest step and an
+    OOM's last allocations."""
+    findings = list(findings)
+    titles = {f.id: f.title for f in findings}
+    return [
+        {"id": key, "title": titles.get(key, PLACE_TITLES.get(key, key)), "start_us": s, "end_us": e}
+        for key, (s, e) in finding_places(run, findings).items()
+    ]
+
+
+def trace_part(inputs: ReportInputs) -> TimelinePart:
+    run = inputs.run
+    part = TimelinePart(
+        lambda: trace_figure(part.timeline),
+        "The trace's timeline",
+        "The trace's tracks: CPU threads (ops nested), GPU streams, DataLoader workers, the steps, "
+        "and memory and utilisation as counters. Wheel or pinch to zoom, drag to pan, W/A/S/D, "
+        "click for details.",
+        run=run,
+        findings=list(inputs.findings or []),
+    )
+    return part
 
 
 def build(inputs: ReportInputs) -> list[Part]:
     run = inputs.run
+    parts: list[Part] = [trace_part(inputs)] if run.trace_path is not None else []
     peaks = (
         pd.to_numeric(run.steps["peak_tensor_bytes"], errors="coerce")
         if "peak_tensor_bytes" in run.steps
@@ -24,14 +98,15 @@ def build(inputs: ReportInputs) -> list[Part]:
             if is_imported(run)
             else "no sample was taken during the run"
         )
-        return [empty(f"Utilisation and memory over time were {absent_text(run)}: {why}.")]
+        return [*parts, empty(f"Utilisation and memory over time were {absent_text(run)}: {why}.")]
     return [
+        *parts,
         FigurePart(
             lambda: timeline_figure(run),
             "Utilisation and memory over time",
             "Utilisation and memory against time; shading marks the profiler's warmup and active steps.",
             figure_key("timeline", run.samples, run.steps),
-        )
+        ),
     ]
 
 
