@@ -85,6 +85,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.render.html": ("test_report.py", "test_rerun.py"),
     "swift_nb.render.sections": ("test_report.py", "test_widgets.py"),
     "swift_nb.render.tables": ("test_report.py", "test_cli.py"),
+    "swift_nb.render.timeline_view": ("test_timeline_widget.py", "test_timeline_browser.py"),
 }
 
 

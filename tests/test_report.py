@@ -164,7 +164,11 @@ def test_report_opens_offline_and_escapes_user_strings(browser, run, report_path
         assert EVIL_LABEL in text
         assert EVIL_OP in text
         assert page.title() == f"swift_nb report — {EVIL_LABEL}"
-        assert page.evaluate("document.querySelectorAll('script').length") == 0
+        # the timeline's viewer and its data, inline; nothing the label or an op name made
+        assert page.evaluate("[...document.scripts].map(s => s.type + (s.src ? ' src' : ''))") == [
+            "application/json",
+            "module",
+        ]
         images = page.evaluate(
             "[...document.images].map(i => ({src: i.src.slice(0, 22), ok: i.complete && i.naturalWidth > 0}))"
         )
@@ -208,7 +212,8 @@ def test_report_references_no_remote_assets(report_path):
     parser = _Assets()
     parser.feed(report_path.read_text("utf-8"))
     names = [t for t, _ in parser.tags]
-    assert "script" not in names and "link" not in names and "iframe" not in names
+    assert "link" not in names and "iframe" not in names
+    assert [a.get("type") for t, a in parser.tags if t == "script"] == ["application/json", "module"]
     for tag, attrs in parser.tags:
         for attr in ("src", "href", "srcset", "data"):
             value = attrs.get(attr) or ""

@@ -17,6 +17,8 @@ import swift_nb
 from swift_nb.api import report
 from swift_nb.notebook.live import message_bound
 from swift_nb.notebook.panel import TABS, results_panel
+from swift_nb.notebook.timeline_widget import TimelineWidget
+from swift_nb.render.sections.timeline import TimelinePart
 
 pytestmark = pytest.mark.slow  # a real kernel
 
@@ -184,7 +186,11 @@ def test_results_panel_tabs_reuse_the_report_sections(tmp_path):
     assert tabs.titles == TABS
     tab = dict(zip(TABS, tabs.children, strict=True))
 
-    figures = {p.png for s in reported.sections for p in s.parts if not isinstance(p, str)}
+    # the trace's timeline is the widget in the panel, its image only in static outputs
+    figures = {
+        p.png for s in reported.sections for p in s.parts if not isinstance(p, (str, TimelinePart))
+    }
+    assert any(isinstance(w, TimelineWidget) for w in tab["Timeline"].children)
     images = [w.value for w in tab["Memory"].children if hasattr(w, "format")]
     assert images and set(images) <= figures, "the Memory tab shows the report's own figure"
     shown = {w.value for t in tab.values() for w in t.children if hasattr(w, "format")}

@@ -21,7 +21,7 @@ import ipywidgets as widgets
 import traitlets
 
 from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.timeline import Timeline
+from swift_nb.analysis.timeline import STEPS_TRACK, Timeline
 from swift_nb.analysis.timeline_ranks import rank_overview
 from swift_nb.errors import ConfigError
 from swift_nb.record import Run, load_run
@@ -171,8 +171,10 @@ def _with_places(
 
 def step_window(tl: Timeline, step: int) -> tuple[float, float]:
     """Profiler step ``step``'s span on the timeline's step band (µs)."""
-    hits = tl.search(f"ProfilerStep#{step}")
-    hits = hits[hits["name"] == f"ProfilerStep#{step}"]
-    if hits.empty:
-        raise ConfigError(f"step {step} is not in the trace: the profiler recorded other steps")
-    return float(hits["start_us"].iloc[0]), float(hits["end_us"].iloc[0])
+    hits = tl.search("ProfilerStep#")
+    hits = hits[hits["track"] == STEPS_TRACK]
+    match = hits[hits["name"] == f"ProfilerStep#{step}"]
+    if match.empty:
+        recorded = ", ".join(n.removeprefix("ProfilerStep#") for n in hits["name"]) or "none"
+        raise ConfigError("step", f"must be a profiler step of the trace (recorded: {recorded})", step)
+    return float(match["start_us"].iloc[0]), float(match["end_us"].iloc[0])

@@ -1,0 +1,166 @@
+"""The timeline viewer in Debian's Chromium through Playwright: report.html with every
+request refused paints its timeline and zooms; in JupyterLab a profiled cell's Timeline tab
+paints, a wheel zoom asks the kernel again, hovering names an ``aten::`` op and "Show on
+timeline" moves the view. The viewer's state is read from its root's data attributes
+(data-start-us, data-end-us, data-queries, data-hover), the canvas only for not being blank.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_browser import ALL_CELLS_RAN, SERVER_START_S, browser, lab  # noqa: F401 (fixtures)
+
+from swift_nb.reporting import report
+
+pytestmark = pytest.mark.slow  # Chromium, and JupyterLab with a kernel
+
+COST_RUN = Path(__file__).parent / "data" / "cost_run"
+NOTEBOOK = "timeline.ipynb"
+CELLS = [
+    "%load_ext swift_nb",
+    "import torch\n"
+    "torch.manual_seed(0)\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))\n"
+    "opt = torch.optim.AdamW(model.parameters())\n"
+    "data = [(torch.randn(32, 64), torch.randint(0, 8, (32,))) for _ in range(8)]",
+    "%%swift_profile --steps 8 --wait 1 --warmup 1 --active 3\n"
+    "for x, y in data:\n"
+    "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+    "    opt.zero_grad()",
+]
+STATE = "root => ({start: Number(root.dataset.startUs), end: Number(root.dataset.endUs), queries: Number(root.dataset.queries), hover: root.dataset.hover, items: Number(root.dataset.items)})"
+# Pixels of the canvas that are neither white nor the background stripes' grey.
+INKED = """canvas => {
+  const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let n = 0;
+  for (let i = 0; i < data.length; i += 4) if (Math.min(data[i], data[i + 1], data[i + 2]) < 235) n++;
+  return n;
+}"""
+
+
+def _state(root) -> dict:
+    return root.evaluate(STATE)
+
+
+def _hover_an_op(page, root, prefix: str) -> str:
+    """Move over the canvas's middle column, row by row, until the hover names an op
+    starting with ``prefix``; returns that name (or the last hover)."""
+    box = root.locator("canvas").bounding_box()
+    x = box["x"] + 160 + (box["width"] - 160) / 2
+    hovered = ""
+    for dy in range(20, int(box["height"]), 7):
+        page.mouse.move(x, box["y"] + dy)
+        hovered = root.get_attribute("data-hover") or ""
+        if hovered.startswith(prefix):
+            break
+    return hovered
+
+
+def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
+    shutil.copytree(COST_RUN, tmp_path / "run")
+    report(tmp_path / "run")
+    path = tmp_path / "run" / "report.html"
+    url = path.as_uri()
+    attempted: list[str] = []
+    problems: list[str] = []
+
+    def refuse(route):
+        if route.request.url == url:
+            route.continue_()
+        else:
+            attempted.append(route.request.url)
+            route.abort()
+
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.route("**/*", refuse)
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(url, wait_until="load")
+    root = page.locator(".swift-tl")
+    page.wait_for_function("() => document.querySelector('.swift-tl')?.dataset.painted === '1'")
+    root.scroll_into_view_if_needed()
+    before = _state(root)
+    assert before["items"] > 100 and root.locator("canvas").evaluate(INKED) > 1000
+
+    box = root.locator("canvas").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 60)
+    page.mouse.wheel(0, -300)
+    page.wait_for_function(
+        f"() => Number(document.querySelector('.swift-tl').dataset.queries) > {before['queries']}"
+    )
+    zoomed = _state(root)
+    assert before["start"] < zoomed["start"] < zoomed["end"] < before["end"]
+    assert _hover_an_op(page, root, "aten::").startswith("aten::")
+
+    place = root.locator(".swift-tl-place").first  # the slowest step
+    place.click()
+    page.wait_for_timeout(300)
+    moved = _state(root)
+    assert (moved["start"], moved["end"]) != (zoomed["start"], zoomed["end"])
+    page.screenshot(path=tmp_path / "report_timeline.png")
+    assert attempted == [] and problems == []
+    page.close()
+
+
+def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
+    base, token, root_dir = lab
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nbformat.write(nb, root_dir / NOTEBOOK)
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.set_default_timeout(600_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}")
+    page.wait_for_function(
+        f"""() => {{
+          const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+          const kernel = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
+          return !!(kernel && nb.context.path.endsWith('{NOTEBOOK}') && kernel.status === 'idle'
+                    && nb.content.widgets.length > 0);
+        }}""",
+        timeout=SERVER_START_S * 1000,
+        polling=250,
+    )
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    outcome = page.wait_for_function(ALL_CELLS_RAN, polling=500).json_value()
+    assert outcome == "done", page.inner_text(".jp-Notebook")
+
+    results = page.locator(".swift-nb-results").first
+    tabs = results.locator(".lm-TabBar-tab")
+    tabs.filter(has_text="Timeline").click()
+    root = results.locator(".swift-tl")
+    root.wait_for()
+    page.wait_for_function(
+        "() => document.querySelector('.swift-nb-results .swift-tl')?.dataset.painted === '1'"
+    )
+    root.scroll_into_view_if_needed()
+    first = _state(root)
+    assert first["items"] > 50 and root.locator("canvas").evaluate(INKED) > 1000
+
+    box = root.locator("canvas").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 60)
+    page.mouse.wheel(0, -300)
+    page.wait_for_function(
+        f"() => Number(document.querySelector('.swift-nb-results .swift-tl').dataset.queries) > {first['queries']}"
+    )
+    page.wait_for_timeout(500)  # the kernel's answer drawn
+    zoomed = _state(root)
+    assert first["start"] < zoomed["start"] < zoomed["end"] < first["end"]
+    assert zoomed["items"] > 0
+    assert _hover_an_op(page, root, "aten::").startswith("aten::")
+    results.screenshot(path=tmp_path / "timeline_tab.png")
+
+    tabs.filter(has_text="Advice").click()
+    results.locator(".swift-nb-show-on-timeline").first.click()
+    page.wait_for_function(
+        f"() => Number(document.querySelector('.swift-nb-results .swift-tl').dataset.startUs) !== {zoomed['start']}"
+    )
+    assert root.is_visible()  # the button brought the Timeline tab forward
+    assert errors == [], errors
+    page.close()
