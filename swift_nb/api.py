@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from swift_nb.analysis import Analysis
+from swift_nb.analysis.cost import price
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordWriteWarning
 from swift_nb.options import ProfileOptions
-from swift_nb.record import Run
+from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead
 from swift_nb.render.sections.figure_cache import FigureCache
 
@@ -62,16 +63,49 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
     except OSError as e:
         return Reported(_write_failed(session.run, e), None, [])
     built = session.take_trace_tables()
-    if not session.options.report:
-        return Reported(run, None, [])
-    ahead = session.on_trace
+    o = session.options
     try:
-        if not isinstance(ahead, ReportAhead):
-            return report(run)
-        ahead.take(built)
-        return report(run, figures=ahead.figures, drawing=_draw_elsewhere(run))
+        if not o.report:
+            price(run, o.price_per_hour, o.price_per_kwh)
+            save_meta(run)
+            reported = Reported(run, None, [])
+        elif not isinstance(ahead := session.on_trace, ReportAhead):
+            reported = report(run, price_per_hour=o.price_per_hour, price_per_kwh=o.price_per_kwh)
+        else:
+            ahead.take(built)
+            reported = report(
+                run,
+                figures=ahead.figures,
+                drawing=_draw_elsewhere(run),
+                price_per_hour=o.price_per_hour,
+                price_per_kwh=o.price_per_kwh,
+            )
     except OSError as e:
         return Reported(_write_failed(run, e), None, [])
+    log_to(reported.run, o.log_to)
+    return reported
+
+
+def log_to(run: Run, trackers: Sequence[str]) -> None:
+    """Send a finished run to each tracker of ``trackers`` (``swift_nb.export``). A
+    tracker that fails is said in the run's notes and as a ``RecordWriteWarning``, never
+    raised: the training it measured is over and its record is saved."""
+    from swift_nb.export import export
+
+    for spec in trackers:
+        try:
+            where = export(run, to=spec)
+        except Exception as e:
+            said = f"the run could not be sent to {spec} ({type(e).__name__}: {e}); swift-nb export RUN --to … sends it later"
+            run.notes.append(said)
+            warnings.warn_explicit(said, RecordWriteWarning, "swift_nb", 0)
+        else:
+            run.notes.append(f"sent to {spec.partition(':')[0]}: {where}")
+    if trackers and run.path is not None:
+        try:
+            save_meta(run)
+        except OSError:  # the notes stay in the returned run
+            pass
 
 
 def _draw_elsewhere(run: Run) -> Callable[[], Any] | None:

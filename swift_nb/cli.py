@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swift_nb.analysis.diff import REGRESSION, diff, gate
 from swift_nb.errors import ConfigError, MissingDependencyError, RecordError
+from swift_nb.export import TARGETS, export
 from swift_nb.importer import RanksNotReadError, import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
 from swift_nb.render.compare import compare_table_text
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p_show.add_argument("run_dir")
     p_report = sub.add_parser("report", help="analyse a run folder and write its report.html")
     p_report.add_argument("run_dir")
+    _price_flags(p_report)
     p_cmp = sub.add_parser("compare", help="compare runs side by side (the first is the baseline)")
     p_cmp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p_cmp.add_argument(
@@ -99,9 +101,25 @@ def main(argv: list[str] | None = None) -> int:
         help="a Dask scheduler (tcp://HOST:8786) whose workers read the ranks; they must see the traces "
         "and the output folder at the same paths (pip install 'swift_nb[cluster]')",
     )
+    _price_flags(p_import)
+    p_export = sub.add_parser(
+        "export",
+        help="send a run to an experiment tracker: summary, per-step series, findings, report and trace",
+    )
+    p_export.add_argument("run_dir")
+    p_export.add_argument("--to", required=True, choices=sorted(TARGETS), help="the tracker")
+    p_export.add_argument(
+        "--tracking-uri", default=None, help="mlflow: the tracking URI (sqlite:///mlflow.db, http://…)"
+    )
+    p_export.add_argument("--experiment-name", default=None, help="mlflow: the experiment (made if missing)")
+    p_export.add_argument("--dir", default=None, help="wandb: the folder of its local files")
+    p_export.add_argument("--project", default=None, help="wandb: the project (default swift_nb)")
+    p_export.add_argument(
+        "--log-dir", default=None, help="tensorboard: the event folder (default runs/RUN_ID)"
+    )
     args = parser.parse_args(argv)
     if args.command == "import":
-        return _import(args.traces, args.out, args.label, args.scheduler)
+        return _import(args.traces, args.out, args.label, args.scheduler, _prices(args))
     if args.command == "list":
         print(runs_text(runs(args.root, limit=args.n)))
         return OK
@@ -121,8 +139,66 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":
         return _compare(loaded, args.out)
     if args.command == "report":
-        return _report(loaded[0])
+        return _report(loaded[0], _prices(args))
+    if args.command == "export":
+        return _export(loaded[0], args)
     return _show(loaded[0])
+
+
+def _price_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--price-per-hour",
+        type=_price,
+        default=None,
+        metavar="USD",
+        help="what one device (GPU) costs an hour, for the run's cost (default $SWIFT_NB_PRICE_PER_HOUR "
+        "or the GPU's list price)",
+    )
+    parser.add_argument(
+        "--price-per-kwh", type=_price, default=None, metavar="USD", help="what a kWh costs, for the energy's"
+    )
+
+
+Prices = tuple[float | None, float | None]  # (USD per device-hour, USD per kWh)
+
+
+def _prices(args: argparse.Namespace) -> Prices:
+    return args.price_per_hour, args.price_per_kwh
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a price in USD, a number ≥ 0 such as 2.5; got {text!r}")
+    return value
+
+
+#: each tracker's own arguments, as the command line names them
+_EXPORT_ARGS = {
+    "mlflow": ("tracking_uri", "experiment_name"),
+    "wandb": ("dir", "project"),
+    "tensorboard": ("log_dir",),
+}
+
+
+def _export(run: Run, args: argparse.Namespace) -> int:
+    given = {
+        k: getattr(args, k) for names in _EXPORT_ARGS.values() for k in names if getattr(args, k) is not None
+    }
+    foreign = sorted(k for k in given if k not in _EXPORT_ARGS[args.to])
+    if foreign:
+        _error(f"--{foreign[0].replace('_', '-')} is not an argument of {args.to}")
+        return USAGE
+    try:
+        where = export(run, to=args.to, **given)
+    except (ConfigError, MissingDependencyError) as e:
+        _error(str(e))
+        return USAGE
+    print(f"sent {run.path} to {args.to}: {where}")
+    return OK
 
 
 def _limit(text: str) -> float:
@@ -178,9 +254,9 @@ def _show(run: Run) -> int:
     return OK
 
 
-def _report(run: Run) -> int:
+def _report(run: Run, prices: Prices = (None, None)) -> int:
     already = set(run.problems)
-    reported = report(run)
+    reported = report(run, price_per_hour=prices[0], price_per_kwh=prices[1])
     run, analysis = reported.run, reported.analysis
     for problem in run.problems:
         if problem not in already:
@@ -216,10 +292,24 @@ def _scheduler(address: str | None) -> Iterator[Executor | None]:
         yield client.get_executor()
 
 
-def _import(traces: list[str], out: str | None, label: str | None, scheduler: str | None = None) -> int:
+def _import(
+    traces: list[str],
+    out: str | None,
+    label: str | None,
+    scheduler: str | None = None,
+    prices: Prices = (None, None),
+) -> int:
     try:
         with _scheduler(scheduler) as executor:
-            run = import_trace(traces, out, label=label, report=False, executor=executor)
+            run = import_trace(
+                traces,
+                out,
+                label=label,
+                report=False,
+                executor=executor,
+                price_per_hour=prices[0],
+                price_per_kwh=prices[1],
+            )
     except (ConfigError, MissingDependencyError) as e:
         _error(str(e))
         return USAGE
@@ -227,7 +317,7 @@ def _import(traces: list[str], out: str | None, label: str | None, scheduler: st
         _error(str(e))
         return FAILED
     print(f"imported {len(run.rank_trace_paths())} trace(s) as {run.path}")
-    return _report(run)
+    return _report(run, prices)
 
 
 def _compare(loaded: list[Run], out: str | None) -> int:

@@ -158,3 +158,41 @@ def resolve_device(device: str | float) -> Device:
 
 def _custom(capacity: float, source: str) -> Device:
     return Device(f"{fmt_bytes(capacity)} device", int(capacity), CUDA_CONTEXT_BYTES, source)
+
+
+class Price(NamedTuple):
+    """What one device costs to rent: ``usd_per_hour`` for one GPU, ``source`` and
+    ``as_of`` (when the figure was read) say where it comes from."""
+
+    usd_per_hour: float
+    source: str
+    as_of: str
+
+
+_MERCATUS = "on-demand, specialty clouds' range midpoint, mercatus-ai.com/blog/cloud-gpu-pricing"
+
+#: On-demand rent of one GPU, by a pattern of the name torch (or a trace's
+#: ``deviceProperties``) gives it; the first pattern that matches wins. Published list prices
+#: move monthly and differ 2–4x between providers: set your own with
+#: ``PRICES_PER_HOUR.insert(0, (pattern, Price(...)))``, ``$SWIFT_NB_PRICE_PER_HOUR`` or the
+#: ``price_per_hour`` option of each front. A GPU not listed (and a CPU run) has no default price.
+PRICES_PER_HOUR: list[tuple[str, Price]] = [
+    (r"H200", Price(4.00, f"$3.50–4.50 {_MERCATUS}", "2026-05")),
+    (r"H100", Price(3.00, f"$2.50–3.50 {_MERCATUS}", "2026-05")),
+    (r"A100.*80\s?GB", Price(1.30, f"$1.10–1.50 {_MERCATUS}", "2026-05")),
+    (r"A100", Price(1.30, f"the A100 80GB's $1.10–1.50 {_MERCATUS} (40GB not listed there)", "2026-05")),
+]
+
+#: The environment variable that sets the price of one device-hour (USD) for every run.
+ENV_PRICE_PER_HOUR = "SWIFT_NB_PRICE_PER_HOUR"
+#: ... and of one kWh, for ``energy_cost_usd``.
+ENV_PRICE_PER_KWH = "SWIFT_NB_PRICE_PER_KWH"
+
+
+def price_of(device_name: str) -> Price | None:
+    """The table's rent of one GPU named like ``torch.cuda.get_device_name``; None when
+    ``PRICES_PER_HOUR`` has no pattern for it."""
+    for pattern, price in PRICES_PER_HOUR:
+        if re.search(pattern, device_name):
+            return price
+    return None

@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from swift_nb import trace_names as tn
+from swift_nb.analysis.cost import check_price, price
 from swift_nb.analysis.ranks import RankAnalysis, analyse_rank
 from swift_nb.analysis.trace import Trace, read_trace_with_meta, save_tables
 from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
@@ -151,6 +152,8 @@ def import_trace(
     max_bytes: int = DEFAULT_MAX_BYTES,
     workers: int | None = None,
     executor: Executor | None = None,
+    price_per_hour: float | None = None,
+    price_per_kwh: float | None = None,
 ) -> Run:
     """Import torch.profiler traces (one per rank) as a swift_nb run and return it.
 
@@ -170,8 +173,14 @@ def import_trace(
     the run, so its workers must see the traces and ``out_dir`` at the same paths. A rank
     whose work fails other than on its trace (a worker killed or lost, a file it cannot
     see) is a ``RanksNotReadError`` naming the traces not read.
+    ``price_per_hour``: USD one GPU costs an hour, for the run's money keys
+    (``swift_nb.analysis.cost``: default ``$SWIFT_NB_PRICE_PER_HOUR``, else the list price of
+    the trace's GPU); ``price_per_kwh``: USD per kWh (a trace records no energy: kept for
+    runs compared with it).
     Imported runs are never pruned by the import: it adds a folder and deletes nothing.
     """
+    price_per_hour = check_price("price_per_hour", price_per_hour)
+    price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     files = trace_files(paths)
     if not isinstance(max_bytes, int) or max_bytes <= 0:
         raise ConfigError("max_bytes", "must be a positive number of bytes", max_bytes)
@@ -197,6 +206,7 @@ def import_trace(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     run.id, run.label, run.path = folder.name, label, folder
+    price(run, price_per_hour, price_per_kwh)
     save(run)
     if report:
         from swift_nb import reporting  # the API composes the layers above

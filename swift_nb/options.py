@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -40,6 +41,10 @@ class ProfileOptions:
     there (default ``$SWIFT_NB_KEEP`` or 20). run_id: the run folder's name inside
     ``out_dir`` (default: made from the time and the label). report: analyse the run and
     write ``report.html`` when it ends (off: save the record only; ``swift-nb report`` later).
+    price_per_hour, price_per_kwh: USD per device-hour and per kWh for the run's cost
+    (``swift_nb.analysis.cost``). log_to: trackers the finished run is sent to
+    (``swift_nb.export``: ``"mlflow"``, ``"wandb"``, ``"tensorboard"``, with arguments as
+    ``"mlflow:tracking_uri=sqlite:///mlflow.db"``).
     gather_timeout_s: in a torchrun job, the longest rank 0 waits for the other ranks at
     start and end (default ``$SWIFT_NB_GATHER_TIMEOUT_S`` or 25 s). forecast: "will it
     fit?" configurations for the report (``swift_nb.analysis.forecast.parse_forecast_spec``:
@@ -70,6 +75,22 @@ class ProfileOptions:
     )
     gather_timeout_s: float | None = _opt(
         None, "--gather-timeout", "torchrun jobs: seconds rank 0 waits for the other ranks (default 25)"
+    )
+    price_per_hour: float | None = _opt(
+        None,
+        "--price-per-hour",
+        "USD one device (a GPU; the machine on a CPU run) costs an hour, for the run's cost "
+        "(default $SWIFT_NB_PRICE_PER_HOUR or swift_nb.devices.PRICES_PER_HOUR by the GPU)",
+    )
+    price_per_kwh: float | None = _opt(
+        None, "--price-per-kwh", "USD per kWh, for the energy's cost (default $SWIFT_NB_PRICE_PER_KWH)"
+    )
+    log_to: tuple[str, ...] = _opt(
+        (),
+        "--log-to",
+        "send the finished run to a tracker (repeatable): mlflow, wandb or tensorboard, "
+        "with arguments as 'tensorboard:log_dir=runs'",
+        metavar="TRACKER",
     )
     forecast: tuple[str, ...] = _opt(
         (),
@@ -104,6 +125,7 @@ class ProfileOptions:
         if self.out_dir is not None:  # a Path is fine; kept as text, the magic's form
             object.__setattr__(self, "out_dir", str(self.out_dir))
         self._check_forecast()
+        self._check_money()
         if self.run_id is not None and not (isinstance(self.run_id, str) and _RUN_ID.match(self.run_id)):
             raise ConfigError(
                 "run_id", "must be a folder name of letters, digits, '.', '_' and '-'", self.run_id
@@ -119,6 +141,22 @@ class ProfileOptions:
 
         for spec in self.forecast:
             parse_forecast_spec(spec)
+
+    def _check_money(self) -> None:
+        from swift_nb.analysis.cost import check_price
+        from swift_nb.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH
+        from swift_nb.export import parse_log_to
+
+        for name in ("price_per_hour", "price_per_kwh"):
+            object.__setattr__(self, name, check_price(name, getattr(self, name)))
+        for name in (ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH):  # a bad one fails now, not at the run's end
+            check_price(name, os.environ.get(name) or None)
+        targets = (self.log_to,) if isinstance(self.log_to, str) else self.log_to
+        if not isinstance(targets, (tuple, list)) or not all(isinstance(x, str) for x in targets):
+            raise ConfigError("log_to", "must be trackers as text (mlflow, wandb, tensorboard)", self.log_to)
+        object.__setattr__(self, "log_to", tuple(targets))
+        for spec in self.log_to:
+            parse_log_to(spec, check_installed=True)
 
     @property
     def interval_s(self) -> float:
@@ -212,7 +250,9 @@ def argparse_specs() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
 def _kind(f: Any) -> type:
     if f.default is not MISSING and f.default is not None:
         return type(f.default)
-    return {"keep": int, "gather_timeout_s": float}.get(f.name, str)
+    return {"keep": int, "gather_timeout_s": float, "price_per_hour": float, "price_per_kwh": float}.get(
+        f.name, str
+    )
 
 
 def check_schedule(wait: int, warmup: int, active: int, repeat: int) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.compare import compare_runs
+from swift_nb.analysis.cost import check_price, price
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.ranks import RankAnalysis
 from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
@@ -47,6 +48,8 @@ def report(
     figures: FigureCache | None = None,
     ranks: dict[int, RankAnalysis] | None = None,
     drawing: Callable[[], FigureCache | None] | None = None,
+    price_per_hour: float | None = None,
+    price_per_kwh: float | None = None,
 ) -> Reported:
     """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
@@ -58,7 +61,12 @@ def report(
     of the report this one replaces that show the same are not drawn again either.
     ``ranks``: for a job, its ranks' analyses made already (the importer's workers).
     ``drawing``: figures being drawn elsewhere while this analyses (``api.finish``): called
-    once the analysis is done, what it returns joins ``figures``; failing, they are drawn here."""
+    once the analysis is done, what it returns joins ``figures``; failing, they are drawn here.
+    ``price_per_hour``, ``price_per_kwh``: USD per device-hour and per kWh, kept in the run's
+    context, for its money keys (``swift_nb.analysis.cost``; default: the prices it was
+    captured or imported with, else ``$SWIFT_NB_PRICE_PER_HOUR`` or the GPU's list price)."""
+    price_per_hour = check_price("price_per_hour", price_per_hour)
+    price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
     analysis, failure = None, None
     if steps_missing(run):
@@ -89,6 +97,7 @@ def report(
                 if analysis.device.get(k) is not None
             }
         )
+    price(run, price_per_hour, price_per_kwh)  # after the device's idle share, which it prices
     figures = figures if figures is not None else FigureCache()
     if drawing is not None:
         _take_drawn(figures, drawing)

@@ -29,6 +29,9 @@ NON_DEFAULT = ProfileOptions(
     run_id="20260101-000000-x",
     report=False,
     gather_timeout_s=60.0,
+    price_per_hour=2.5,
+    price_per_kwh=0.3,
+    log_to=("tensorboard:log_dir=/tmp/tb runs",),
     forecast=("H100-80GB batch=32 seq=4096 dtype=bf16", "T4-16GB toggles=grad_checkpointing,flash_attention"),
 )
 

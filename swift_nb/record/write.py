@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from swift_nb.errors import ConfigError, RunDirError
@@ -151,4 +152,58 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
         out["util_source"] = None
     out["mean_util_pct"] = float(util.mean()) if len(util) else None
     out["peak_util_pct"] = float(util.max()) if len(util) else None
+    out.update(energy_summary(steps, samples))
+    return out
+
+
+def _energy_columns(samples: pd.DataFrame) -> list[str]:
+    return [c for c in samples.columns if c.startswith("gpu") and c.endswith("_energy_j")]
+
+
+def _cumulative(samples: pd.DataFrame, columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(t_s, joules since the first sample, summed over ``columns``) of the samples that
+    read every column, in time order."""
+    table = samples[["t_s", *columns]].apply(pd.to_numeric, errors="coerce").dropna().sort_values("t_s")
+    t = table["t_s"].to_numpy(dtype=float)
+    total = table[columns].sum(axis=1).to_numpy(dtype=float)
+    return t, total - total[0] if len(total) else total
+
+
+def step_energy_j(steps: pd.DataFrame, samples: pd.DataFrame) -> pd.Series:
+    """Joules the GPUs took in each step (summed over the devices sampled), the cumulative
+    ``gpu{i}_energy_j`` read at the step's start and end (linear between samples: a step
+    shorter than the sampling period gets the power around it × its duration); NaN for a
+    step outside the sampled span, and for every step of a run without energy columns."""
+    nan = pd.Series(np.nan, index=steps.index, dtype="float64")
+    columns = _energy_columns(samples) if len(samples) else []
+    if not columns or not len(steps):
+        return nan
+    t, energy = _cumulative(samples, columns)
+    if len(t) < 2:
+        return nan
+    start = pd.to_numeric(steps["start_s"], errors="coerce").to_numpy(dtype=float)
+    end = pd.to_numeric(steps["end_s"], errors="coerce").to_numpy(dtype=float)
+    per_step = np.interp(end, t, energy) - np.interp(start, t, energy)
+    inside = (start >= t[0]) & (end <= t[-1])
+    return pd.Series(np.where(inside, per_step, np.nan), index=steps.index)
+
+
+def energy_summary(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
+    """``energy_j`` (the GPUs' joules from the first sample to the last, every device),
+    ``avg_power_w`` (over that span), ``energy_per_step_j`` (the median step's joules,
+    ``step_energy_j``), and ``cpu_energy_j`` (the CPU packages', RAPL) where sampled."""
+    out: dict[str, Any] = {}
+    columns = _energy_columns(samples) if len(samples) else []
+    if columns:
+        t, energy = _cumulative(samples, columns)
+        if len(t) >= 2 and t[-1] > t[0]:
+            out["energy_j"] = float(energy[-1])
+            out["avg_power_w"] = float(energy[-1] / (t[-1] - t[0]))
+            per_step = step_energy_j(steps, samples).dropna()
+            if len(per_step):
+                out["energy_per_step_j"] = float(per_step.median())
+    if "cpu_energy_j" in samples.columns and len(samples):
+        t, energy = _cumulative(samples, ["cpu_energy_j"])
+        if len(t) >= 2:
+            out["cpu_energy_j"] = float(energy[-1])
     return out

@@ -1,0 +1,181 @@
+"""What a run costs: one formula per fact, each a pure function of the record.
+
+Money is rent: ``price_per_hour`` (USD) for one device-hour, one device being a GPU the run
+used, or the machine on a CPU run. A run's devices are its job's ranks (one GPU each), else
+the GPUs its process watched, else one machine.
+
+- ``cost_usd``: the run's wall time × its devices × the price;
+- ``cost_per_1k_steps_usd``: 1 000 median steps × its devices × the price (the steady rate,
+  without the run's start and end);
+- ``idle_cost_per_1k_steps_usd``: of that, the share the device idles (``device_idle_pct``
+  of the trace's window), where the trace has device work;
+- ``energy_cost_usd``: the energy the run measured (``energy_j``) at ``price_per_kwh``.
+
+The price: the one given (``price_per_hour=`` of ``profile()``, ``report()``,
+``import_trace()``, ``--price-per-hour``; kept in the run's context, so a later report
+prices it alike), else ``$SWIFT_NB_PRICE_PER_HOUR``, else ``swift_nb.devices.PRICES_PER_HOUR``
+by the GPU's name. A run with no price has no money keys (a CPU run without one given).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from swift_nb.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH, price_of
+from swift_nb.errors import ConfigError
+from swift_nb.record import Run
+
+J_PER_KWH = 3.6e6
+#: the money keys a run's summary gets (``cost_summary``), in USD, and the price behind them
+SUMMARY_KEYS = [
+    "price_per_hour",
+    "price_source",
+    "priced_devices",
+    "cost_usd",
+    "cost_per_1k_steps_usd",
+    "idle_cost_per_1k_steps_usd",
+    "price_per_kwh",
+    "energy_cost_usd",
+]
+#: where a run keeps the prices it was given (its context), so any later report uses them
+CONTEXT_KEYS = ("price_per_hour", "price_per_kwh")
+
+
+def cost_usd(wall_s: float, devices: int, price_per_hour: float) -> float:
+    """USD of renting ``devices`` for ``wall_s`` seconds at ``price_per_hour`` each."""
+    return wall_s / 3600.0 * devices * price_per_hour
+
+
+def cost_per_1k_steps_usd(step_s: float, devices: int, price_per_hour: float) -> float:
+    """USD of 1 000 steps of ``step_s`` seconds on ``devices`` at ``price_per_hour`` each."""
+    return cost_usd(1000.0 * step_s, devices, price_per_hour)
+
+
+def idle_cost_per_1k_steps_usd(per_1k_steps_usd: float, idle_pct: float) -> float:
+    """The part of ``per_1k_steps_usd`` paid while the device idles ``idle_pct`` % of the time."""
+    return per_1k_steps_usd * idle_pct / 100.0
+
+
+def energy_cost_usd(energy_j: float, price_per_kwh: float) -> float:
+    """USD of ``energy_j`` joules at ``price_per_kwh``."""
+    return energy_j / J_PER_KWH * price_per_kwh
+
+
+def check_price(name: str, value: Any) -> float | None:
+    """``value`` as a price (a number ≥ 0), or None; a ``ConfigError`` naming ``name``
+    otherwise. Raised at the edge, before any work."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(name, "must be a price in USD, a number such as 2.5", value) from None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= 0 and math.isfinite(value))
+    ):
+        raise ConfigError(name, "must be a price in USD, a number ≥ 0 such as 2.5", value)
+    return float(value)
+
+
+def devices_of(run: Run) -> int:
+    """The devices a run rents: a job's ranks, else the GPUs its process watched, else one
+    machine."""
+    env = run.environment or {}
+    world = int(env.get("world_size") or run.context.get("world_size") or 1)
+    if world > 1:
+        return world
+    if env.get("device") == "cuda" and env.get("rank_device") is None:
+        return max(1, len(env.get("devices") or ()))
+    return 1
+
+
+def price_per_hour_of(run: Run, given: float | None = None) -> tuple[float, str] | None:
+    """(USD per device-hour, where it comes from) for ``run``; None when nothing prices it."""
+    if given is not None:
+        return given, "given"
+    kept = run.context.get("price_per_hour")
+    if kept is not None:
+        return float(kept), "given"
+    env = check_price(ENV_PRICE_PER_HOUR, os.environ.get(ENV_PRICE_PER_HOUR) or None)
+    if env is not None:
+        return env, f"${ENV_PRICE_PER_HOUR}"
+    if (run.environment or {}).get("device") == "cuda":
+        for name in run.environment.get("devices") or ():
+            price = price_of(str(name))
+            if price is not None:
+                return price.usd_per_hour, f"{name}: {price.source} ({price.as_of})"
+    return None
+
+
+def price_per_kwh_of(run: Run, given: float | None = None) -> float | None:
+    """USD per kWh for ``run``: given, kept in its context, or ``$SWIFT_NB_PRICE_PER_KWH``."""
+    if given is not None:
+        return given
+    kept = run.context.get("price_per_kwh")
+    if kept is not None:
+        return float(kept)
+    return check_price(ENV_PRICE_PER_KWH, os.environ.get(ENV_PRICE_PER_KWH) or None)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def cost_summary(
+    run: Run, price_per_hour: float | None = None, price_per_kwh: float | None = None
+) -> dict[str, Any]:
+    """The money keys of ``run``'s summary (``SUMMARY_KEYS``, USD), from its wall time, its
+    median step, its device's idle share and its energy where the summary has them; empty
+    when no price applies and no energy price is given."""
+    s = run.summary
+    out: dict[str, Any] = {}
+    price = price_per_hour_of(run, price_per_hour)
+    if price is not None:
+        usd, source = price
+        devices = devices_of(run)
+        out.update(price_per_hour=usd, price_source=source, priced_devices=devices)
+        if run.wall_s:
+            out["cost_usd"] = cost_usd(float(run.wall_s), devices, usd)
+        step_s = _number(s.get("step_time_median_s"))
+        if step_s is not None:
+            out["cost_per_1k_steps_usd"] = per_1k = cost_per_1k_steps_usd(step_s, devices, usd)
+            idle = _number(s.get("device_idle_pct"))
+            if idle is not None:
+                out["idle_cost_per_1k_steps_usd"] = idle_cost_per_1k_steps_usd(per_1k, idle)
+    kwh = price_per_kwh_of(run, price_per_kwh)
+    if kwh is not None:
+        out["price_per_kwh"] = kwh
+        energy = _number(s.get("energy_j"))
+        if energy is not None:
+            out["energy_cost_usd"] = energy_cost_usd(energy, kwh)
+    return out
+
+
+def price(run: Run, price_per_hour: float | None = None, price_per_kwh: float | None = None) -> Run:
+    """Keep the prices given in ``run``'s context and put its money keys in its summary
+    (those of an earlier pricing are replaced). Returns ``run``."""
+    for key, value in zip(CONTEXT_KEYS, (price_per_hour, price_per_kwh), strict=True):
+        if value is not None:
+            run.context[key] = value
+    for key in SUMMARY_KEYS:
+        run.summary.pop(key, None)
+    run.summary.update(cost_summary(run))
+    return run
+
+
+def usd_per_1k_steps(step_s: float, run: Run) -> float | None:
+    """USD of 1 000 steps of ``step_s`` seconds at ``run``'s price and devices (None: no
+    price), for predictions: a finding's predicted step time, a forecast's step."""
+    price = price_per_hour_of(run)
+    if price is None:
+        return None
+    return cost_per_1k_steps_usd(step_s, devices_of(run), price[0])
