@@ -1,4 +1,5 @@
-"""Resource sampler: one background thread reading psutil, NVML and torch's CUDA allocator.
+"""Resource sampler: one background thread reading psutil, NVML, RAPL and torch's CUDA
+allocator; each sample's energy columns are cumulative (``swift_nb.capture.energy``).
 
 It samples every ``interval_s`` and once more soon after each step boundary (the step hook
 only sets a flag, so the training thread never pays for a sample). Rows are kept in a
@@ -20,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from swift_nb.capture.energy import GpuEnergy, Rapl
 from swift_nb.capture.rss import RssReader
 from swift_nb.record import SAMPLE_COLUMNS
 
@@ -29,13 +31,15 @@ DEFAULT_MAX_SAMPLES = 20_000
 class NvmlReader:
     """Per-device GPU metrics through NVML (the ``nvidia-ml-py`` package).
 
-    ``open()`` returns None and a reason when NVML is unavailable; a reader that fails
-    mid-run is disabled by its owner, with one note.
+    ``open()`` returns None and a reason when NVML is unavailable (a reader and what to
+    note when a GPU has no energy counter); a reader that fails mid-run is disabled by its
+    owner, with one note.
     """
 
     def __init__(self, nvml: Any, handles: dict[int, Any]) -> None:
         self._nvml = nvml
         self._handles = handles
+        self.energy = GpuEnergy(nvml, handles)
 
     @classmethod
     def open(cls, cuda_indices: list[int]) -> tuple[NvmlReader | None, str | None]:
@@ -59,9 +63,11 @@ class NvmlReader:
         if not handles:
             pynvml.nvmlShutdown()
             return None, None
-        return cls(pynvml, handles), None
+        reader = cls(pynvml, handles)
+        return reader, reader.energy.note()
 
-    def read(self) -> dict[str, float]:
+    def read(self, t_s: float) -> dict[str, float]:
+        """Every device's metrics, and its cumulative energy at ``t_s`` (the sample's time)."""
         nv = self._nvml
         row: dict[str, float] = {}
         for i, h in self._handles.items():
@@ -74,6 +80,7 @@ class NvmlReader:
             row[f"gpu{i}_sm_clock_mhz"] = float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
             row[f"gpu{i}_temp_c"] = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
             row[f"gpu{i}_power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        row.update(self.energy.read(t_s, {i: row[f"gpu{i}_power_w"] for i in self._handles}))
         return row
 
     def close(self) -> None:
@@ -155,6 +162,9 @@ class Sampler:
         self._cpu_pct = math.nan
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
         self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
+        if reason:
+            note(reason)
+        self._rapl, reason = Rapl.open()
         if reason:
             note(reason)
 
@@ -253,9 +263,15 @@ class Sampler:
             for i in self._cuda:
                 row[f"cuda{i}_allocated_bytes"] = torch.cuda.memory_allocated(i)
                 row[f"cuda{i}_reserved_bytes"] = torch.cuda.memory_reserved(i)
+        if self._rapl is not None:
+            try:
+                row.update(self._rapl.read())
+            except (OSError, ValueError) as e:
+                self._note(f"RAPL failed mid-run ({e}); cpu_energy_j stops at t={row['t_s']:.1f}s")
+                self._rapl = None
         if self._nvml is not None:
             try:
-                row.update(self._nvml.read())
+                row.update(self._nvml.read(row["t_s"]))
             except Exception as e:
                 self._note(
                     f"NVML failed mid-run ({type(e).__name__}: {e}); GPU metrics stop at "

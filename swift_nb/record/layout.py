@@ -85,7 +85,9 @@ STEP_COLUMNS = [
 # rss_bytes: process RSS; sys_mem_used_bytes / sys_mem_pct: whole machine;
 # cuda{i}_allocated_bytes / cuda{i}_reserved_bytes: torch's caching allocator;
 # gpu{i}_util_pct, gpu{i}_mem_util_pct (memory controller), gpu{i}_mem_used_bytes,
-# gpu{i}_mem_total_bytes, gpu{i}_sm_clock_mhz, gpu{i}_temp_c, gpu{i}_power_w: NVML.
+# gpu{i}_mem_total_bytes, gpu{i}_sm_clock_mhz, gpu{i}_temp_c, gpu{i}_power_w: NVML;
+# gpu{i}_energy_j (NVML's energy counter, or the power integrated) and cpu_energy_j (RAPL):
+# joules since the run's first sample, cumulative (swift_nb.capture.energy).
 SAMPLE_COLUMNS = [
     "t_s",
     "kind",
