@@ -206,8 +206,8 @@ def test_summary_and_list_name_the_finetuning(lora_llama):
 
     _, run = lora_llama
     rows = dict(summary_rows(run))
-    assert rows["fine-tuning"].startswith("LoRA r=8 · ")
-    assert "on q_proj, v_proj" in rows["fine-tuning"] and "base LlamaForCausalLM" in rows["fine-tuning"]
+    assert rows["Fine-tuning"].startswith("LoRA r=8 · ")
+    assert "on q_proj, v_proj" in rows["Fine-tuning"] and "base LlamaForCausalLM" in rows["Fine-tuning"]
     listed = swift_nb.runs(run.path.parent)
     assert listed["finetune"].iloc[0].startswith("LoRA r=8 · ")
     assert "fine-tuning" in runs_text(listed)

@@ -268,7 +268,7 @@ def test_report_of_an_imported_gpu_trace(tmp_path):
     assert "communication 14 24.3 ms 23.6 %" in text
     assert "4 222.1 ms 77.7 % 17.3 % 4.9 % 15.2 % 1.1 ms 4.9 ms 2.9 ms 0 µs 163.7 ms 61 µs" in text
     # what a trace cannot hold is said to be missing, not shown as zero or as empty axes
-    assert "peak tensor memory not recorded in this trace" in text
+    assert "Peak tensor memory not recorded in this trace" in text
     assert "Utilisation and memory over time were not recorded in this trace" in text
     assert "Tensor memory by category was not recorded in this trace" in text
     assert "Memory allocated by operators was not recorded in this trace" in text

@@ -7,6 +7,7 @@ phrases its changes as the Trainer's arguments where Lightning has them
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pandas as pd
@@ -263,10 +264,13 @@ def test_changes_lightning_has_no_trainer_argument_for_keep_the_plain_advice():
 
 
 def test_fp32_activations_under_lightning_show_its_precision_setting():
-    ev = _evidence(matmul_types=frozenset({"float"}))
+    ev = _evidence(matmul_types=frozenset({"float"}), tensors_on="cuda")
     f = fp32_activations.rule(ev, TH, _lightning("32-true"))
     assert f.evidence["mixed_precision"] == "off (Trainer: precision='32-true')"
     assert "precision='16-mixed' instead on GPUs without bfloat16" in f.suggestion
+    # a run on the CPU is told nothing about GPUs
+    on_cpu = fp32_activations.rule(dataclasses.replace(ev, tensors_on="cpu"), TH, _lightning("32-true"))
+    assert "GPU" not in on_cpu.suggestion and "precision='bf16-mixed'" in on_cpu.suggestion
     for words in ("bf16=", "fp16=", "TrainingArguments"):
         assert words not in f.suggestion and words not in f.evidence["mixed_precision"]
 

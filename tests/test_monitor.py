@@ -25,4 +25,4 @@ def test_monitor_report(runs_dir):
     assert run.summary["steps"] == 6 and run.status == "ok"
     assert run.trace_path is None
     assert (run.samples["kind"] == "step").sum() == 4  # steps 1, 3, 5, plus the final sample
-    assert "steps" in report.summary and "peak RSS" in report.summary and "mon" in report.summary
+    assert "Steps" in report.summary and "Peak resident memory (RSS)" in report.summary and "mon" in report.summary

@@ -3,7 +3,6 @@ static outputs (HTML table with a text twin, overlaid figures as PNG)."""
 
 from __future__ import annotations
 
-import base64
 import time
 from html import escape
 from typing import Any
@@ -12,12 +11,14 @@ from IPython.display import display
 
 from swift_nb.options import ProfileOptions
 from swift_nb.render.compare import (
+    CAPTIONS,
     compare_figures,
     compare_table_html,
     compare_table_text,
     rank_memory_html,
     rank_memory_text,
 )
+from swift_nb.render.sections.base import figure_outputs
 from swift_nb.rerun import Compared, compare_cell
 from swift_nb.rerun.launcher import Variant
 
@@ -92,7 +93,8 @@ def show_comparison(compared: Compared) -> None:
         raw=True,
     )
     for alt, png in compare_figures(compared.runs):
-        display({"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"[{alt}]"}, raw=True)
+        for output in figure_outputs(png, alt, CAPTIONS.get(alt, alt)):
+            display(output, raw=True)
     per_rank = rank_memory_text(compared.runs)
     if per_rank:
         display({"text/html": rank_memory_html(compared.runs), "text/plain": per_rank}, raw=True)

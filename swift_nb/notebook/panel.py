@@ -13,7 +13,6 @@ cell (they say the same), so a live notebook shows each result once.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from html import escape
 
@@ -195,10 +194,8 @@ def show_static(run: Run, sections: Sequence[Section]) -> None:
 
 
 def _display_figure(part: FigurePart) -> None:
-    display(
-        {"image/png": base64.b64encode(part.png).decode("ascii"), "text/plain": f"[{part.alt}]"},
-        raw=True,
-    )
+    for output in part.outputs():
+        display(output, raw=True)
 
 
 def _display_html(fragments: list[str], title: str) -> None:

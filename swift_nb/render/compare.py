@@ -16,23 +16,27 @@ import pandas as pd
 from swift_nb.analysis.compare import SHARDED_CATEGORIES, rank_memory
 from swift_nb.analysis.diff import RunDiff, diff
 from swift_nb.errors import RecordError
+from swift_nb.labels import label, value_text
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
 from swift_nb.render.diff import diff_html
 from swift_nb.render.figures import figure_png, new_figure
 from swift_nb.render.fonts import shown
-from swift_nb.render.html import CSP, STYLE, empty, figure_html
+from swift_nb.render.html import CSP, STYLE, cell, empty, figure_html, is_missing
 from swift_nb.units import fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _prediction(words: str | None, peak_bytes: float | None) -> str:
-    """The advisor's words, with the predicted peak added unless they already say it."""
-    if peak_bytes is None or not np.isfinite(peak_bytes):
-        return words or ""
-    peak = fmt_bytes(peak_bytes)
-    return words if words and peak in words else " ".join(filter(None, [words, f"(peak ≈ {peak})"]))
+def prediction_text(predicted_bytes: float | None, measured_bytes: float | None) -> str:
+    """``predicted 22.8 MiB · measured 22.9 MiB · +0.4 %``: the advisor's peak beside the
+    measured one, and how far the measurement is from it ("" without a prediction)."""
+    if predicted_bytes is None or is_missing(predicted_bytes) or not predicted_bytes:
+        return ""
+    text = f"predicted {fmt_bytes(predicted_bytes)}"
+    if measured_bytes is None or is_missing(measured_bytes):
+        return text
+    return f"{text} · measured {fmt_bytes(measured_bytes)} · {(measured_bytes / predicted_bytes - 1) * 100:+.1f} %"
 
 
 def _ratio(x) -> str:
@@ -43,8 +47,38 @@ def _num(x, fmt) -> str:
     return "–" if x is None or (isinstance(x, float) and not np.isfinite(x)) else fmt(x)
 
 
+#: the columns the table shows in its own way: any other a comparison holds (energy, cost,
+#: the GPU's shares …) follows them, headed by its label, in its unit
+SHOWN = {
+    "variant",
+    "status",
+    "steps",
+    "step_time_median_s",
+    "step_time_median_all_s",
+    "compile_s",
+    "recompiles",
+    "graph_breaks",
+    "steps_per_s",
+    "peak_mem_bytes",
+    *(f"{c}_bytes" for c in MEMORY_CATEGORIES),
+    "mean_util_pct",
+    "ranks",
+    "step_time_max_rank_s",
+    "peak_mem_max_rank_bytes",
+    "collective_share_max_rank",
+    "step_time_ratio",
+    "peak_mem_ratio",
+    "predicted",
+    "predicted_peak_bytes",
+    "notes",
+    "run",
+}
+
+
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The comparison table with units, as strings."""
+    """The comparison table as a reader reads it: one row per variant, each cell a number
+    with its unit, the predicted peak beside the measured one (``prediction_text``); how
+    each prediction was made, and the notes, are ``reasoning``'s."""
     out = pd.DataFrame(
         {
             "variant": table["variant"],
@@ -57,19 +91,38 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             "memory × base": [_ratio(x) for x in table["peak_mem_ratio"]],
         }
     )
+    predicted = [
+        prediction_text(p, m)
+        for p, m in zip(table["predicted_peak_bytes"], table["peak_mem_bytes"], strict=True)
+    ]
+    if any(predicted):
+        out["peak predicted"] = [p or "–" for p in predicted]
     for c in MEMORY_CATEGORIES:
         out[c.replace("_", " ")] = [_num(x, fmt_bytes) for x in table[f"{c}_bytes"]]
-    out["util %"] = [_num(x, lambda v: f"{v:.0f}") for x in table["mean_util_pct"]]
+    out["utilisation"] = [value_text("mean_util_pct", x) for x in table["mean_util_pct"]]
     if "ranks" in table and (pd.to_numeric(table["ranks"], errors="coerce").fillna(1) > 1).any():
         # multi-rank variants (sequence parallel): the worst rank beside rank 0's numbers
         out["ranks"] = [_num(x, lambda v: f"{v:.0f}") for x in table["ranks"]]
         out["slowest rank step"] = [_num(x, fmt_seconds) for x in table["step_time_max_rank_s"]]
         out["max rank peak"] = [_num(x, fmt_bytes) for x in table["peak_mem_max_rank_bytes"]]
-        out["max comm %"] = [_num(x, lambda v: f"{100 * v:.0f}") for x in table["collective_share_max_rank"]]
-    out["predicted"] = [
-        _prediction(w, p) for w, p in zip(table["predicted"], table["predicted_peak_bytes"], strict=True)
-    ]
-    out["notes"] = table["notes"]
+        out["max comm"] = [_num(x, lambda v: f"{100 * v:.0f} %") for x in table["collective_share_max_rank"]]
+    for col in table.columns:
+        values = table[col]
+        if col in SHOWN or not pd.api.types.is_numeric_dtype(values) or values.isna().all():
+            continue
+        out[label(col)] = [value_text(col, v) for v in values]
+    return out
+
+
+def reasoning(table: pd.DataFrame) -> dict[str, list[str]]:
+    """Per variant, how its prediction was made (the advisor's words for its toggles) and
+    its notes, in the table's order: what goes under the table (variants with neither are
+    left out)."""
+    out = {}
+    for variant, words, notes in zip(table["variant"], table["predicted"], table["notes"], strict=True):
+        said = [t for t in (words, notes) if isinstance(t, str) and t]
+        if said:
+            out[str(variant)] = said
     return out
 
 
@@ -95,14 +148,43 @@ def _compile_columns(table: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def compare_table_html(table: pd.DataFrame) -> str:
-    return display_table(table).to_html(index=False, classes="swift-nb-compare", border=0, escape=True)
+    """The comparison as HTML: the table, no cell over ``CELL_CHARS`` (a prediction's cell
+    has its reasoning as a tooltip), and under it each variant's reasoning and notes."""
+    shown = display_table(table)
+    why = reasoning(table)
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in shown.columns)
+    rows = []
+    for variant, record in zip(shown["variant"], shown.itertuples(index=False, name=None), strict=True):
+        said = " ".join(why.get(str(variant), []))
+        cells = [
+            cell(
+                str(v), "text" if c in ("variant", "status") else "num", said if c == "peak predicted" else ""
+            )
+            for c, v in zip(shown.columns, record, strict=True)
+        ]
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    listed = "".join(
+        f"<li>{escape(variant)}<ul>{''.join(f'<li>{escape(s)}</li>' for s in said)}</ul></li>"
+        for variant, said in why.items()
+    )
+    return (
+        f"<table class='swift-nb-compare'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        + (f"<p>How each prediction was made:</p><ul class='reasoning'>{listed}</ul>" if listed else "")
+    )
 
 
 def compare_table_text(table: pd.DataFrame) -> str:
-    cols = ["variant", "status", "step (median)", "step × base", "peak memory", "memory × base", "notes"]
+    """The comparison as text: the main columns, then each variant's reasoning and notes."""
+    shown = display_table(table)
+    cols = ["variant", "status", "step (median)", "step × base", "peak memory", "memory × base"]
     if _compiles(table):
         cols[3:3] = ["compile", "recompiles", "graph breaks"]
-    return display_table(table)[cols].to_string(index=False)
+    if "peak predicted" in shown:
+        cols.append("peak predicted")
+    lines = [shown[cols].to_string(index=False)]
+    for variant, said in reasoning(table).items():
+        lines += [f"{variant}:", *(f"  - {s}" for s in said)]
+    return "\n".join(lines)
 
 
 def rank_memory_table(runs: Sequence[tuple[str, Run]]) -> pd.DataFrame:
@@ -224,13 +306,22 @@ def memory_curves_figure(runs: Sequence[tuple[str, Run]], width_in: float = 10.0
     return fig
 
 
+STEP_TIMES_ALT = "Lines of each variant's step time against the step number"
+MEMORY_CURVES_ALT = "Lines of each variant's tensor memory against time during its recorded steps"
+#: what each overlaid figure shows, by its alt text
+CAPTIONS = {
+    STEP_TIMES_ALT: "Step time per variant: one line per variant, one point per step (✕: a step that compiled).",
+    MEMORY_CURVES_ALT: "Memory over the recorded steps per variant: live tensor bytes, all categories summed.",
+}
+
+
 def compare_figures(runs: Sequence[tuple[str, Run]]) -> list[tuple[str, bytes]]:
-    """(alt text, PNG) of the overlaid figures."""
+    """(alt text, PNG) of the overlaid figures; ``CAPTIONS`` says what each shows."""
     if not runs:
         return []
     return [
-        ("step time per variant", figure_png(step_times_figure(runs))),
-        ("memory over the recorded steps per variant", figure_png(memory_curves_figure(runs))),
+        (STEP_TIMES_ALT, figure_png(step_times_figure(runs))),
+        (MEMORY_CURVES_ALT, figure_png(memory_curves_figure(runs))),
     ]
 
 
@@ -276,7 +367,7 @@ def compare_html(
     against the forecast (of ``runs``, the baseline first) and what changed from the
     baseline to each variant (``variant_diffs``)."""
     ranks = rank_memory_html(runs) if runs else ""
-    imgs = "".join(figure_html(png, alt, alt.capitalize()) for alt, png in figures)
+    imgs = "".join(figure_html(png, alt, CAPTIONS.get(alt, alt)) for alt, png in figures)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"

@@ -1,6 +1,7 @@
 """Markup shared by every HTML document swift_nb writes (report.html, compare.html) and by
-the report's sections: the page's policy and style, the inline figure tag, tables whose
-values carry the unit their column names, and value formatting.
+the report's sections: the page's policy and style, the inline figure tag, and tables
+whose headings are their keys' labels and whose values carry their units
+(``swift_nb.labels``), no cell longer than ``CELL_CHARS``.
 
 Every string that comes from the user or the trace is escaped here.
 """
@@ -8,18 +9,16 @@ Every string that comes from the user or the trace is escaped here.
 from __future__ import annotations
 
 import base64
-import json
-import math
-import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
 import pandas as pd
 
-from swift_nb.units import fmt_bytes, fmt_pct, fmt_seconds
+from swift_nb.labels import is_missing, label, value_text
 
-UNIT_SUFFIXES = ("_s", "_bytes", "_pct")
+#: the most characters a table cell shows: longer text is prose, and goes under the table
+CELL_CHARS = 80
 SI_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 # A policy that allows only inline styles and data: images: even if a string slipped past
@@ -57,30 +56,22 @@ pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.85em; 
 """
 
 
-def is_missing(value: Any) -> bool:
-    """Whether ``value`` is absent: None or NaN."""
-    return value is None or (isinstance(value, numbers.Real) and math.isnan(float(value)))
+def clipped(text: str, limit: int = CELL_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis in the middle, so both ends
+    (an operator's namespace and its variant, a path's root and its file) stay readable."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 3
+    return f"{text[:head]}…{text[len(text) - (limit - 1 - head) :]}"
 
 
-def fmt_value(name: str, value: Any) -> str:
-    """``value`` as text, in the unit its ``name`` carries (``_bytes``, ``_pct``, ``_s``
-    anywhere among its ``_``-separated words, e.g. ``growth_bytes_per_step``)."""
-    if is_missing(value):
-        return "–"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, numbers.Real):
-        words = name.split("_")
-        if "bytes" in words:
-            return fmt_bytes(value)
-        if "pct" in words:
-            return fmt_pct(value)
-        if "s" in words:
-            return fmt_seconds(value)
-        return str(value) if isinstance(value, numbers.Integral) else f"{float(value):.4g}"
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, default=str)
-    return str(value)
+def cell(text: str, cls: str, tooltip: str = "") -> str:
+    """A table cell of at most ``CELL_CHARS`` characters; a longer text is clipped, whole in
+    its tooltip (``tooltip``: what the tooltip says otherwise)."""
+    shown = clipped(text)
+    tooltip = text if shown != text else tooltip
+    title = f" title='{escape(tooltip)}'" if tooltip else ""
+    return f"<td class='{cls}'{title}>{escape(shown)}</td>"
 
 
 def fmt_si(value: float | None, unit: str) -> str:
@@ -99,13 +90,10 @@ def pct1(value: Any) -> str:
     return "–" if is_missing(value) else f"{float(value):.1f} %"
 
 
-def header(column: str) -> str:
-    """A column's heading: its name without the unit suffix, words spaced."""
-    for suffix in UNIT_SUFFIXES:
-        if column.endswith(suffix):
-            column = column.removesuffix(suffix)
-            break
-    return column.replace("_", " ")
+def header(column: str, within: str | None = None) -> str:
+    """A column's heading: its key's label (``swift_nb.labels``); a column named in words
+    already stays as it is."""
+    return column if not column.isidentifier() else label(column, within)
 
 
 def empty(text: str) -> str:
@@ -114,14 +102,15 @@ def empty(text: str) -> str:
 
 
 def frame_table(df: pd.DataFrame, agg_rows: int = 0) -> str:
-    """``df`` as an escaped HTML table, each value in the unit its column names; the
-    last ``agg_rows`` rows are styled as aggregates."""
+    """``df`` as an escaped HTML table: each column headed by its label, each value in the
+    unit its column's key names, no cell over ``CELL_CHARS``; the last ``agg_rows`` rows
+    are styled as aggregates."""
     numeric = {c: pd.api.types.is_numeric_dtype(df[c]) for c in df.columns}
     head = "".join(f"<th>{escape(header(str(c)))}</th>" for c in df.columns)
     rows = []
     for i, record in enumerate(df.itertuples(index=False, name=None)):
         cells = "".join(
-            f"<td class='{'num' if numeric[c] else 'text'}'>{escape(fmt_value(str(c), v))}</td>"
+            cell(value_text(str(c), v), "num" if numeric[c] else "text")
             for c, v in zip(df.columns, record, strict=True)
         )
         agg = " class='agg'" if i >= len(df) - agg_rows else ""
@@ -129,19 +118,26 @@ def frame_table(df: pd.DataFrame, agg_rows: int = 0) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def kv_table(pairs: Sequence[tuple[str, Any]]) -> str:
-    """(name, value) pairs as a two-column table, each value in the unit its name carries."""
-    body = "".join(
-        f"<tr><th>{escape(str(k))}</th><td class='text'>{escape(fmt_value(str(k), v))}</td></tr>"
-        for k, v in pairs
-    )
-    return f"<table><tbody>{body}</tbody></table>"
+def kv_table(pairs: Sequence[tuple[str, Any]], within: str | None = None) -> str:
+    """(key, value) pairs as a two-column table: each key's label, its value in its unit
+    (``within``: the finding the keys belong to, see ``labels.label``)."""
+    return text_table([(header(str(k), within), value_text(str(k), v)) for k, v in pairs])
 
 
-def text_table(rows: Sequence[tuple[str, str]], cell: str = "text") -> str:
-    """(name, text) pairs, already formatted, as a two-column table (``cell``: the values'
-    CSS class)."""
-    body = "".join(f"<tr><th>{escape(k)}</th><td class='{cell}'>{escape(v)}</td></tr>" for k, v in rows)
+def evidence_html(evidence: Mapping[str, Any], within: str | None = None) -> str:
+    """The numbers behind a verdict or a finding, in their order: those whose value fits a
+    cell as a table of labels and values, the longer ones (a list of guards, where a
+    count comes from) as a list under it, whole."""
+    rows = [(header(str(k), within), value_text(str(k), v)) for k, v in evidence.items()]
+    short = [(k, v) for k, v in rows if len(v) <= CELL_CHARS]
+    long = "".join(f"<li>{escape(k)}: {escape(v)}</li>" for k, v in rows if len(v) > CELL_CHARS)
+    return (text_table(short) if short else "") + (f"<ul class='evidence'>{long}</ul>" if long else "")
+
+
+def text_table(rows: Sequence[tuple[str, str]], cls: str = "text") -> str:
+    """(name, text) pairs, already formatted, as a two-column table (``cls``: the values'
+    CSS class); a text over ``CELL_CHARS`` is clipped, whole in its tooltip."""
+    body = "".join(f"<tr><th>{escape(k)}</th>{cell(v, cls)}</tr>" for k, v in rows)
     return f"<table><tbody>{body}</tbody></table>"
 
 

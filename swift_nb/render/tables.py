@@ -7,8 +7,24 @@ from html import escape
 
 import pandas as pd
 
+from swift_nb.labels import is_missing, label, value_text
 from swift_nb.record import FINETUNE_KEY, Run, finetune_label
+from swift_nb.render.html import cell
 from swift_nb.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
+
+#: what the run's energy and cost come to, where its summary records them
+ENERGY_KEYS = (
+    "energy_j",
+    "energy_per_step_j",
+    "avg_power_w",
+    "energy_cost_usd",
+    "cost_usd",
+    "cost_per_1k_steps_usd",
+    "idle_cost_per_1k_steps_usd",
+    "price_per_hour",
+)
+#: the summary's rows whose value is a path: shown whole under the table, not in a cell
+FOLDER, TRACE = "Folder", "Trace"
 
 
 def is_imported(run: Run) -> bool:
@@ -26,19 +42,21 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
     cannot hold (samples, process memory) reads "not recorded in this trace"."""
     s, env, sched = run.summary, run.environment, run.schedule
     absent = absent_text(run) if is_imported(run) else None
-    util_name = {"gpu": "GPU util", "cpu": "process CPU"}.get(s.get("util_source") or "", "util")
+    util_name = {"gpu": "GPU utilisation", "cpu": "Process CPU"}.get(
+        s.get("util_source") or "", "Utilisation"
+    )
     devices = ", ".join(env.get("devices") or []) or "–"
     rows = [
-        ("run", run.id),
-        ("label", run.label or "–"),
-        ("status", run.status),
-        ("steps", str(s.get("steps", 0))),
-        ("wall time", fmt_seconds(run.wall_s)),
+        ("Run", run.id),
+        ("Label", run.label or "–"),
+        ("Status", run.status),
+        (label("steps"), str(s.get("steps", 0))),
+        (label("wall_s"), fmt_seconds(run.wall_s)),
         (
-            "step time (median / p90)",
+            "Step time (median / 90th percentile)",
             f"{fmt_seconds(s.get('step_time_median_s'))} / {fmt_seconds(s.get('step_time_p90_s'))}",
         ),
-        ("throughput", fmt_rate(s.get("steps_per_s"), "steps/s")),
+        ("Throughput", fmt_rate(s.get("steps_per_s"), "steps/s")),
         *(
             [
                 (
@@ -51,43 +69,44 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             if s.get("compile_s")
             else []
         ),
-        ("peak tensor memory", _or(absent, s.get("peak_mem_bytes"), fmt_bytes)),
-        ("peak RSS", _or(absent, s.get("peak_rss_bytes"), fmt_bytes)),
+        (label("peak_mem_bytes"), _or(absent, s.get("peak_mem_bytes"), fmt_bytes)),
+        (label("peak_rss_bytes"), _or(absent, s.get("peak_rss_bytes"), fmt_bytes)),
+        *[(label(k), value_text(k, s[k])) for k in ENERGY_KEYS if not is_missing(s.get(k))],
         (
             f"{util_name} (mean / peak)",
             absent
             if absent and s.get("mean_util_pct") is None
             else f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
         ),
-        ("device", f"{env.get('device', '–')} ({devices})"),
+        ("Device", f"{env.get('device', '–')} ({devices})"),
         *(
             [
                 (
-                    "GPU time (idle / compute)",
+                    "GPU time (idle / computing)",
                     f"{fmt_pct(s['device_idle_pct'])} / {fmt_pct(s.get('device_compute_pct'))}",
                 )
             ]
             if s.get("device_idle_pct") is not None
             else []
         ),
-        ("ranks", _ranks_text(run)),
+        ("Ranks", _ranks_text(run)),
     ]
     finetune = run.context.get(FINETUNE_KEY)
     if isinstance(finetune, dict) and finetune.get("method"):
-        rows.insert(rows.index(("ranks", _ranks_text(run))), ("fine-tuning", finetune_text(finetune)))
+        rows.insert(rows.index(("Ranks", _ranks_text(run))), (label(FINETUNE_KEY), finetune_text(finetune)))
     if sched:
         recorded = s.get("recorded_steps") or []
         rows.append(
             (
-                "profiler schedule",
+                "Profiler schedule",
                 f"wait {sched['wait']}, warmup {sched['warmup']}, active {sched['active']}, "
                 f"repeat {sched['repeat']}; recorded steps: {', '.join(map(str, recorded)) or 'none'}",
             )
         )
     if run.path is not None:
-        rows.append(("folder", str(run.path)))
+        rows.append((FOLDER, str(run.path)))
         if run.trace_path is not None:
-            rows.append(("trace", f"{run.trace_path} (open in ui.perfetto.dev)"))
+            rows.append((TRACE, f"{run.trace_path} (open in ui.perfetto.dev)"))
     return rows
 
 
@@ -134,15 +153,23 @@ def _ranks_text(run: Run) -> str:
     return text
 
 
-def summary_html(run: Run) -> str:
+def summary_table_html(run: Run) -> str:
+    """The summary as a table of words and values, the run's folder and trace under it
+    (paths are as long as they are: no cell holds them)."""
+    rows = summary_rows(run)
     body = "".join(
-        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>"
-        f"<td style='text-align:left'>{escape(v)}</td></tr>"
-        for k, v in summary_rows(run)
+        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>{cell(v, 'text')}</tr>"
+        for k, v in rows
+        if k not in (FOLDER, TRACE)
     )
+    paths = "".join(f"<p>{escape(k)}: <code>{escape(v)}</code></p>" for k, v in rows if k in (FOLDER, TRACE))
+    return f"<table><tbody>{body}</tbody></table>{paths}"
+
+
+def summary_html(run: Run) -> str:
     notes = "".join(f"<li>{escape(n)}</li>" for n in run.notes)
     notes_html = f"<p><b>Notes</b></p><ul>{notes}</ul>" if notes else ""
-    return f"<div class='swift-nb-summary'><table>{body}</table>{notes_html}</div>"
+    return f"<div class='swift-nb-summary'>{summary_table_html(run)}{notes_html}</div>"
 
 
 def summary_text(run: Run) -> str:
@@ -169,6 +196,7 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
             shown[col] = values.map(lambda v: fmt_pct(v) if pd.notna(v) else None)
     return shown.rename(
         columns={
+            "started_at": "started",
             "wall_s": "wall",
             "step_time_median_s": "step (median)",
             "peak_mem_bytes": "peak memory",

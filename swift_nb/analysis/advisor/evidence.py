@@ -245,6 +245,12 @@ class Evidence:
         return float(row["at_peak_bytes"].iloc[0]) if len(row) else 0.0
 
 
+def applied(context: Mapping[str, Any], toggle_id: str) -> bool:
+    """Whether the run had the toggle ``toggle_id`` applied (its context's toggle reports):
+    a finding does not propose what the run already does."""
+    return any(isinstance(t, Mapping) and t.get("toggle") == toggle_id for t in context.get("toggles") or [])
+
+
 #: fine-tuning methods (``context["finetune"]["method"]``) that train LoRA adapters beside a
 #: frozen base, and all those that train adapters only (low-rank or tiny)
 LORA_METHODS = ("lora", "qlora", "dora")

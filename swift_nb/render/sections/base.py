@@ -3,6 +3,7 @@ builder) and the built section (escaped HTML fragments and figures, in order).""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -77,6 +78,20 @@ class FigurePart:
 
     def html(self) -> str:
         return figure_html(self.png, self.alt, self.caption, self.key)
+
+    def outputs(self) -> list[dict[str, str]]:
+        """The figure as a notebook's outputs: the PNG, then its caption saying what it
+        shows (an image output carries no alternative text of its own)."""
+        return figure_outputs(self.png, self.alt, self.caption)
+
+
+def figure_outputs(png: bytes, alt: str, caption: str) -> list[dict[str, str]]:
+    """A figure as a notebook's display outputs: ``image/png`` (its text twin the alt
+    text), then the caption as HTML and text."""
+    return [
+        {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"[{alt}]"},
+        {"text/html": f"<p class='swift-nb-caption'><i>{escape(caption)}</i></p>", "text/plain": caption},
+    ]
 
 
 Part = str | FigurePart

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from swift_nb.analysis.findings import Finding
-from swift_nb.render.html import empty, kv_table
+from swift_nb.render.html import empty, evidence_html
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
 
 SEVERITIES = ("info", "warning", "critical")
@@ -20,7 +20,7 @@ def finding_html(f: Finding) -> str:
         f"<h3>{escape(f.title)}</h3>",
     ]
     if f.evidence:
-        parts.append(kv_table(list(f.evidence.items())))
+        parts.append(evidence_html(f.evidence, within=f.id))
     parts.append(f"<p><b>Suggestion:</b> {escape(f.suggestion)}</p>")
     if f.toggle:
         parts.append(f"<p><b>Toggle:</b> <code>{escape(f.toggle)}</code></p>")

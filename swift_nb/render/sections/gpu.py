@@ -115,7 +115,9 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[Part]:
             "non-compute": [pct1(v) for v in device_steps["non_compute_pct"]],
             "comm/compute overlap": [pct1(v) for v in device_steps["comm_compute_overlap_pct"]],
             **{
-                f"idle: {DEVICE_PARTS[c][0].removeprefix('idle: ')}_s": device_steps[c].astype(float)
+                f"idle: {DEVICE_PARTS[c][0].removeprefix('idle: ')}": [
+                    fmt_seconds(v) for v in device_steps[c]
+                ]
                 for c in CAUSE_WORDS
                 if c in device_steps
             },

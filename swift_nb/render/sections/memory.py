@@ -23,7 +23,7 @@ def build(inputs: ReportInputs) -> list[Part]:
             )
         )
     if footprint is not None and has_rows(footprint):
-        parts.append(frame_table(footprint))
+        parts.append(frame_table(footprint.assign(category=footprint["category"].str.replace("_", " "))))
     if not parts and is_imported(inputs.run) and why is None:
         parts.append(
             empty(

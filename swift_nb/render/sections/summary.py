@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from swift_nb.render.html import text_table
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind
-from swift_nb.render.tables import summary_rows
+from swift_nb.render.tables import summary_table_html
 
 
 def build(inputs: ReportInputs) -> list[Part]:
-    return [text_table(summary_rows(inputs.run))]
+    return [summary_table_html(inputs.run)]
 
 
 # The panel's Summary tab opens with summary_html, which says the same and lists the notes.

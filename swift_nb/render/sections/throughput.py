@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from swift_nb.labels import label
 from swift_nb.render.html import fmt_si, is_missing, text_table
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
 from swift_nb.units import fmt_rate
@@ -17,14 +18,14 @@ def build(inputs: ReportInputs) -> list[Part]:
 
     mfu = get("mfu_pct")
     rows = [
-        ("steps per second", fmt_rate(get("steps_per_s"), "steps/s")),
-        ("samples per second", fmt_rate(get("samples_per_s"), "samples/s")),
-        ("tokens per second", fmt_rate(get("tokens_per_s"), "tokens/s")),
+        (label("steps_per_s"), fmt_rate(get("steps_per_s"), "steps/s")),
+        (label("samples_per_s"), fmt_rate(get("samples_per_s"), "samples/s")),
+        (label("tokens_per_s"), fmt_rate(get("tokens_per_s"), "tokens/s")),
         ("FLOPs per step", fmt_si(get("flops_per_step"), "FLOP")),
-        ("achieved FLOP rate", fmt_si(get("achieved_flops_per_s"), "FLOP/s")),
-        ("device peak FLOP rate", fmt_si(get("peak_flops_per_s"), "FLOP/s")),
+        ("Achieved FLOP rate", fmt_si(get("achieved_flops_per_s"), "FLOP/s")),
+        ("Device peak FLOP rate", fmt_si(get("peak_flops_per_s"), "FLOP/s")),
         # Significant digits, not decimals: small models on big devices sit well under 1 %.
-        ("model FLOPs utilisation (MFU)", "–" if is_missing(mfu) else f"{float(mfu):.3g} %"),
+        ("Model FLOPs utilisation (MFU)", "–" if is_missing(mfu) else f"{float(mfu):.3g} %"),
     ]
     return [text_table(rows, "num")]
 

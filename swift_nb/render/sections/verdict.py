@@ -1,24 +1,56 @@
-"""The advisor's verdict: what bounds the step, and the evidence."""
+"""The advisor's verdict: what bounds the step, and the evidence, the deciding numbers
+first."""
 
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
-from swift_nb.render.html import kv_table
+from swift_nb.analysis.findings import Verdict
+from swift_nb.render.html import evidence_html
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
+
+#: for each verdict, the evidence that decides it, in the order the reasoning reads it
+#: (``analysis.advisor.verdict``); the rest follows in the verdict's own order
+DECIDING: dict[str, tuple[str, ...]] = {
+    "data-bound": ("data_pct", "data_s_per_step", "device_idle_pct", "data_s"),
+    "overhead-bound": (
+        "data_pct",
+        "data_s_per_step",
+        "ops_per_step",
+        "heavy_op_pct",
+        "device_idle_pct",
+        "overhead_s",
+    ),
+    "memory-bound": ("attention_seq", "peak_mem_bytes"),
+    "communication-bound": ("comm_pct", "device_idle_pct", "communication_s"),
+    "compute-bound": ("forward_pct", "backward_pct", "optimizer_pct", "device_compute_pct"),
+    "compile-bound": ("compile_pct", "compile_s", "compiling_steps", "steady_step_s", "steady_verdict"),
+    "copy-bound": ("h2d_pct", "device_non_compute_pct", "copy_s"),
+}
+
+
+def ordered(verdict: Verdict) -> dict[str, Any]:
+    """The verdict's evidence with the numbers that decide it first (for a memory-bound
+    step, the attention's sequence length when explicit attention decided it, else the
+    peak)."""
+    first = list(DECIDING.get(verdict.kind, ()))
+    if verdict.kind == "memory-bound" and "attention" not in verdict.reason:
+        first.reverse()
+    ev = verdict.evidence
+    return {**{k: ev[k] for k in first if k in ev}, **ev}
 
 
 def build(inputs: ReportInputs) -> list[Part]:
     verdict = inputs.verdict
     if verdict is None:
         return [not_analysed("No verdict", inputs.not_analysed, "the run was not analysed.")]
-    evidence = kv_table(list(verdict.evidence.items())) if verdict.evidence else ""
     return [
         # The dash separates kind and reason in the text itself, not only the pill's CSS:
         # nbconvert's HTML, feed readers and copied text show no styles.
         f"<p class='verdict'><strong class='kind'>{escape(verdict.kind)}</strong> — "
         f"{escape(verdict.reason)}</p>"
-        f"{evidence}"
+        f"{evidence_html(ordered(verdict)) if verdict.evidence else ''}"
     ]
 
 

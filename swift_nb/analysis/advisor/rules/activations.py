@@ -8,7 +8,7 @@ from typing import Any
 
 from swift_nb.analysis import effects
 from swift_nb.analysis.advisor import frameworks
-from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.evidence import Evidence, Thresholds, applied
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.words import pct
 from swift_nb.analysis.findings import Finding
@@ -28,12 +28,17 @@ def _blocks(ev: Evidence, context: Mapping[str, Any]) -> tuple[int, str]:
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
     act = ev.at_peak("activations")
-    if not ev.peak_bytes or act / ev.peak_bytes < th.activation_share:
+    # checkpointing applied already: what the finding would propose is what the run does
+    if (
+        not ev.peak_bytes
+        or act / ev.peak_bytes < th.activation_share
+        or applied(context, "grad_checkpointing")
+    ):
         return None
     evidence = {
+        "activations_pct": pct(act / ev.peak_bytes),
         "activations_bytes": act,
         "peak_bytes": ev.peak_bytes,
-        "activations_pct": pct(act / ev.peak_bytes),
     }
     blocks, source = _blocks(ev, context)
     if blocks > 1:

@@ -38,7 +38,9 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     grad, grad_source = _grad_bytes(ev, context)
     ring = (p - 1) / p
     now = 2 * ring * grad  # DDP's ring all-reduce of the gradients, each rank sends this
-    fsdp_bf16 = 3 * ring * grad / 2  # all-gather (forward, backward) + reduce-scatter, bf16
+    # a run in 16 bits already: bf16 (a policy, a hook) halves nothing of what it sends
+    sixteen = str(context.get("dtype")) in ("bfloat16", "float16")
+    fsdp_bf16 = 3 * ring * grad / (1 if sixteen else 2)  # all-gather (forward, backward) + reduce-scatter
     bf16 = now / 2
     bucket_mb = 25
     evidence = {
@@ -54,13 +56,24 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     lead = f". {framework} In a loop of your own: " if framework else ": "
     if ev.comm is not None and len(ev.comm):
         evidence["measured_wire_bytes_per_step"] = float(ev.comm["wire_bytes_per_step"].sum())
+    policy = (
+        ""
+        if sixteen
+        else " with bf16 mixed precision (MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.bfloat16))"
+    )
     fixes = [
-        f"FSDP (fully_shard) with bf16 mixed precision (MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-        f"reduce_dtype=torch.bfloat16)): ≈ {fmt_bytes(fsdp_bf16)} sent per rank and step instead of "
+        f"FSDP (fully_shard){policy}: ≈ {fmt_bytes(fsdp_bf16)} sent per rank and step instead of "
         f"{fmt_bytes(now)} ({pct(fsdp_bf16 / now - 1) if now else 0:+} %), and parameters, gradients and "
         "optimizer state sharded P ways",
-        "or keep DDP and halve the bytes with a bf16 gradient hook "
-        f"(ddp.register_comm_hook(None, bf16_compress_hook)): ≈ {fmt_bytes(bf16)} per step",
+        *(
+            []
+            if sixteen
+            else [
+                "or keep DDP and halve the bytes with a bf16 gradient hook "
+                f"(ddp.register_comm_hook(None, bf16_compress_hook)): ≈ {fmt_bytes(bf16)} per step"
+            ]
+        ),
         f"DDP(bucket_cap_mb=…): the same {fmt_bytes(now)} in fewer, larger messages "
         f"(≈ {max(1, math.ceil(grad / (bucket_mb * 2**20)))} all-reduces of ≤ {bucket_mb} MB now; "
         "raise it when many small buckets each pay the latency)",
@@ -79,12 +92,14 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         evidence=evidence,
         suggestion=f"Reduce and overlap gradient synchronisation{lead}" + "; ".join(fixes) + ".",
         predicted_effect=(
-            f"communicated bytes per step {fmt_bytes(now)} → {fmt_bytes(fsdp_bf16)} (FSDP + bf16) or "
+            f"communicated bytes per step {fmt_bytes(now)} → {fmt_bytes(fsdp_bf16)} (FSDP)"
+            if sixteen
+            else f"communicated bytes per step {fmt_bytes(now)} → {fmt_bytes(fsdp_bf16)} (FSDP + bf16) or "
             f"{fmt_bytes(bf16)} (bf16 hook); step time ≈ {ev.step_s * (1 - share / 2):.4f} s with half the bytes"
         ),
         formula=(
             "DDP ring all-reduce: 2·(P−1)/P × G bytes per rank; FSDP: all-gather twice + reduce-scatter, "
-            "3·(P−1)/P × N × 2 bytes in bf16; t_comm' ≈ t_comm × bytes'/bytes"
+            f"3·(P−1)/P × N × 2 bytes{'' if sixteen else ' in bf16'}; t_comm' ≈ t_comm × bytes'/bytes"
         ),
         severity="critical" if share >= 0.5 else "warning",
     )

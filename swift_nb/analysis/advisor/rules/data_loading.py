@@ -27,8 +27,9 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         change = (
             "Raise num_workers (up to the free cores) and prefetch_factor, keep them alive with "
             "persistent_workers=True (starting them counts in the first steps otherwise), and make the "
-            "per-sample work cheaper (decode or tokenise once and cache the result, move tensor transforms to "
-            "the device). If the samples are tensors already in memory, num_workers=0 can be faster: every "
+            "per-sample work cheaper (decode or tokenise once and cache the result"
+            + (", move tensor transforms to the GPU" if ev.tensors_on == "cuda" else "")
+            + "). If the samples are tensors already in memory, num_workers=0 can be faster: every "
             "batch crosses a process boundary."
         )
     else:
@@ -38,10 +39,10 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             f"{ms(ld.ops_s)} in torch ops (indexing, collate, tensor transforms) and {ms(ld.python_s)} in "
             "Python (__getitem__, decoding, transforms, I/O)."
         )
+        pin = ", pin_memory=True" if ev.tensors_on == "cuda" else ""
         change = (
             "Load batches in worker processes and keep them alive: DataLoader(num_workers=4, "
-            "persistent_workers=True, prefetch_factor=4, pin_memory=True on CUDA); move per-sample work out of "
-            "collate_fn."
+            f"persistent_workers=True, prefetch_factor=4{pin}); move per-sample work out of collate_fn."
         )
     suggestion = f"{diagnosis} {frameworks.phrased(context, fix) or change}"
     return Finding(

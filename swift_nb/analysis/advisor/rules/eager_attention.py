@@ -70,9 +70,9 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         evidence=evidence,
         suggestion="Use fused attention: "
         + (
-            frameworks.phrased(context, fix)
+            frameworks.phrased(context, lambda rec: fix(rec, ev.tensors_on))
             or "F.scaled_dot_product_attention (flash backend) instead of softmax(q @ k.T) @ v; for Hugging "
-            "Face models attn_implementation='sdpa' or 'flash_attention_2'."
+            f"Face models attn_implementation={_implementations(ev.tensors_on)}."
         ),
         toggle="flash_attention",
         predicted_effect=effect,
@@ -81,13 +81,21 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     )
 
 
-def fix(rec: Recorded) -> str | None:
+def _implementations(tensors_on: str) -> str:
+    """The fused implementations a Hugging Face model can take on the run's device:
+    flash-attn's kernels run on CUDA only."""
+    return "'sdpa' or 'flash_attention_2' (with flash-attn)" if tensors_on == "cuda" else "'sdpa'"
+
+
+def fix(rec: Recorded, tensors_on: str = "cpu") -> str | None:
+    """The Trainer's model's setting, for the device the run's tensors were on."""
     if not rec.is_trainer:
         return None
     impl = (rec.model or {}).get("attn_implementation")
     model = f"`{rec.variable}.model`" if rec.variable else "the Trainer's model"
     now = f" (it runs {impl!r})" if impl else ""
+    flash = " ('flash_attention_2' with flash-attn)" if tensors_on == "cuda" else ""
     return (
         f"{model}{now}: call {model.strip('`')}.set_attn_implementation('sdpa') before training, or load it "
-        "with from_pretrained(..., attn_implementation='sdpa') ('flash_attention_2' with flash-attn on CUDA)."
+        f"with from_pretrained(..., attn_implementation='sdpa'){flash}."
     )

@@ -7,16 +7,11 @@ from typing import Any
 
 from swift_nb.analysis import effects
 from swift_nb.analysis.advisor import frameworks
-from swift_nb.analysis.advisor.evidence import FLOATING, Evidence, Thresholds
+from swift_nb.analysis.advisor.evidence import FLOATING, Evidence, Thresholds, applied
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.words import pct
 from swift_nb.analysis.findings import Finding
 from swift_nb.units import fmt_bytes
-
-
-def _toggled(context: Mapping[str, Any], toggle_id: str) -> bool:
-    """Whether the run had ``toggle_id`` applied (its context's toggle reports)."""
-    return any(isinstance(t, dict) and t.get("toggle") == toggle_id for t in context.get("toggles") or [])
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
@@ -25,7 +20,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     a loop of its own whose matmuls ran on fp32 inputs (the trace's recorded input types);
     not a run with the bf16_autocast toggle applied."""
     rec = frameworks.recorded(context)
-    if context.get("dtype", "float32") != "float32" or _toggled(context, "bf16_autocast"):
+    if context.get("dtype", "float32") != "float32" or applied(context, "bf16_autocast"):
         return None
     if rec is not None:
         if rec.mixed_precision() is not False:
@@ -49,14 +44,14 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         id="fp32_activations",
         title=f"Activations are kept in fp32: {pct(act / ev.peak_bytes)} % of peak tensor memory",
         evidence={
+            "activations_pct": pct(act / ev.peak_bytes),
+            "mixed_precision": mixed,
+            "weights_dtype": "float32",
             "activations_bytes": act,
             "peak_bytes": ev.peak_bytes,
-            "activations_pct": pct(act / ev.peak_bytes),
-            "weights_dtype": "float32",
-            "mixed_precision": mixed,
             "predicted_peak_bytes": predicted,
         },
-        suggestion=frameworks.phrased(context, fix)
+        suggestion=frameworks.phrased(context, lambda rec: fix(rec, ev.tensors_on))
         or (
             f"Run the forward pass under bf16 autocast (with torch.autocast({ev.tensors_on!r}, "
             "dtype=torch.bfloat16): …); "
@@ -75,14 +70,19 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     )
 
 
-def fix(rec: Recorded) -> str | None:
+def fix(rec: Recorded, tensors_on: str = "cpu") -> str | None:
+    """The setting to change, for the device the run's tensors were on (``tensors_on``)."""
     if rec.is_trainer:
         fp16 = "precision='16-mixed'" if rec.is_lightning else "fp16=True"
+        gpu = (
+            f" ({fp16} instead on GPUs without bfloat16; on GPUs the matrix multiplies also run at the 16-bit rate)"
+            if tensors_on == "cuda"
+            else ""
+        )
         return (
             f"Train in mixed precision: {frameworks.set_arguments(rec, bf16=True)}. The forward then runs under autocast in "
             "bfloat16 and the activations it keeps for backward take half the bytes; weights, gradients and "
-            f"optimizer state stay fp32 ({fp16} instead on GPUs without bfloat16; on GPUs the matrix "
-            "multiplies also run at the 16-bit rate)."
+            f"optimizer state stay fp32{gpu}."
         )
     return (
         f"Train in mixed precision: {frameworks.call('Accelerator', mixed_precision='bf16')} ({rec.name} has "

@@ -22,7 +22,7 @@ from typing import Any
 
 from swift_nb.analysis import effects
 from swift_nb.analysis.advisor import frameworks
-from swift_nb.analysis.advisor.evidence import ADAPTER_METHODS, Evidence, Thresholds, finetune
+from swift_nb.analysis.advisor.evidence import ADAPTER_METHODS, Evidence, Thresholds, applied, finetune
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.rules import activations
 from swift_nb.analysis.advisor.words import pct
@@ -34,12 +34,13 @@ from swift_nb.units import fmt_bytes
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
     opt = ev.at_peak("optimizer_state")
-    if not ev.peak_bytes or opt / ev.peak_bytes < th.optimizer_share:
+    # GaLore applied already: its state is what the finding would propose
+    if not ev.peak_bytes or opt / ev.peak_bytes < th.optimizer_share or applied(context, "galore"):
         return None
     evidence = {
+        "optimizer_pct": pct(opt / ev.peak_bytes),
         "optimizer_state_bytes": opt,
         "peak_bytes": ev.peak_bytes,
-        "optimizer_pct": pct(opt / ev.peak_bytes),
     }
     title = f"Optimizer state is {pct(opt / ev.peak_bytes)} % of peak tensor memory"
     method = finetune(context).get("method")

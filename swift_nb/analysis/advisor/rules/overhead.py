@@ -15,10 +15,19 @@ from swift_nb.analysis.findings import Finding
 
 #: the toggle that compiles the loop (an eager loop only: a compiled one already is)
 COMPILE = "torch_compile"
-FUSE = (
-    "use fewer Python-level ops (fuse them with torch.compile(model)), and on CUDA capture the step with "
-    "CUDA graphs (torch.compile(mode='reduce-overhead'))"
-)
+
+
+def fuse(ev: Evidence) -> str:
+    """Fewer, larger operators, in the run's terms: torch.compile for an eager loop, CUDA
+    graphs where the step runs on a GPU."""
+    if ev.compiled is not None:
+        return "use fewer Python-level ops outside the compiled code"
+    graphs = (
+        ", and capture the step with CUDA graphs (torch.compile(model, mode='reduce-overhead'))"
+        if ev.tensors_on == "cuda"
+        else ""
+    )
+    return f"use fewer Python-level ops (fuse them with torch.compile(model)){graphs}"
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
@@ -45,7 +54,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             title=f"Many tiny operators: {round(ev.ops_per_step)} per step, median {ev.median_op_us:.1f} µs",
             evidence=evidence,
             suggestion="The step is dominated by launch and Python overhead, not math: "
-            + (frameworks.phrased(context, fix) or f"raise the batch size, {FUSE}."),
+            + (frameworks.phrased(context, fix) or f"raise the batch size, {fuse(ev)}."),
             toggle=COMPILE if ev.compiled is None else None,
             predicted_effect=(
                 f"up to −{pct(light)} % step time (the part not spent in substantial operators, loading or "
@@ -81,7 +90,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             + " Make the step larger instead: "
             + (
                 frameworks.phrased(context, fix_tiny_step)
-                or f"raise the batch size so each step's fixed costs are shared by more samples, {FUSE}; for "
+                or f"raise the batch size so each step's fixed costs are shared by more samples, {fuse(ev)}; for "
                 "tensors already in memory, index a whole batch at once (x[idx]) instead of one __getitem__ "
                 "per sample."
             )
@@ -90,7 +99,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             f"up to −{pct(fixed)} % time per sample: the part of the step that is loading and Python between "
             "ops rather than the model's operators"
         ),
-        formula="t_sample' ≥ (t_step − t_data − t_untraced) / B: a larger batch, fused ops or CUDA graphs shrink only the overhead",
+        formula="t_sample' ≥ (t_step − t_data − t_untraced) / B: a larger batch or fused ops shrink only the overhead",
         severity="info",
     )
 

@@ -1,0 +1,433 @@
+"""What a reader sees for a key of a run's numbers: its label in words, and its value in
+its unit (``step_s`` 0.3037 → "Step time", "303.7 ms").
+
+Keys stay keys in run.json, in the summary and in the advisor's ``Finding`` and
+``Verdict`` objects; a table a person reads shows the label. Each key's label is written
+once, below, beside the key. A key without one reads as its words (``growth_bytes_per_step``
+→ "Growth per step", in bytes), never as the identifier itself: its unit is the unit word
+among its ``_``-separated words (``_s``, ``_ms``, ``_us``, ``_bytes``, ``_pct``, ``_j``,
+``_w``, ``_usd``; ``_per_s`` is a rate).
+
+Torch-free: the render layer and the notebook read it, and so may any later tool.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from swift_nb.units import fmt_bytes, fmt_seconds
+
+#: how a value is written: seconds, milliseconds, microseconds, bytes, a percentage (0–100),
+#: joules, watts, US dollars, dollars per hour, a count, a ratio (×), a tensor shape, or as
+#: it is ("")
+UNITS = ("s", "ms", "us", "bytes", "pct", "j", "w", "usd", "usd_per_hour", "count", "ratio", "shape", "")
+
+
+@dataclass(frozen=True)
+class Label:
+    """A key's label in words; ``unit``: how its value is written (one of ``UNITS``; None:
+    the unit word among the key's own words)."""
+
+    text: str
+    unit: str | None = None
+
+
+# fmt: off
+LABELS: dict[str, Label] = {
+    # the step and its parts (the verdict, the breakdown, the advisor's loader evidence)
+    "step": Label("Step", "count"),
+    "step_s": Label("Step time"),
+    "step_time_s": Label("Step time"),
+    "steps": Label("Steps", "count"),
+    "step_time_median_s": Label("Step time (median)"),
+    "step_time_p90_s": Label("Step time (90th percentile)"),
+    "step_time_median_all_s": Label("Step time with compiling steps (median)"),
+    "steps_per_s": Label("Steps per second", "count"),
+    "wall_s": Label("Wall time"),
+    "data_pct": Label("Data loading"),
+    "data_s": Label("Data loading"),
+    "forward_pct": Label("Forward"),
+    "forward_s": Label("Forward"),
+    "backward_pct": Label("Backward"),
+    "backward_s": Label("Backward"),
+    "optimizer_pct": Label("Optimizer"),
+    "optimizer_s": Label("Optimizer"),
+    "comm_pct": Label("Communication"),
+    "comm_s": Label("Communication"),
+    "h2d_pct": Label("Host-to-device copies"),
+    "h2d_s": Label("Host-to-device copies"),
+    "other_pct": Label("Other operators"),
+    "other_s": Label("Other operators"),
+    "untraced_pct": Label("Python between operators"),
+    "untraced_s": Label("Python between operators"),
+    "data_s_per_step": Label("Data loading per step"),
+    "data_in_ops_s_per_step": Label("… of it in torch operators"),
+    "data_in_python_s_per_step": Label("… of it in Python"),
+    "samples_per_batch": Label("Samples per batch", "count"),
+    "data_s_per_sample": Label("Data loading per sample"),
+    "loaded_by": Label("Batches loaded by"),
+    "ops_per_step": Label("Operators per step", "count"),
+    "median_op_us": Label("Median operator self time"),
+    "heavy_op_pct": Label("Step time in substantial operators"),
+    "outside_ops_pct": Label("Step time outside operators"),
+    "overhead_pct": Label("Step time that is overhead"),
+    "batch": Label("Samples per batch", "count"),
+    # memory
+    "peak_mem_bytes": Label("Peak tensor memory"),
+    "peak_bytes": Label("Peak tensor memory"),
+    "peak_rss_bytes": Label("Peak resident memory (RSS)"),
+    "limit_bytes": Label("Device memory"),
+    "predicted_peak_bytes": Label("Predicted peak tensor memory"),
+    "predicted_peak_bytes_4bit": Label("Predicted peak, base in 4 bits"),
+    "activations_bytes": Label("Activations at the peak"),
+    "activations_pct": Label("Activations' share of the peak"),
+    "optimizer_state_bytes": Label("Optimizer state at the peak"),
+    "growth_bytes_per_step": Label("Growth per step"),
+    "measured_by": Label("Measured by"),
+    "category": Label("Category"),
+    "at_peak_bytes": Label("At the peak"),
+    "max_bytes": Label("Most at any time"),
+    "share_pct": Label("Share of the peak"),
+    "blocks": Label("Repeated blocks", "count"),
+    "blocks_from": Label("Blocks counted from"),
+    # attention
+    "attention_seq": Label("Attention sequence length", "count"),
+    "seq_len": Label("Sequence length", "count"),
+    "score_shape": Label("Score matrix shape", "shape"),
+    "attention_calls_per_step": Label("Attention calls per step", "count"),
+    "score_matrix_bytes": Label("One score matrix"),
+    "score_bytes_at_peak": Label("Score matrices alive at the peak"),
+    "score_tensors_kept_at_peak": Label("Score matrices kept for backward at the peak", "count"),
+    "score_temporaries_at_peak": Label("Score-sized temporaries at the peak", "count"),
+    "peak_saved_bytes": Label("Peak saved without them"),
+    # precision
+    "weights_dtype": Label("Weights' dtype"),
+    "mixed_precision": Label("Mixed precision"),
+    "base_dtype": Label("Base model's dtype"),
+    "dtype": Label("Parameter dtype"),
+    "tensors_on": Label("Tensors on"),
+    "simt_sgemm_s": Label("fp32 matrix multiplies on CUDA cores"),
+    "simt_sgemm_pct_of_gemm": Label("Share of all matrix multiplies"),
+    "gemm_s": Label("Matrix multiplies"),
+    # fine-tuning
+    "method": Label("Fine-tuning method"),
+    "rank": Label("Rank", "count"),
+    "target_modules": Label("Adapted modules"),
+    "adapted_layers": Label("Adapted layers", "count"),
+    "trainable_params": Label("Trainable parameters", "count"),
+    "lora_adapter_params": Label("LoRA adapter parameters", "count"),
+    "lora_optimizer_state_bytes": Label("Optimizer state with LoRA"),
+    "lora_saved_bytes": Label("Saved with LoRA"),
+    "lora_saved_pct": Label("Saved with LoRA, share of the peak"),
+    "lora_shapes": Label("LoRA layers' shapes from"),
+    "lora_dropout": Label("LoRA dropout", "count"),
+    "checkpointing": Label("Gradient checkpointing"),
+    "use_reentrant": Label("Reentrant checkpointing"),
+    "frozen_parameters_bytes": Label("Frozen parameters"),
+    "frozen_pct": Label("Frozen parameters' share of the peak"),
+    "base_frozen_bytes": Label("Frozen base in fp32"),
+    "frozen_models": Label("Frozen models"),
+    "model": Label("Model"),
+    "requires_grad_params": Label("Parameters requiring grad", "count"),
+    "optimized_params": Label("Parameters the optimizers hold", "count"),
+    "untrained_params": Label("Parameters nothing trains", "count"),
+    "untrained_gradient_bytes": Label("Their gradients"),
+    "confidence": Label("Confidence"),
+    # communication and ranks
+    "world_size": Label("Ranks", "count"),
+    "exposed_comm_pct": Label("Exposed communication"),
+    "exposed_comm_s_per_step": Label("Exposed communication per step"),
+    "exposed_comm_s": Label("Exposed communication"),
+    "collective_pct": Label("Time in collectives"),
+    "collective_s": Label("Time in collectives"),
+    "gradient_bytes": Label("Gradients synchronised per step"),
+    "gradient_bytes_from": Label("Gradient bytes from"),
+    "allreduce_wire_bytes_per_step": Label("All-reduce bytes sent per rank and step"),
+    "measured_wire_bytes_per_step": Label("Bytes sent per step, measured"),
+    "kind": Label("Kind"),
+    "calls_per_step": Label("Calls per step", "count"),
+    "bytes_per_step": Label("Payload per step"),
+    "wire_bytes_per_step": Label("Sent per step"),
+    "time_s_per_step": Label("Time per step"),
+    "bus_bandwidth": Label("Bus bandwidth"),
+    "step_pct": Label("Share of the step"),
+    "optimizer_share": Label("Share in the optimizer", "ratio"),
+    "overlap_share": Label("Overlapped with compute", "ratio"),
+    "time_source": Label("Time from"),
+    "work_s": Label("Work per step"),
+    "work_over_median_pct": Label("Work over the median"),
+    "step_over_median_pct": Label("Step over the median"),
+    "straggler": Label("Straggler"),
+    # the GPU's window
+    "window_s": Label("GPU window"),
+    "device_idle_pct": Label("GPU idle"),
+    "device_compute_pct": Label("GPU computing"),
+    "device_non_compute_pct": Label("GPU busy without compute"),
+    "comm_compute_overlap_pct": Label("Communication overlapped by compute"),
+    "idle_pct": Label("Idle"),
+    "compute_pct": Label("Computing"),
+    "non_compute_pct": Label("Busy without compute"),
+    "idle_s": Label("Idle"),
+    "communication_s": Label("Waiting on communication"),
+    "overhead_s": Label("Waiting on the host"),
+    "copy_s": Label("Copying"),
+    "comm_wait_s": Label("Idle: waiting on communication"),
+    "sync_s": Label("Idle: synchronisation stalls"),
+    "host_bound_s": Label("Idle: launch gaps"),
+    "launch_gap_s": Label("Launch gaps"),
+    "launch_gap_pct": Label("Launch gaps' share of the window"),
+    "kernels_per_step": Label("Kernels per step", "count"),
+    "kernel_median_us": Label("Median kernel"),
+    "device_time_s": Label("Device time"),
+    "count": Label("Count", "count"),
+    "time_s": Label("Time"),
+    "time_pct": Label("Share of device time"),
+    "pageable_copies": Label("Copies from pageable memory", "count"),
+    "pageable_copy_s": Label("Time in those copies"),
+    "idle_in_copy_calls_s": Label("GPU idle in copy calls"),
+    "sync_stall_s": Label("Synchronisation stalls"),
+    "sync_stall_pct": Label("Stalls' share of the window"),
+    "sync_calls": Label("Synchronising calls", "count"),
+    "sync_calls_per_step": Label("Synchronising calls per step", "count"),
+    "callers": Label("Made by"),
+    "call_sites": Label("In your code at"),
+    # torch.compile
+    "compile_s": Label("Compiling"),
+    "compile_pct": Label("Compiling's share of the steps"),
+    "compile_pct_of_steps": Label("Compiling's share of the steps"),
+    "compiling_steps": Label("Steps that compiled", "count"),
+    "compile_in_steady_steps": Label("Compiling in the steady steps"),
+    "steady_step_s": Label("Steady step time"),
+    "steady_verdict": Label("The steady steps are"),
+    "eager_step_s": Label("Eager step time"),
+    "pays_back_after_steps": Label("Pays back after", "count"),
+    "recompiles": Label("Recompiles", "count"),
+    "recompile_s": Label("Recompiling"),
+    "recompile_pct_of_steps": Label("Recompiling's share of the steps"),
+    "guards": Label("Guards that failed"),
+    "graph_breaks": Label("Graph breaks", "count"),
+    "where": Label("Where"),
+    "reasons": Label("Why"),
+    # operators
+    "name": Label("Name"),
+    "calls": Label("Calls", "count"),
+    "self_time_s": Label("Self time"),
+    "total_time_s": Label("Total time"),
+    "self_pct": Label("Share of self time"),
+    "alloc_bytes": Label("Allocated"),
+    "input_shapes": Label("Input shapes"),
+    "compiled": Label("Compiled"),
+    # utilisation, throughput
+    "mean_util_pct": Label("Utilisation (mean)"),
+    "peak_util_pct": Label("Utilisation (peak)"),
+    "samples_per_s": Label("Samples per second", "count"),
+    "tokens_per_s": Label("Tokens per second", "count"),
+    # energy and cost
+    "energy_j": Label("Energy"),
+    "energy_per_step_j": Label("Energy per step"),
+    "avg_power_w": Label("Average power"),
+    "cost_usd": Label("Cost"),
+    "cost_per_1k_steps_usd": Label("Cost per 1 000 steps"),
+    "idle_cost_per_1k_steps_usd": Label("Idle cost per 1 000 steps"),
+    "energy_cost_usd": Label("Energy cost"),
+    "price_per_hour": Label("Price per hour", "usd_per_hour"),
+    # a comparison's rows
+    "variant": Label("Variant"),
+    "status": Label("Status"),
+    "step_time_ratio": Label("Step time × baseline", "ratio"),
+    "peak_mem_ratio": Label("Peak memory × baseline", "ratio"),
+    "predicted": Label("Predicted"),
+    "notes": Label("Notes"),
+    "ranks": Label("Ranks", "count"),
+    "step_time_max_rank_s": Label("Slowest rank's step"),
+    "peak_mem_max_rank_bytes": Label("Largest rank peak"),
+    "collective_share_max_rank": Label("Most time in collectives", "ratio"),
+    # where the run ran (report.html's environment and context)
+    "python": Label("Python"),
+    "torch": Label("torch"),
+    "cuda": Label("CUDA"),
+    "platform": Label("Platform"),
+    "host": Label("Host"),
+    "cpu_count": Label("CPU cores", "count"),
+    "mem_total_bytes": Label("Memory"),
+    "device": Label("Device"),
+    "devices": Label("Devices"),
+    "gpu": Label("GPU"),
+    "toggles": Label("Toggles"),
+    "finetune": Label("Fine-tuning"),
+    "optimizer": Label("Optimizer"),
+    "params": Label("Parameters", "count"),
+    "batch_size": Label("Batch size", "count"),
+    "num_workers": Label("DataLoader workers", "count"),
+    "nnodes": Label("Nodes", "count"),
+}
+# fmt: on
+
+#: labels of a key within one finding, where the key alone says less (``optimizer_pct`` is
+#: a share of the step in the verdict, of the peak in the optimizer-state finding)
+WITHIN: dict[tuple[str, str], Label] = {
+    ("optimizer_state", "optimizer_pct"): Label("Optimizer state's share of the peak"),
+}
+
+#: a key's words that are its unit, and how they read
+_UNIT_WORDS = {
+    "s": "s",
+    "ms": "ms",
+    "us": "us",
+    "bytes": "bytes",
+    "pct": "pct",
+    "j": "j",
+    "w": "w",
+    "usd": "usd",
+}
+#: words a fallback label spells out
+_WORDS = {
+    "util": "utilisation",
+    "comm": "communication",
+    "mem": "memory",
+    "h2d": "host-to-device",
+    "d2h": "device-to-host",
+    "avg": "average",
+    "num": "number of",
+    "params": "parameters",
+    "seq": "sequence",
+    "len": "length",
+    "op": "operator",
+    "ops": "operators",
+    "1k": "1 000",
+    "max": "most",
+    "min": "least",
+    "n": "number of",
+}
+
+
+def label(key: str, within: str | None = None) -> str:
+    """What a reader sees for ``key`` (``within``: the finding it belongs to, when a label
+    is written for it there)."""
+    found = WITHIN.get((within, key)) if within else None
+    found = found or LABELS.get(key)
+    return found.text if found is not None else _words(key)
+
+
+def unit(key: str) -> str:
+    """How ``key``'s value is written (one of ``UNITS``)."""
+    found = LABELS.get(key)
+    if found is not None and found.unit is not None:
+        return found.unit
+    words = key.lower().split("_")
+    for i, word in enumerate(words):
+        if word == "per" and i + 1 < len(words) and words[i + 1] == "s":
+            return "count"  # a rate: steps_per_s
+        if word in _UNIT_WORDS and not (word == "s" and i > 0 and words[i - 1] == "per"):
+            return _UNIT_WORDS[word]
+    return ""
+
+
+def _words(key: str) -> str:
+    """A key without a label, in words: its unit words dropped, abbreviations spelled out."""
+    words = key.split("_")
+    kept = [w for i, w in enumerate(words) if not (w.lower() in _UNIT_WORDS and not _rate(words, i))]
+    if kept and kept[-1] == "per":  # "growth_bytes_per_step" keeps "per step"; a bare "per" is not
+        kept.pop()
+    spelled = ["second" if w == "s" else _WORDS.get(w.lower(), w) for w in kept if w]
+    text = " ".join(spelled) or key.replace("_", " ")
+    return text[:1].upper() + text[1:]
+
+
+def _rate(words: list[str], i: int) -> bool:
+    return words[i] == "s" and i > 0 and words[i - 1] == "per"
+
+
+def is_missing(value: Any) -> bool:
+    """Whether ``value`` is absent: None or NaN."""
+    return value is None or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value)
+    )
+
+
+def value_text(key: str, value: Any) -> str:
+    """``value`` of ``key`` as a reader sees it: in its unit, lists and mappings as short
+    text (``aten::item 12, aten::nonzero 3``), "–" when absent."""
+    if is_missing(value):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    kind = unit(key)
+    if isinstance(value, numbers.Real):
+        return number_text(float(value), kind, isinstance(value, numbers.Integral))
+    if isinstance(value, Mapping):
+        return (
+            ", ".join(
+                f"{k} {value_text(key, v) if isinstance(v, numbers.Real) else _plain(v)}"
+                for k, v in value.items()
+            )
+            or "–"
+        )
+    if isinstance(value, (list, tuple)):
+        if kind == "shape" or (value and all(isinstance(v, numbers.Integral) for v in value)):
+            return " × ".join(str(v) for v in value) if kind == "shape" else ", ".join(str(v) for v in value)
+        return "; ".join(_plain(v) for v in value) or "–"
+    return str(value)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value) if not isinstance(value, (set, frozenset)) else json.dumps(sorted(map(str, value)))
+
+
+def number_text(value: float, kind: str, integral: bool = False) -> str:
+    """A number in ``kind`` (one of ``UNITS``): ``303.7 ms``, ``22.8 MiB``, ``69.4 %``, ``1.2 kJ``, ``$0.042``."""
+    if math.isnan(value):
+        return "–"
+    if kind == "s":
+        return fmt_seconds(value)
+    if kind == "ms":
+        return fmt_seconds(value / 1e3)
+    if kind == "us":
+        return fmt_seconds(value / 1e6)
+    if kind == "bytes":
+        return fmt_bytes(value)
+    if kind == "pct":
+        return pct_text(value)
+    if kind == "j":
+        return _si(value, "J")
+    if kind == "w":
+        return _si(value, "W")
+    if kind == "usd":
+        return usd_text(value)
+    if kind == "usd_per_hour":
+        return f"{usd_text(value)}/h"
+    if kind == "ratio":
+        return f"{value:.2f}×"
+    if integral or value == int(value):
+        # 1024 as the trace writes it; 281,984 grouped
+        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def pct_text(value: float) -> str:
+    """A percentage with one decimal, a whole one without: ``69.4 %``, ``0 %``."""
+    rounded = round(float(value), 1)
+    return f"{rounded:.0f} %" if rounded == int(rounded) else f"{rounded:.1f} %"
+
+
+def usd_text(value: float) -> str:
+    """Dollars to the cent, small amounts to two significant digits: ``$12.30``, ``$0.0042``."""
+    if value != 0 and abs(value) < 0.01:
+        return f"${value:.2g}"
+    return f"${value:,.2f}"
+
+
+def _si(value: float, unit_name: str) -> str:
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit_name}"
+    return f"{value:.3g} {unit_name}"
