@@ -24,6 +24,7 @@ from swift_nb.render.timeline_view import DATA_ID, SOURCES, embedded_html, scrip
 from swift_nb.reporting import report
 
 COST_RUN = Path(__file__).parent / "data" / "cost_run"
+GPU = Path(__file__).parent / "data" / "gpu"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -167,3 +168,48 @@ def test_the_static_png_of_the_timeline(run):
     assert part.png.startswith(PNG)
     axes = part.figure.axes
     assert len(axes) == len(part.timeline.tracks)
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory):
+    """A recorded GPU trace and a job's two ranks, imported."""
+    out = tmp_path_factory.mktemp("gpu_runs")
+    single = swift_nb.import_trace(GPU / "gpu_1rank_5steps.json.gz", out, report=False)
+    ranks = [GPU / f"gpu_128ranks_rank{r}.json.gz" for r in (0, 1)]
+    return single, swift_nb.import_trace(ranks, out, report=False)
+
+
+def test_an_op_and_the_kernels_it_launched(gpu_runs):
+    widget = TimelineWidget(gpu_runs[0])
+    assert "gpu" in set(widget.timeline.tracks["kind"])
+    hits = widget.timeline.search("aten::addmm")
+    op = hits.iloc[0]
+    reply, _ = _ask(widget, op="detail", track=op.track, depth=int(op.depth), t_us=float(op.start_us) + 0.01)
+    launches = reply["detail"]["launches"]
+    assert launches and all(k["track"].startswith("gpu:") for k in launches)
+    kernel = launches[0]
+    back, _ = _ask(
+        widget, op="detail", track=kernel["track"], depth=kernel["depth"], t_us=kernel["start_us"] + 0.01
+    )
+    assert back["detail"]["launched_by"]["track"] == op.track  # the runtime call on the op's thread
+    json.dumps([reply, back])
+
+
+def test_a_job_has_a_rank_selector_and_past_16_ranks_an_overview(gpu_runs):
+    job = gpu_runs[1]
+    widget = TimelineWidget(job)
+    assert widget.ranks == [0, 1] and widget.rank == 0
+    reply, _ = _ask(widget, op="rank", rank=1)
+    assert reply["rank"] == widget.rank == 1 and reply["initial"]["items"]["start"]
+    _, buffers = _ask(widget, op="trace")
+    assert buffers == [job.rank_trace_paths()[1].read_bytes()]
+
+    # the same two traces as 18 ranks: a summary track per rank, a rank opens into its detail
+    job.files.update({f"trace_rank{r}": job.files["trace_rank1"] for r in range(2, 18)})
+    wide = TimelineWidget(job)
+    assert wide.overview and wide.rank == -1 and len(wide.ranks) == 18
+    assert [t["track"] for t in wide.initial["tracks"]] == [f"rank:{r}" for r in range(18)]
+    reply, _ = _ask(wide, op="rank", rank=5)
+    assert not wide.overview and {t["kind"] for t in reply["initial"]["tracks"]} >= {"cpu", "gpu"}
+    reply, _ = _ask(wide, op="rank", rank=-1)
+    assert wide.overview and len(reply["initial"]["tracks"]) == 18
