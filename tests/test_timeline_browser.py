@@ -98,19 +98,68 @@ def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
     assert before["start"] < zoomed["start"] < zoomed["end"] < before["end"]
     assert _hover_an_op(page, root, "aten::").startswith("aten::")
 
+    root.focus()
+    page.keyboard.press("d")  # pan right, as in Perfetto
+    panned = _state(root)
+    assert panned["start"] > zoomed["start"]
+    assert panned["end"] - panned["start"] == pytest.approx(zoomed["end"] - zoomed["start"])
+    page.keyboard.press("w")  # zoom in
+    assert _state(root)["end"] - _state(root)["start"] < panned["end"] - panned["start"]
+
+    search = root.locator(".swift-tl-search")
+    search.fill("aten::mm")
+    page.wait_for_function("() => /found/.test(document.querySelector('.swift-tl-found').textContent)")
+    search.press("Enter")  # the first match, in view
+    hit = _state(root)
+    assert _hover_an_op(page, root, "aten::mm") == "aten::mm"
+
     place = root.locator(".swift-tl-place").first  # the slowest step
     place.click()
     page.wait_for_timeout(300)
     moved = _state(root)
-    assert (moved["start"], moved["end"]) != (zoomed["start"], zoomed["end"])
+    assert (moved["start"], moved["end"]) != (hit["start"], hit["end"])
     page.screenshot(path=tmp_path / "report_timeline.png")
     assert attempted == [] and problems == []
     page.close()
 
 
+# Stands in for ui.perfetto.dev (served by Playwright's router: no network): answers PING
+# with PONG, as Perfetto does, and shows what it was posted.
+FAKE_PERFETTO = """<!DOCTYPE html><title>waiting</title><script>
+addEventListener('message', (ev) => {
+  if (ev.data === 'PING') { ev.source.postMessage('PONG', '*'); return; }
+  const p = ev.data && ev.data.perfetto;
+  if (p) document.title = `trace ${p.buffer.byteLength} ${p.fileName}`;
+});
+</script>"""
+
+
+def test_open_in_perfetto_posts_the_trace_after_pong(browser, tmp_path):  # noqa: F811
+    shutil.copytree(COST_RUN, tmp_path / "run")
+    report(tmp_path / "run")
+    context = browser.new_context()
+    context.route(
+        "https://ui.perfetto.dev/**",
+        lambda route: route.fulfill(status=200, content_type="text/html", body=FAKE_PERFETTO),
+    )
+    page = context.new_page()
+    page.goto((tmp_path / "run" / "report.html").as_uri())
+    page.wait_for_function("() => document.querySelector('.swift-tl')?.dataset.painted === '1'")
+    with context.expect_page() as opened:
+        page.locator(".swift-tl-perfetto").click()
+    perfetto = opened.value
+    perfetto.wait_for_function("() => document.title.startsWith('trace ')", timeout=20_000)
+    size = int(perfetto.title().split()[1])
+    assert size > 1000  # the report's events as a Chrome trace
+    context.close()
+
+
 def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
     base, token, root_dir = lab
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
+        metadata={"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+    )
     nbformat.write(nb, root_dir / NOTEBOOK)
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.set_default_timeout(600_000)
@@ -129,6 +178,7 @@ def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
     )
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     outcome = page.wait_for_function(ALL_CELLS_RAN, polling=500).json_value()
+    page.screenshot(path=tmp_path / "notebook.png", full_page=True)
     assert outcome == "done", page.inner_text(".jp-Notebook")
 
     results = page.locator(".swift-nb-results").first
