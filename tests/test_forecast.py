@@ -476,7 +476,8 @@ def test_the_panel_form_forecasts_without_rerunning(tmp_path):
 
     run = _tiny_loop(out_dir=tmp_path, report=False)
     form = ForecastForm(run)
-    assert form.batch.value == 0 and form.optimizer.value == "AdamW"  # the run's own, to start from
+    # the run's own configuration to start from: the traced batch and sequence, its dtype and optimizer
+    assert (form.batch.value, form.seq.value, form.dtype.value, form.optimizer.value) == (2, 64, "float32", "AdamW")
     form.device.value, form.batch.value = "T4-16GB", 64
     first = form.press()
     assert first is not None and first == forecast(

@@ -2,8 +2,10 @@
 batch, sequence, dtype, optimizer, toggles, ranks) over a run already measured; each press
 adds a configuration to the table and the bars, without rerunning anything.
 
-The run is measured (its trace read) on the first press only, so a panel that never uses
-the form costs nothing."""
+The form opens at the run's own configuration: its batch, sequence, dtype and optimizer as
+the context recorded them, the batch and sequence otherwise as the traced inputs show them
+(the trace's cached tables, read when the panel opens); toggles and ranks are levers on top
+of the run as measured. The run's memory is measured on the first press only."""
 
 from __future__ import annotations
 
@@ -13,12 +15,29 @@ import ipywidgets as widgets
 
 from swift_nb import vocabulary
 from swift_nb.analysis.forecast import DEVICES, OPTIMIZERS, Forecast, Measured, forecast, measure
+from swift_nb.analysis.throughput import batch_and_seq
+from swift_nb.analysis.trace import load_trace
 from swift_nb.devices import DEFAULT_DEVICE
-from swift_nb.errors import ConfigError
+from swift_nb.errors import ConfigError, RecordError
 from swift_nb.record import Run
 from swift_nb.render.forecast import forecast_section
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def own_shape(run: Run) -> tuple[int | None, int | None]:
+    """The run's batch size and sequence length: as its context recorded them, else as its
+    traced inputs show them (``throughput.batch_and_seq``); None where neither tells."""
+    ctx = run.context
+    batch, seq = ctx.get("batch_size"), ctx.get("seq_len")
+    if (batch is None or seq is None) and run.trace_path is not None:
+        try:
+            traced = batch_and_seq(load_trace(run).events)
+        except RecordError:  # a damaged trace: the form opens without those sizes
+            traced = (None, None)
+        batch = batch if batch is not None else traced[0]
+        seq = seq if seq is not None else traced[1]
+    return (int(batch) if batch else None, int(seq) if seq else None)
 
 
 def has_memory(run: Run) -> bool:
@@ -35,13 +54,10 @@ class ForecastForm:
         self.forecasts: list[Forecast] = []
         ctx = run.context
         self.device = widgets.Dropdown(options=list(DEVICES), value=DEFAULT_DEVICE, description="device")
-        # 0: the run's own batch or sequence length (measured from the trace on the first press)
-        self.batch = widgets.BoundedIntText(
-            value=int(ctx.get("batch_size") or 0), min=0, max=1 << 20, description="batch"
-        )
-        self.seq = widgets.BoundedIntText(
-            value=int(ctx.get("seq_len") or 0), min=0, max=1 << 24, description="seq"
-        )
+        batch, seq = own_shape(run)
+        # 0 stands for a size the run did not show: the forecast then takes the run's own
+        self.batch = widgets.BoundedIntText(value=batch or 0, min=0, max=1 << 20, description="batch")
+        self.seq = widgets.BoundedIntText(value=seq or 0, min=0, max=1 << 24, description="seq")
         dtype = str(ctx.get("dtype") or "float32")
         self.dtype = widgets.Dropdown(
             options=DTYPES, value=dtype if dtype in DTYPES else "float32", description="dtype"
