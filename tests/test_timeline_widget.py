@@ -213,3 +213,16 @@ def test_a_job_has_a_rank_selector_and_past_16_ranks_an_overview(gpu_runs):
     assert not wide.overview and {t["kind"] for t in reply["initial"]["tracks"]} >= {"cpu", "gpu"}
     reply, _ = _ask(wide, op="rank", rank=-1)
     assert wide.overview and len(reply["initial"]["tracks"]) == 18
+
+
+def test_a_damaged_trace_costs_the_timeline_alone(run):
+    run.trace_path.write_bytes(b"\x1f\x8b not a gzip stream")
+    reported = report(run.path)
+    why = "The trace&#x27;s timeline could not be drawn"
+    assert why in (run.path / "report.html").read_text("utf-8")
+    part = _timeline_part(reported.sections)
+    (output,) = part.outputs()
+    assert "could not be drawn" in output["text/plain"]
+    tab = dict(zip(TABS, results_panel(reported.run, reported.sections).children[1].children, strict=True))
+    assert any(why in getattr(w, "value", "") for w in tab["Timeline"].children)
+    assert not any(isinstance(w, TimelineWidget) for w in tab["Timeline"].children)

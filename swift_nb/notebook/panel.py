@@ -22,8 +22,9 @@ from IPython.display import display
 from swift_nb.notebook.forecast_form import ForecastForm, has_memory
 from swift_nb.notebook.timeline_widget import TimelineWidget
 from swift_nb.record import Run
+from swift_nb.render.html import empty
 from swift_nb.render.sections import TABS, FigurePart, Section
-from swift_nb.render.sections.timeline import TimelinePart
+from swift_nb.render.sections.timeline import TimelinePart, not_drawn
 from swift_nb.render.tables import summary_html, summary_text
 from swift_nb.units import fmt_bytes
 
@@ -144,7 +145,7 @@ def _html(value: str) -> widgets.HTML:
 
 def _section_widgets(section: Section, viewers: list[TimelineWidget]) -> list[widgets.Widget]:
     """A section's parts as widgets; the trace's timeline as its widget (kept in
-    ``viewers``), or as its image where the widget cannot be made."""
+    ``viewers``)."""
     out: list[widgets.Widget] = []
     html = [f"<h4>{escape(section.title)}</h4>"]
     for part in section.parts:
@@ -153,10 +154,8 @@ def _section_widgets(section: Section, viewers: list[TimelineWidget]) -> list[wi
             continue
         out.append(_html("".join(html)))
         html = []
-        viewer = _timeline_widget(part) if isinstance(part, TimelinePart) else None
-        if viewer is not None:
-            viewers.append(viewer)
-            out.append(viewer)
+        if isinstance(part, TimelinePart):
+            out.append(_timeline_widget(part, viewers))
         else:
             out.append(widgets.Image(value=part.png, format="png", layout=widgets.Layout(max_width="100%")))
         out.append(_html(f"<div class='caption'>{escape(part.caption)}</div>"))
@@ -165,12 +164,14 @@ def _section_widgets(section: Section, viewers: list[TimelineWidget]) -> list[wi
     return out
 
 
-def _timeline_widget(part: TimelinePart) -> TimelineWidget | None:
-    assert part.run is not None
+def _timeline_widget(part: TimelinePart, viewers: list[TimelineWidget]) -> widgets.Widget:
+    """The trace's timeline widget (kept in ``viewers``), or why there is none."""
     try:
-        return TimelineWidget(part.run, timeline=part.timeline, places=part.places)
-    except Exception:  # its image stands in for it (drawn from the same trace, or saying why not)
-        return None
+        viewer = TimelineWidget(part.run, timeline=part.timeline, places=part.places)
+    except Exception as e:  # the rest of the panel stands without it
+        return _html(empty(not_drawn(e)))
+    viewers.append(viewer)
+    return viewer
 
 
 def show_static(run: Run, sections: Sequence[Section]) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -17,45 +17,78 @@ from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.timeline import Timeline
 from swift_nb.analysis.timeline_places import places as finding_places
 from swift_nb.record import Run
-from swift_nb.render.figures import timeline_figure
+from swift_nb.render.figures import figure_png, timeline_figure
 from swift_nb.render.html import empty
-from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind
+from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, figure_outputs
 from swift_nb.render.sections.figure_cache import figure_key
 from swift_nb.render.tables import absent_text, is_imported
 from swift_nb.render.timeline_view import embedded_html
 from swift_nb.render.timeline_view import timeline_figure as trace_figure
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 #: titles of the places that are not a finding's
 PLACE_TITLES = {"slowest_step": "slowest step", "oom": "last allocations before the OOM"}
 
 
-@dataclass
-class TimelinePart(FigurePart):
-    """The trace's timeline: in report.html the viewer with the events embedded
-    (``html``), as an image the whole timeline (``png``); the results panel puts the
-    widget in its place. ``places``: the findings' windows the viewer zooms to. The
-    timeline is read when first needed, once for the report and the panel."""
+#: what the report and the notebook say under the timeline
+CAPTION = (
+    "The trace's tracks: CPU threads (ops nested), GPU streams, DataLoader workers, the steps, "
+    "and memory and utilisation as counters. Wheel or pinch to zoom, drag to pan, W/A/S/D, "
+    "click for details."
+)
 
-    run: Run | None = None
+
+@dataclass
+class TimelinePart:
+    """The trace's timeline among a section's parts: in report.html the viewer with the
+    events embedded (``html``); in static outputs a PNG of the whole timeline
+    (``outputs``); the results panel puts the widget in its place. Not a figure of the
+    figure cache (``key`` None): the report keeps no image of it to reuse. ``places``: the
+    findings' windows the viewer zooms to. The timeline is read when first needed, once for
+    the report and the panel."""
+
+    run: Run
     findings: Sequence[Finding] = field(default_factory=list)
+    alt: str = "The trace's timeline"
+    caption: str = CAPTION
+    key: None = None
 
     @cached_property
     def timeline(self) -> Timeline:
-        assert self.run is not None
         return Timeline.of_run(self.run)
 
     @cached_property
     def places(self) -> list[dict[str, Any]]:
-        assert self.run is not None
         return place_list(self.run, self.findings)
 
+    @cached_property
+    def figure(self) -> Figure:
+        return trace_figure(self.timeline)
+
+    @cached_property
+    def png(self) -> bytes:
+        return figure_png(self.figure)
+
+    def outputs(self) -> list[dict[str, str]]:
+        try:
+            png = self.png
+        except Exception as e:  # the other outputs stand without it
+            why = not_drawn(e)
+            return [{"text/html": empty(why), "text/plain": why}]
+        return figure_outputs(png, self.alt, self.caption)
+
     def html(self) -> str:
-        assert self.run is not None
         try:
             viewer = embedded_html(self.timeline, self.places, self.run.label or self.run.id)
         except Exception as e:  # the rest of the report stands without its timeline
-            return empty(f"The trace's timeline could not be drawn ({type(e).__name__}: {e}).")
+            return empty(not_drawn(e))
         return f"{viewer}<p class='caption'>{escape(self.caption)}</p>"
+
+
+def not_drawn(error: Exception) -> str:
+    return f"The trace's timeline could not be drawn ({type(error).__name__}: {error})."
 
 
 def place_list(run: Run, findings: Iterable[Finding]) -> list[dict[str, Any]]:
@@ -70,23 +103,11 @@ def place_list(run: Run, findings: Iterable[Finding]) -> list[dict[str, Any]]:
     ]
 
 
-def trace_part(inputs: ReportInputs) -> TimelinePart:
+def build(inputs: ReportInputs) -> list[Part | TimelinePart]:
     run = inputs.run
-    part = TimelinePart(
-        lambda: trace_figure(part.timeline),
-        "The trace's timeline",
-        "The trace's tracks: CPU threads (ops nested), GPU streams, DataLoader workers, the steps, "
-        "and memory and utilisation as counters. Wheel or pinch to zoom, drag to pan, W/A/S/D, "
-        "click for details.",
-        run=run,
-        findings=list(inputs.findings or []),
+    parts: list[Part | TimelinePart] = (
+        [TimelinePart(run, list(inputs.findings or []))] if run.trace_path is not None else []
     )
-    return part
-
-
-def build(inputs: ReportInputs) -> list[Part]:
-    run = inputs.run
-    parts: list[Part] = [trace_part(inputs)] if run.trace_path is not None else []
     peaks = (
         pd.to_numeric(run.steps["peak_tensor_bytes"], errors="coerce")
         if "peak_tensor_bytes" in run.steps
