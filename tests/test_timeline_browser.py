@@ -49,16 +49,18 @@ def _state(root) -> dict:
 
 
 def _hover_an_op(page, root, prefix: str) -> str:
-    """Move over the canvas's middle column, row by row, until the hover names an op
+    """Move over the canvas, row by row in a few columns, until the hover names an op
     starting with ``prefix``; returns that name (or the last hover)."""
+    root.scroll_into_view_if_needed()
     box = root.locator("canvas").bounding_box()
-    x = box["x"] + 160 + (box["width"] - 160) / 2
     hovered = ""
-    for dy in range(20, int(box["height"]), 7):
-        page.mouse.move(x, box["y"] + dy)
-        hovered = root.get_attribute("data-hover") or ""
-        if hovered.startswith(prefix):
-            break
+    for fraction in (0.5, 0.35, 0.65, 0.2, 0.8):
+        x = box["x"] + 160 + (box["width"] - 160) * fraction
+        for dy in range(20, int(min(box["height"], 400)), 7):
+            page.mouse.move(x, box["y"] + dy)
+            hovered = root.get_attribute("data-hover") or ""
+            if hovered.startswith(prefix):
+                return hovered
     return hovered
 
 
@@ -205,6 +207,15 @@ def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
     assert zoomed["items"] > 0
     assert _hover_an_op(page, root, "aten::").startswith("aten::")
     results.screenshot(path=tmp_path / "timeline_tab.png")
+
+    cells = "() => window.jupyterapp.shell.currentWidget.content.widgets.length"
+    before = page.evaluate(cells)
+    root.click(position={"x": 300, "y": 40})
+    for key in ("d", "d", "a", "s"):  # the viewer's keys, not the notebook's (delete cell, insert, save)
+        page.keyboard.press(key)
+    assert page.evaluate(cells) == before
+    assert _state(root)["start"] != zoomed["start"]
+    zoomed = _state(root)
 
     tabs.filter(has_text="Advice").click()
     results.locator(".swift-nb-show-on-timeline").first.click()

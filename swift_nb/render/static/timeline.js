@@ -53,7 +53,10 @@ function el(tag, attrs = {}, text = "") {
 // ([{id, title, start_us, end_us}]), ranks/rank, note, title. Returns {goto, setData, destroy}.
 export function createViewer(host, options) {
   addStyle();
-  const root = el("div", { class: "swift-tl", tabindex: "0", "data-queries": "0", "data-hover": "" });
+  // JupyterLab's and Notebook 7's command-mode keys (A, D D, S…) stay out of the viewer's W/A/S/D.
+  const root = el("div", {
+    class: "swift-tl", tabindex: "0", "data-queries": "0", "data-hover": "", "data-lm-suppress-shortcuts": "true",
+  });
   const bar = el("div", { class: "swift-tl-bar" });
   const reset = el("button", { type: "button", title: "Whole trace" }, "Reset");
   const search = el("input", { type: "search", placeholder: "Search names…", class: "swift-tl-search" });
