@@ -15,6 +15,7 @@ from typing import Any
 
 from swift_nb.analysis import Analysis
 from swift_nb.analysis.cost import price
+from swift_nb.capture.alerts import Alert
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.session import Session
 from swift_nb.errors import RecordWriteWarning
@@ -188,13 +189,20 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     Options are the fields of ``ProfileOptions``, given as keywords (``wait``, ``warmup``,
     ``active``, ``repeat``, ``record_shapes``, ``profile_memory``, ``with_stack``,
     ``count_flops``, ``interval_ms``, ``label``, ``out_dir``, ``keep``, ``run_id``,
-    ``report``, ``gather_timeout_s``) or as an ``options`` object (keywords override it);
+    ``report``, ``gather_timeout_s``, ``price_per_hour``, ``price_per_kwh``, ``log_to``) or as an ``options`` object (keywords override it);
     the notebook magic's flags are the same options.
     context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
     toggles: optimizations applied for the block and undone after it — ids
     (``"flash_attention"``, ``"galore:rank=64"``), ``{id: params}`` or toggle objects; they
     act on the models and optimizers in ``namespace`` (default: the caller's variables) and
     on those constructed inside the block. Their reports go to ``run.context["toggles"]``.
+    price_per_hour, price_per_kwh: USD per device-hour and per kWh, for the summary's money
+    keys (``cost_usd``, ``cost_per_1k_steps_usd``, ``idle_cost_per_1k_steps_usd``,
+    ``energy_cost_usd``: ``swift_nb.analysis.cost``). log_to: trackers the finished run is
+    sent to (``"mlflow"``, ``"wandb"``, ``"tensorboard"``: ``swift_nb.export``).
+    on_alert: called with each ``swift_nb.capture.alerts.Alert`` while the block runs (a
+    step-time regression: steps 25 % slower than before, for half of 50 steps), on a
+    thread of swift_nb's own; alerts are also in ``run.notes`` and ``run.summary["alerts"]``.
     """
 
     def __init__(
@@ -205,6 +213,7 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         source: dict[str, Any] | None = None,
         toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None = None,
         namespace: Mapping[str, Any] | None = None,
+        on_alert: Callable[[Alert], None] | None = None,
         **option_fields: Any,
     ) -> None:
         known = {f.name for f in fields(ProfileOptions)}
@@ -217,7 +226,9 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
         self.options = opts if opts is not None else ProfileOptions()
         self.toggles = build(toggles)
         self.namespace = namespace
-        self.session = Session(self.options, context=context, source=source, on_trace=ReportAhead())
+        self.session = Session(
+            self.options, context=context, source=source, on_trace=ReportAhead(), on_alert=on_alert
+        )
         self.analysis: Analysis | None = None
 
     @property

@@ -3,11 +3,13 @@ want resource tracking without the profiler. Same machinery as ``profile()``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from swift_nb.api import exit_status, finish
+from swift_nb.capture.alerts import Alert
 from swift_nb.capture.session import Session
 from swift_nb.options import ProfileOptions
 from swift_nb.record import Run
@@ -41,6 +43,12 @@ class ResourceMonitor:
     monitor_gpu: read NVML and the CUDA allocator when a GPU is present.
     monitor_memory: also sample every ``interval_ms`` in the background (memory spikes
     between steps); False samples at step ends only.
+    on_alert: called with each ``swift_nb.capture.alerts.Alert`` (a step-time regression)
+    while the loop runs. price_per_hour: USD per device-hour, for the cost. log_to:
+    trackers the report is sent to (``swift_nb.export``).
+
+    Hours of training keep memory bounded: steps stream to steps.csv every second, samples
+    are decimated (at most 20 000), alerts keep 250 step times (``benchmarks/monitoring.py``).
     """
 
     def __init__(
@@ -52,9 +60,19 @@ class ResourceMonitor:
         interval_ms: float = 1000.0,
         label: str | None = None,
         context: dict[str, Any] | None = None,
+        on_alert: Callable[[Alert], None] | None = None,
+        price_per_hour: float | None = None,
+        log_to: Sequence[str] = (),
     ) -> None:
         self._session = Session(
-            ProfileOptions(interval_ms=interval_ms, label=label, out_dir=log_dir),
+            ProfileOptions(
+                interval_ms=interval_ms,
+                label=label,
+                out_dir=log_dir,
+                price_per_hour=price_per_hour,
+                log_to=tuple(log_to),
+            ),
+            on_alert=on_alert,
             trace=False,
             periodic_samples=monitor_memory,
             context=context,

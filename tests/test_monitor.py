@@ -26,3 +26,31 @@ def test_monitor_report(runs_dir):
     assert run.trace_path is None
     assert (run.samples["kind"] == "step").sum() == 4  # steps 1, 3, 5, plus the final sample
     assert "Steps" in report.summary and "Peak resident memory (RSS)" in report.summary and "mon" in report.summary
+
+
+def test_a_long_run_keeps_a_bounded_number_of_step_rows(runs_dir, monkeypatch):
+    """Steps written to steps.csv leave memory but the newest journal.KEEP_STEPS (here 200);
+    the run's end reads them back: every step, exactly as measured, once."""
+    import time
+
+    import pandas as pd
+
+    from swift_nb.capture import journal
+
+    monkeypatch.setattr(journal, "KEEP_STEPS", 200)
+    monkeypatch.setattr(journal, "FLUSH_INTERVAL_S", 0.05)
+    mon = swift_nb.ResourceMonitor(interval=50, log_dir=runs_dir)
+    held = []
+    for step in range(3000):
+        mon.step_begin(step)
+        time.sleep(0.0003)  # the journal flushes every 50 ms meanwhile
+        mon.step_end(step)
+        if step % 100 == 99:
+            held.append(len(mon._session._rows))
+    run = mon.generate_report().run
+    assert mon._session._journal.dropped > 2000
+    assert max(held) < 200 + 2000  # the newest rows, and those since the last flush
+    assert list(run.steps["step"]) == list(range(3000))
+    on_disk = pd.read_csv(run.path / "steps.csv")
+    assert len(on_disk) == run.summary["steps"] == 3000
+    assert (on_disk["duration_s"] == on_disk["end_s"] - on_disk["start_s"]).all()

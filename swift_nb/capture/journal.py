@@ -20,6 +20,10 @@ from swift_nb.record import RUN_FILE, SAMPLE_COLUMNS, SAMPLES_FILE, STEPS_FILE, 
 
 #: the longest a killed run's record lags behind the run (s)
 FLUSH_INTERVAL_S = 1.0
+#: step rows kept in memory once written: older ones are dropped from the session's list
+#: (``dropped`` of them), so a run of any length holds a bounded number; the run's end
+#: reads them back from steps.csv (``Session._steps_table``)
+KEEP_STEPS = 10_000
 
 
 def _cell(v: Any) -> Any:
@@ -36,7 +40,10 @@ def _csv_lines(rows: Sequence[Sequence[Any]]) -> str:
 class Journal:
     """Appends ``steps`` (the session's growing list of step rows, in ``STEP_COLUMNS``
     order) and what ``drain_samples()`` returns to the run folder every ``interval_s``,
-    and rewrites ``run.json`` when the step count or the notes changed."""
+    and rewrites ``run.json`` when the step count or the notes changed. ``on_flush`` runs
+    first at each flush, on this thread (the session's alerts read the new steps there).
+    Rows written are then dropped from ``steps`` but the newest ``KEEP_STEPS``: ``dropped``
+    counts them, the first rows of steps.csv."""
 
     def __init__(
         self,
@@ -44,14 +51,17 @@ class Journal:
         steps: list[tuple],
         drain_samples: Callable[[], list[dict[str, Any]]],
         interval_s: float | None = None,
+        on_flush: Callable[[], None] = lambda: None,
     ) -> None:
         assert run.path is not None, "the run folder exists before its journal starts"
         self.folder = Path(run.path)
         self._run = run
         self._steps = steps
         self._drain = drain_samples
+        self._on_flush = on_flush
         self.interval_s = FLUSH_INTERVAL_S if interval_s is None else interval_s
         self._steps_written = 0
+        self.dropped = 0  # written rows removed from the front of `steps`
         self._sample_columns: list[str] | None = None
         self._meta_key: tuple[int, int] = (0, len(run.notes))
         self._stop = threading.Event()
@@ -85,19 +95,27 @@ class Journal:
             self.flush_s += time.perf_counter() - t0
 
     def flush(self) -> None:
+        seen = len(self._steps)
+        self._on_flush()  # it sees at least `seen` rows: those may go once written
         n = len(self._steps)
         if n > self._steps_written:
             with open(self.folder / STEPS_FILE, "a", encoding="utf-8") as f:
                 f.write(_csv_lines(self._steps[self._steps_written : n]))
                 f.flush()
             self._steps_written = n
+        excess = seen - KEEP_STEPS
+        if excess > 0:
+            # one list operation, atomic against the training thread's append
+            del self._steps[:excess]
+            self._steps_written -= excess
+            self.dropped += excess
         samples = self._drain()
         if samples:
             self._append_samples(samples)
-        key = (n, len(self._run.notes))
+        key = (n + self.dropped, len(self._run.notes))
         if key != self._meta_key:
             self._meta_key = key
-            self._write_meta(n)
+            self._write_meta(key[0])
 
     def _append_samples(self, samples: list[dict[str, Any]]) -> None:
         path = self.folder / SAMPLES_FILE

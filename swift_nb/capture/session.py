@@ -12,6 +12,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 
 from swift_nb import trace_names
 from swift_nb.capture import dist, finetune, job, oom, signals
+from swift_nb.capture.alerts import Alert, OnAlert, StepTimeWatch
 from swift_nb.capture.compile import CompileRecorder
 from swift_nb.capture.digest import DigestResult
 from swift_nb.capture.environment import environment
@@ -40,6 +42,7 @@ from swift_nb.options import ProfileOptions
 from swift_nb.record import (
     FINETUNE_KEY,
     STEP_COLUMNS,
+    STEPS_FILE,
     TRACE_FILE,
     OutOfMemory,
     Run,
@@ -69,6 +72,9 @@ class Session:
     a one-cycle schedule, a single process and ``options.report``. What it returned is
     ``take_trace_tables()``'s.
     ``options.count_flops`` counts one step's FLOPs (``swift_nb.capture.flops``).
+    on_alert: called with each ``swift_nb.capture.alerts.Alert`` (a step-time regression)
+    as it is raised, on the journal's thread; alerts are also in the run's notes and its
+    summary's ``alerts``.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class Session:
         sync_samples: bool = False,
         use_optimizer_hook: bool = True,
         on_trace: OnTrace | None = None,
+        on_alert: OnAlert | None = None,
     ) -> None:
         o = self.options = options if options is not None else ProfileOptions()
         if not isinstance(sample_every, int) or sample_every < 1:
@@ -128,6 +135,10 @@ class Session:
         timeout_s = o.gather_timeout_s if o.gather_timeout_s is not None else dist.gather_timeout_s()
         self._job = JobRank(ranks, self.root, timeout_s, self.note) if ranks is not None else None
         self._termination = signals.TerminationHandler(self._on_terminate)
+        self._watch = StepTimeWatch()  # read on the journal's thread (watch_steps)
+        self._watched = 0  # step rows the watch has seen
+        self._watch_lock = threading.Lock()
+        self.on_alert = on_alert
         self._journal: Journal | None = None
         if o.run_id is not None and self._job is None and (self.root / o.run_id).exists():
             raise RunDirError(f"run folder {self.root / o.run_id} exists already: choose another run id")
@@ -161,7 +172,7 @@ class Session:
             rank = run.environment["rank"]
             self._sampler = Sampler(self.interval_s, lambda: self._step, rank, self.monitor_gpu, self.note)
             self._sampler.start(self._t0)
-            self._journal = Journal(run, self._rows, self._sampler.drain)
+            self._journal = Journal(run, self._rows, self._sampler.drain, on_flush=self.watch_steps)
             self._journal.start()
             self._termination.install()
             if self.profiler_cfg is not None:
@@ -215,6 +226,29 @@ class Session:
     def end_step(self, trigger: str = "explicit") -> None:
         self._on_boundary(trigger, None)
 
+    @property
+    def alerts(self) -> list[Alert]:
+        """The alerts raised so far (read from any thread)."""
+        return self._watch.alerts
+
+    def watch_steps(self) -> None:
+        """Give the step-time watch the steps booked since the last call; note each alert
+        in the run and hand it to ``on_alert`` (on the caller's thread: the journal's
+        while the run runs). A failing callback is noted, never raised."""
+        with self._watch_lock:
+            # the rows the journal dropped are before any row not yet watched
+            base = self._journal.dropped if self._journal is not None else 0
+            n = len(self._rows)
+            new, self._watched = self._rows[self._watched - base : n], base + n
+            raised = self._watch.feed(new)
+        for alert in raised:
+            self.note(alert.message)
+            if self.on_alert is not None:
+                try:
+                    self.on_alert(alert)
+                except Exception as e:
+                    self.note(f"on_alert failed ({type(e).__name__}: {e}); the run goes on")
+
     def note(self, msg: str) -> None:
         if msg not in self.run.notes:
             self.run.notes.append(msg)
@@ -264,6 +298,9 @@ class Session:
         run.wall_s = end_s
         run.summary.update(summarize(run.steps, run.samples))
         run.summary["profiler_overhead_s"] = self._hook_cost
+        self.watch_steps()  # the steps after the journal's last flush
+        if self.alerts:
+            run.summary["alerts"] = [a.to_dict() for a in self.alerts]
         self._compile.add_to(run)
         self._detect_context()
         if self._job is not None:
@@ -292,7 +329,14 @@ class Session:
                 "no step boundary was seen (no optimizer.step() and no swift_nb.step()); "
                 "the cell is recorded as one span"
             )
-        return pd.DataFrame(self._rows, columns=STEP_COLUMNS)
+        newest = pd.DataFrame(self._rows, columns=STEP_COLUMNS)
+        dropped = self._journal.dropped if self._journal is not None else 0
+        if not dropped:
+            return newest
+        # a long run's older rows live only in steps.csv (journal.KEEP_STEPS); as written
+        # (repr of each float): read back exactly
+        older = pd.read_csv(self.run.path / STEPS_FILE, nrows=dropped)
+        return pd.concat([older[STEP_COLUMNS], newest], ignore_index=True)
 
     def _add_trace(self, run: Run, steps: pd.DataFrame, trace: TraceResult) -> None:
         """The finished trace into the record, with the memory by category it gives."""

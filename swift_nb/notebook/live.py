@@ -9,7 +9,8 @@ charts at most every ``CHART_PERIOD_S`` — plus ``FINAL_MESSAGES`` when the run
 ``message_bound(T)`` for a panel that ran T seconds.
 
 The widgets only display: every number here is also in the run record and the static
-outputs shown after the cell.
+outputs shown after the cell. A step-time alert (``swift_nb.capture.alerts``) shows as a line
+under the numbers, as soon as the journal's thread raised it.
 """
 
 from __future__ import annotations
@@ -211,6 +212,9 @@ class LivePanel:
             f"<span>wall {escape(fmt_duration(run.wall_s))}</span>",
             "<span>profiler: done</span>",
         ]
+        alerts = run.summary.get("alerts") or []
+        if alerts:
+            stats.append(_alert_html(str(alerts[-1].get("message", "")), len(alerts)))
         self._send(self.bar, value=steps, max=max(total, 1), bar_style=BAR_STYLE.get(run.status, ""))
         self._send(self.text, value=self._stats_html(stats))
         self._send(self.charts, value=self._charts_html())
@@ -243,6 +247,9 @@ class LivePanel:
             stats.append(f"<span>ETA {escape(fmt_duration(eta))}</span>")
         phase = "saving and analysing…" if saving else self._phase_text(step)
         stats.append(f"<span>profiler: {escape(phase)}</span>")
+        alerts = getattr(self._session, "alerts", None)
+        if alerts:
+            stats.append(_alert_html(alerts[-1].message, len(alerts)))
         self._send(self.bar, value=min(step, self._bar_max(step)), max=self._bar_max(step))
         self._send(self.text, value=self._stats_html(stats))
         if self._chart_dirty and (saving or now - self._last_chart >= CHART_PERIOD_S):
@@ -333,6 +340,12 @@ class LivePanel:
             y_max = max((v for v in values if math.isfinite(v)), default=0.0)
             parts.append(sparkline(values, mem[1], fmt_bytes(_last(values)), y_max))
         return f"<div class='swift-nb-live-charts'>{''.join(parts)}</div>"
+
+
+def _alert_html(message: str, count: int) -> str:
+    """The newest alert (``swift_nb.capture.alerts``) on a line of its own, and how many so far."""
+    more = f" ({count} alerts)" if count > 1 else ""
+    return f"<div class='swift-nb-alert' style='color:#b35900'>⚠ {escape(message)}{escape(more)}</div>"
 
 
 def _last(values: Sequence[float]) -> float | None:
