@@ -115,12 +115,13 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def reasoning(table: pd.DataFrame) -> dict[str, list[str]]:
-    """Per variant, how its prediction was made (the advisor's words for its toggles) and
-    its notes, in the table's order: what goes under the table (variants with neither are
-    left out)."""
+    """Per variant, how its prediction was made (the advisor's words for its toggles; a
+    variant of one toggle without the toggle's name again) and its notes, in the table's
+    order: what goes under the table (variants with neither are left out)."""
     out = {}
     for variant, words, notes in zip(table["variant"], table["predicted"], table["notes"], strict=True):
-        said = [t for t in (words, notes) if isinstance(t, str) and t]
+        said = [str(words).removeprefix(f"{variant}: ")] if isinstance(words, str) and words else []
+        said += [f"note: {notes}"] if isinstance(notes, str) and notes else []
         if said:
             out[str(variant)] = said
     return out
@@ -164,8 +165,7 @@ def compare_table_html(table: pd.DataFrame) -> str:
         ]
         rows.append(f"<tr>{''.join(cells)}</tr>")
     listed = "".join(
-        f"<li>{escape(variant)}<ul>{''.join(f'<li>{escape(s)}</li>' for s in said)}</ul></li>"
-        for variant, said in why.items()
+        f"<li>{escape(variant)} — {escape(' '.join(said))}</li>" for variant, said in why.items()
     )
     return (
         f"<table class='swift-nb-compare'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -182,8 +182,7 @@ def compare_table_text(table: pd.DataFrame) -> str:
     if "peak predicted" in shown:
         cols.append("peak predicted")
     lines = [shown[cols].to_string(index=False)]
-    for variant, said in reasoning(table).items():
-        lines += [f"{variant}:", *(f"  - {s}" for s in said)]
+    lines += [f"{variant} — {' '.join(said)}" for variant, said in reasoning(table).items()]
     return "\n".join(lines)
 
 
