@@ -130,6 +130,17 @@ def test_swift_nb_timeline_and_the_diff_view(run, tmp_path):
     a, b = [w for w in pair.children if isinstance(w, TimelineWidget)]
     for w in (a, b):
         assert (w.goto["start_us"], w.goto["end_us"]) == step_window(w.timeline, 4)
+    # zooming one (its viewer reports the window it asked for) moves the other alike
+    start = step_window(a.timeline, 4)[0]
+    a.view = {"start_us": start + 100.0, "end_us": start + 300.0}
+    other_start = step_window(b.timeline, 4)[0]
+    assert b.goto["exact"] and (b.goto["start_us"], b.goto["end_us"]) == (
+        other_start + 100,
+        other_start + 300,
+    )
+    asked = a.goto
+    b.view = {"start_us": b.goto["start_us"], "end_us": b.goto["end_us"]}
+    assert a.goto == asked  # a already shows it: the two settle
     with pytest.raises(
         swift_nb.ConfigError, match=r"step must be a profiler step of the trace \(recorded: 3, 4, 5\); got 99"
     ):

@@ -49,6 +49,8 @@ class TimelineWidget(anywidget.AnyWidget):
     ranks = traitlets.List().tag(sync=True)
     rank = traitlets.Int(-1).tag(sync=True)
     goto = traitlets.Dict().tag(sync=True)
+    #: the window drawn, as the viewer last asked for it (µs: start_us, end_us)
+    view = traitlets.Dict().tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
 
     def __init__(
@@ -82,9 +84,15 @@ class TimelineWidget(anywidget.AnyWidget):
             timeline.query(width_px=INITIAL_WIDTH_PX), timeline.counters(width_px=INITIAL_WIDTH_PX)
         )
 
-    def show(self, start_us: float, end_us: float) -> None:
-        """Zoom the drawn timeline to ``start_us``…``end_us`` (µs, the trace's clock)."""
-        self.goto = {"start_us": float(start_us), "end_us": float(end_us), "seq": next(_goto_seq)}
+    def show(self, start_us: float, end_us: float, exact: bool = False) -> None:
+        """Zoom the drawn timeline to ``start_us``…``end_us`` (µs, the trace's clock),
+        with a margin around it unless ``exact``."""
+        self.goto = {
+            "start_us": float(start_us),
+            "end_us": float(end_us),
+            "exact": exact,
+            "seq": next(_goto_seq),
+        }
 
     def answer(self, content: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
         """The reply to one of the viewer's requests (``op``: ``query``, ``detail``,
@@ -150,7 +158,25 @@ def timeline(
     ]
     at_step = f" · step {step}" if step is not None else ""
     heads = [widgets.HTML(f"<b>{escape(r.label or r.id)}</b>{at_step}") for r in (run, other)]
+    starts = [step_window(w.timeline, step)[0] if step is not None else w.timeline.start_us for w in pair]
+    follow(pair[1], pair[0], starts[1] - starts[0])
+    follow(pair[0], pair[1], starts[0] - starts[1])
     return widgets.VBox([heads[0], pair[0], heads[1], pair[1]])
+
+
+def follow(follower: TimelineWidget, leader: TimelineWidget, offset_us: float) -> None:
+    """Keep ``follower`` on ``leader``'s window shifted by ``offset_us`` (the diff view:
+    the same time from the step's start in both). A window it already shows, to the µs,
+    is not asked again, so two widgets that follow each other settle."""
+
+    def move(change: dict[str, Any]) -> None:
+        start, end = change["new"]["start_us"] + offset_us, change["new"]["end_us"] + offset_us
+        shown = follower.view
+        if shown and abs(shown["start_us"] - start) < 1 and abs(shown["end_us"] - end) < 1:
+            return
+        follower.show(start, end, exact=True)
+
+    leader.observe(move, "view")
 
 
 def _with_places(

@@ -50,7 +50,8 @@ function el(tag, attrs = {}, text = "") {
 
 // The viewer inside ``host``. ``options``: tracks, start_us/end_us (the trace's bounds),
 // source (query/detail/search/trace[/rank]), initial (a decoded first answer), places
-// ([{id, title, start_us, end_us}]), ranks/rank, note, title. Returns {goto, setData, destroy}.
+// ([{id, title, start_us, end_us}]), ranks/rank, note, title; onRank, onTrackClick and onView
+// (the window, each time it is asked for) callbacks. Returns {goto, setData, setPlaces, destroy}.
 export function createViewer(host, options) {
   addStyle();
   // JupyterLab's and Notebook 7's command-mode keys (A, D D, S…) stay out of the viewer's W/A/S/D.
@@ -147,6 +148,7 @@ export function createViewer(host, options) {
   function requery() {
     clearTimeout(state.timer);
     state.timer = setTimeout(async () => {
+      if (options.onView) options.onView(state.view.start, state.view.end);
       const seq = ++state.seq;
       state.queries += 1;
       root.dataset.queries = String(state.queries);
@@ -186,8 +188,8 @@ export function createViewer(host, options) {
     setView(state.view.start + dt, state.view.end + dt);
   }
 
-  function goto(start, end) {
-    const margin = Math.max((end - start) * 0.08, 1);
+  function goto(start, end, exact = false) {
+    const margin = exact ? 0 : Math.max((end - start) * 0.08, 1);
     setView(start - margin, end + margin);
   }
 
@@ -467,13 +469,17 @@ function render({ model, el: host }) {
   const viewer = createViewer(host, {
     ...fromPayload(model.get("initial")), source, places: model.get("places"),
     ranks: model.get("ranks"), rank: model.get("rank"), title: model.get("title"), onRank: switchRank,
+    onView: (start, end) => {
+      model.set("view", { start_us: start, end_us: end });
+      model.save_changes();
+    },
     onTrackClick: (track) => {
       if (typeof track === "string" && track.startsWith("rank:")) switchRank(Number(track.slice(5)));
     },
   });
   const onGoto = () => {
     const g = model.get("goto");
-    if (g && g.end_us > g.start_us) viewer.goto(g.start_us, g.end_us);
+    if (g && g.end_us > g.start_us) viewer.goto(g.start_us, g.end_us, g.exact);
   };
   model.on("change:goto", onGoto);
   onGoto(); // a window asked for before the view was drawn
