@@ -68,6 +68,7 @@ def report(
     price_per_hour = check_price("price_per_hour", price_per_hour)
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
+    price(run, price_per_hour, price_per_kwh)  # the prices in its context: the verdict's words use them
     analysis, failure = None, None
     if steps_missing(run):
         failure = STEPS_MISSING
@@ -97,7 +98,7 @@ def report(
                 if analysis.device.get(k) is not None
             }
         )
-    price(run, price_per_hour, price_per_kwh)  # after the device's idle share, which it prices
+    price(run)  # again, with the device's idle share, which it prices
     figures = figures if figures is not None else FigureCache()
     if drawing is not None:
         _take_drawn(figures, drawing)

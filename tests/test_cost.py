@@ -138,3 +138,63 @@ def test_the_idle_gpus_price_on_real_traces(name, tmp_path):
     assert saved["idle_cost_per_1k_steps_usd"] == pytest.approx(s["idle_cost_per_1k_steps_usd"])
     again = report(load_run(run.path), price_per_hour=4.0).run.summary
     assert again["idle_cost_per_1k_steps_usd"] == pytest.approx(2 * s["idle_cost_per_1k_steps_usd"], rel=1e-9)
+
+
+def test_money_in_the_verdict_and_the_findings(tmp_path, monkeypatch):
+    from swift_nb.analysis import analyze
+    from swift_nb.analysis.cost import fmt_usd
+
+    trace = tmp_path / "gpu_nccl_2ranks_rank0.json.gz"
+    shutil.copy(DATA / trace.name, trace)
+    run = import_trace(trace, tmp_path / "runs", price_per_hour=3.0, report=False)
+    s = run.summary
+    a = analyze(run)
+    said = (
+        f"the GPU idles {round(s['device_idle_pct'], 1)} % of the window: "
+        f"{fmt_usd(s['idle_cost_per_1k_steps_usd'])} of every {fmt_usd(s['cost_per_1k_steps_usd'])} per 1 000 steps"
+    )
+    assert said in a.verdict.reason and a.verdict.reason.count("the GPU idles") == 1
+    assert a.verdict.evidence["idle_cost_per_1k_steps_usd"] == pytest.approx(
+        s["idle_cost_per_1k_steps_usd"], rel=1e-5
+    )
+    timed = [f for f in a.findings if "saved_per_1k_steps_usd" in f.evidence]
+    assert timed and all("less per 1 000 steps" in f.predicted_effect for f in timed)
+    gaps = next(f for f in timed if f.id == "overhead")
+    share = float(gaps.predicted_effect.split("−")[1].split(" %")[0]) / 100
+    assert gaps.evidence["saved_per_1k_steps_usd"] == pytest.approx(
+        share * s["cost_per_1k_steps_usd"], rel=1e-5
+    )
+    # without a price (none given, none listed for its GPU): the words as they were
+    del run.context["price_per_hour"]
+    monkeypatch.setattr(devices, "PRICES_PER_HOUR", [])
+    plain = analyze(run)
+    assert "$" not in plain.verdict.reason and all("$" not in f.predicted_effect for f in plain.findings)
+
+
+def test_which_predictions_are_of_time():
+    from swift_nb.analysis.advisor.verdict import predicted_cut
+    from swift_nb.analysis.findings import Finding
+
+    def cut(text, **evidence):
+        return predicted_cut(Finding("x", "t", evidence, "s", predicted_effect=text))
+
+    assert cut("step time ≈ 0.0800 s (−20.0 %) once loading overlaps compute") == pytest.approx(0.2)
+    assert cut("up to −35.5 % of the GPU's window: the stalls, 12 ms") == pytest.approx(0.355)
+    assert cut("≈ 3 ms less GPU time in the window (−4.0 %), at least") == pytest.approx(0.04)
+    assert cut("bytes 1 GB → 0.5 GB; step time ≈ 0.0750 s with half the bytes", step_s=0.1) == pytest.approx(
+        0.25
+    )
+    assert cut("peak tensor memory ≈ 2 GB instead of 3 GB (−33 %)") is None
+    assert cut("−12 s: the compiling, with no per-step loss") is None
+
+
+def test_fmt_usd():
+    from swift_nb.analysis.cost import fmt_usd
+
+    assert [fmt_usd(x) for x in (2.3144, 0.371, 0.00142, 1234.5, 0)] == [
+        "$2.31",
+        "$0.371",
+        "$0.0014",
+        "$1,234",
+        "$0.00",
+    ]

@@ -172,6 +172,15 @@ def price(run: Run, price_per_hour: float | None = None, price_per_kwh: float | 
     return run
 
 
+def fmt_usd(usd: float) -> str:
+    """``$2.31``; three significant digits under a dollar (``$0.0042``), none past 1 000."""
+    if usd >= 1000:
+        return f"${usd:,.0f}"
+    if usd >= 1 or usd == 0:
+        return f"${usd:,.2f}"
+    return f"${usd:.2g}" if usd < 0.01 else f"${usd:.3g}"
+
+
 def usd_per_1k_steps(step_s: float, run: Run) -> float | None:
     """USD of 1 000 steps of ``step_s`` seconds at ``run``'s price and devices (None: no
     price), for predictions: a finding's predicted step time, a forecast's step."""

@@ -16,7 +16,7 @@ import pandas as pd
 
 from swift_nb.analysis.advisor.evidence import Evidence, Loader, Thresholds, gather
 from swift_nb.analysis.advisor.registry import RULES, Rule
-from swift_nb.analysis.advisor.verdict import bottleneck
+from swift_nb.analysis.advisor.verdict import bottleneck, priced, priced_findings
 from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.run_data import RunData
 from swift_nb.analysis.trace import Trace
@@ -62,4 +62,5 @@ def advise_with_evidence(
     """``advise`` and the evidence its rules read (``data``: see ``gather``)."""
     th = thresholds or Thresholds()
     ev = gather(run, trace, th, breakdown, data)
-    return ev, bottleneck(ev, th), findings(ev, th, run.context)
+    # with their money where the run has a price (analysis.cost)
+    return ev, priced(bottleneck(ev, th), run), priced_findings(findings(ev, th, run.context), run)

@@ -1,14 +1,19 @@
 """The verdict: the step's dominant limit, from the evidence, and the tests the rules
-share with it (slow loading, a tiny step, launch overhead)."""
+share with it (slow loading, a tiny step, launch overhead); and what the limit and each
+finding's predicted time are worth in money where the run has a price (``priced``,
+``priced_findings``: ``swift_nb.analysis.cost``)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
+from swift_nb.analysis import cost
 from swift_nb.analysis.advisor.evidence import DeviceTime, Evidence, Thresholds
 from swift_nb.analysis.advisor.words import ms, pct
-from swift_nb.analysis.findings import Verdict
+from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.record import Run
 from swift_nb.units import fmt_bytes, fmt_seconds
 
 
@@ -166,3 +171,77 @@ def device_verdict(ev: Evidence, th: Thresholds) -> Verdict:
     if d.compute_pct < 50:
         why += f"; no single limit keeps it idle more than {pct(share)} % of the window"
     return Verdict("compute-bound", why, evidence)
+
+
+def _per_1k_usd(run: Run) -> float | None:
+    step_s = run.summary.get("step_time_median_s")
+    return cost.usd_per_1k_steps(float(step_s), run) if step_s else None
+
+
+def priced(verdict: Verdict, run: Run) -> Verdict:
+    """``verdict`` with what 1 000 of the run's median steps cost and, where the GPU's
+    idle share is known, the part of that paid while it idles (the summary's
+    ``cost_per_1k_steps_usd`` and ``idle_cost_per_1k_steps_usd``); as it was without a price."""
+    per_1k = _per_1k_usd(run)
+    if per_1k is None:
+        return verdict
+    evidence = {**verdict.evidence, "cost_per_1k_steps_usd": round(per_1k, 6)}
+    # the summary's share where it has it (unrounded: the same figure as its idle cost)
+    idle = run.summary.get("device_idle_pct", verdict.evidence.get("device_idle_pct"))
+    if idle is not None and verdict.evidence.get("device_idle_pct") is not None:
+        idle_usd = cost.idle_cost_per_1k_steps_usd(per_1k, float(idle))
+        evidence["idle_cost_per_1k_steps_usd"] = round(idle_usd, 6)
+        idles = f"the GPU idles {pct(float(idle) / 100)} % of the window"
+        money = f"{idles}: {cost.fmt_usd(idle_usd)} of every {cost.fmt_usd(per_1k)} per 1 000 steps"
+        if idles in verdict.reason:  # said once, with its price
+            return replace(verdict, reason=verdict.reason.replace(idles, money, 1), evidence=evidence)
+    else:
+        money = f"1 000 steps cost {cost.fmt_usd(per_1k)}"
+    return replace(verdict, reason=f"{verdict.reason}; {money}", evidence=evidence)
+
+
+#: how the rules word a predicted cut in time: "−12.5 %" of the step time, the time per
+#: sample or the GPU's window; or the step time itself, "step time ≈ 0.1234 s"
+_CUT_PCT = re.compile(r"−(\d+(?:\.\d+)?) %")
+_OF_TIME = ("step time", "time per sample", "window")
+_STEP_AFTER = re.compile(r"step time ≈ (\d+(?:\.\d+)?) s")
+
+
+def predicted_cut(finding: Finding) -> float | None:
+    """The share (0–1) of the step's time ``finding`` predicts its change saves, read from
+    its predicted effect; None when it predicts no time (memory, compiling once)."""
+    text = finding.predicted_effect
+    found = _CUT_PCT.search(text)
+    if found and any(what in text for what in _OF_TIME):
+        return float(found.group(1)) / 100.0
+    after = _STEP_AFTER.search(text)
+    step_s = finding.evidence.get("step_s")
+    if after and step_s:
+        return max(0.0, 1.0 - float(after.group(1)) / float(step_s))
+    return None
+
+
+def priced_findings(findings: list[Finding], run: Run) -> list[Finding]:
+    """Each finding that predicts time also predicts the dollars per 1 000 steps it saves
+    (``saved_per_1k_steps_usd`` in its evidence, words after its predicted effect), at the
+    run's price; unchanged without one."""
+    per_1k = _per_1k_usd(run)
+    if per_1k is None:
+        return findings
+    out = []
+    for f in findings:
+        cut = predicted_cut(f)
+        if cut is None:
+            out.append(f)
+            continue
+        saved = per_1k * cut
+        bound = "up to " if "up to" in f.predicted_effect else "≈ "
+        out.append(
+            replace(
+                f,
+                predicted_effect=f"{f.predicted_effect}; {bound}{cost.fmt_usd(saved)} less per 1 000 steps "
+                f"(of {cost.fmt_usd(per_1k)})",
+                evidence={**f.evidence, "saved_per_1k_steps_usd": round(saved, 6)},
+            )
+        )
+    return out
