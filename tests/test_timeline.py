@@ -220,9 +220,16 @@ def test_counters_move_the_run_clock_onto_the_trace_s():
     memory = pd.DataFrame({"t_s": [0.5012], "step": [3], "activations_bytes": [4096.0]})
     tl = Timeline.of_trace(trace, samples, memory, steps_csv)
     counters = tl.counters()
-    cpu = counters[counters["track"] == "CPU %"]
+    cpu = counters[counters["track"] == "CPU"]
     assert cpu["t_us"].tolist() == pytest.approx([1e9 + 2500.0, 1e9 + 3500.0])
     assert "Memory: activations" in set(counters["track"])
+    units = tl.tracks.set_index("track")["unit"]
+    assert (units["CPU"], units["Process memory (RSS)"], units["Memory: activations"]) == (
+        "%",
+        "bytes",
+        "bytes",
+    )
+    assert tl.payload(tl.query(), counters)["tracks"][-1]["unit"] == "bytes"
     assert set(counters["track"]) <= set(tl.tracks.loc[tl.tracks["kind"] == "counter", "track"])
 
 
@@ -243,7 +250,7 @@ def test_a_profiled_cpu_run_draws_its_ops_steps_and_counters(cpu_run):
     assert items["name"].str.startswith("aten::").any()
     counters = tl.counters(width_px=800)
     tracks = set(counters["track"])
-    assert "CPU %" in tracks and any(t.startswith("Memory: ") for t in tracks)
+    assert "CPU" in tracks and any(t.startswith("Memory: ") for t in tracks)
     # the samples taken during the recorded steps land inside the trace's bounds
     inside = counters[(counters["t_us"] >= tl.start_us) & (counters["t_us"] <= tl.end_us)]
     assert len(inside)

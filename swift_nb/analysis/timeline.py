@@ -66,7 +66,8 @@ class Timeline:
     """The tracks and rows of one trace (see the module's docstring).
 
     ``tracks``: one row per track in drawing order: ``track`` (id), ``label``, ``kind``
-    (``steps``, ``cpu``, ``gpu``, ``worker``, ``counter``) and ``max_depth``.
+    (``steps``, ``cpu``, ``gpu``, ``worker``, ``counter``), ``max_depth`` and, for
+    counters, ``unit`` (``bytes``, ``%``, ``W``; empty for the other kinds).
     ``start_us``/``end_us``: the trace's bounds. ``names``: every event name, by code.
     """
 
@@ -76,8 +77,11 @@ class Timeline:
         self._counters = (
             pd.DataFrame(columns=COUNTER_COLUMNS) if counters is None else counters
         ).sort_values(["track", "t_us"], kind="stable", ignore_index=True)
+        units = (
+            self._counters.groupby("track", sort=False)["unit"].first() if "unit" in self._counters else {}
+        )
         counter_tracks = [
-            {"track": t, "label": t, "kind": "counter", "max_depth": 0}
+            {"track": t, "label": t, "kind": "counter", "max_depth": 0, "unit": units.get(t, "")}
             for t in self._counters["track"].unique()
         ]
         if counter_tracks:
@@ -388,7 +392,7 @@ class Timeline:
         """``items`` (of ``query``) and ``counters`` (of ``counters``) as JSON-able columns
         for a viewer: ``origin_us`` (the trace's start; every time below is µs after it,
         to a nanosecond), ``start_us``/``end_us`` (the trace's bounds, on its clock),
-        ``tracks`` (``track``, ``label``, ``kind``, ``max_depth``), ``names``, ``items``
+        ``tracks`` (``track``, ``label``, ``kind``, ``max_depth``, ``unit``), ``names``, ``items``
         (``track`` and ``name`` as indices into those lists, ``start``, ``end``, ``count``,
         ``depth``) and ``counters`` (``track`` index, ``t``, ``value``)."""
         origin = self.start_us
@@ -399,7 +403,9 @@ class Timeline:
             "origin_us": origin,
             "start_us": self.start_us,
             "end_us": self.end_us,
-            "tracks": self.tracks[["track", "label", "kind", "max_depth"]].to_dict("records"),
+            "tracks": self.tracks.reindex(columns=["track", "label", "kind", "max_depth", "unit"])
+            .fillna({"unit": ""})
+            .to_dict("records"),
             "names": [str(n) for n in names],
             "items": {
                 "track": track_index.get_indexer(items["track"]).tolist(),

@@ -13,13 +13,13 @@ import pandas as pd
 from swift_nb.analysis.trace import Trace
 
 COUNTER_COLUMNS = ["track", "t_us", "value"]
-#: samples.csv columns drawn as counters → their track's name
-SERIES = {"cpu_pct": "CPU %", "rss_bytes": "Process memory (bytes)"}
+#: samples.csv columns drawn as counters → their track's name and unit
+SERIES = {"cpu_pct": ("CPU", "%"), "rss_bytes": ("Process memory (RSS)", "bytes")}
 _GPU_SERIES = re.compile(r"^gpu(\d+)_(util_pct|mem_used_bytes|power_w)$")
 _GPU_LABELS = {
-    "util_pct": "GPU {} utilisation %",
-    "mem_used_bytes": "GPU {} memory used (bytes)",
-    "power_w": "GPU {} power (W)",
+    "util_pct": ("GPU {} utilisation", "%"),
+    "mem_used_bytes": ("GPU {} memory used", "bytes"),
+    "power_w": ("GPU {} power", "W"),
 }
 _CATEGORY = re.compile(r"^(\w+)_bytes$")
 
@@ -44,7 +44,9 @@ def counter_series(
     memory: pd.DataFrame | None,
     steps_csv: pd.DataFrame | None,
 ) -> pd.DataFrame:
-    """The counters of a run on the trace's clock: ``track``, ``t_us``, ``value``."""
+    """The counters of a run on the trace's clock: ``track``, ``t_us``, ``value`` and
+    ``unit`` (``bytes``, ``%``, ``W``). A series that is zero throughout (no frozen
+    weights, a GPU drawing nothing) is left out: a flat line says nothing."""
     offset = clock_offset_us(trace, steps_csv)
     if offset is None:
         return pd.DataFrame(columns=COUNTER_COLUMNS)
@@ -53,25 +55,32 @@ def counter_series(
         if frame is None or frame.empty or "t_s" not in frame:
             continue
         t_us = pd.to_numeric(frame["t_s"], errors="coerce").to_numpy(dtype=float) * 1e6 + offset
-        for column, label in labels(frame.columns):
+        for column, (label, unit) in labels(frame.columns):
             value = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
             ok = np.isfinite(value) & np.isfinite(t_us)
-            if ok.any():
-                parts.append(pd.DataFrame({"track": label, "t_us": t_us[ok], "value": value[ok]}))
+            if ok.any() and (value[ok] != 0).any():
+                parts.append(
+                    pd.DataFrame({"track": label, "t_us": t_us[ok], "value": value[ok], "unit": unit})
+                )
     if not parts:
         return pd.DataFrame(columns=COUNTER_COLUMNS)
     return pd.concat(parts, ignore_index=True)
 
 
-def _memory_labels(columns) -> list[tuple[str, str]]:
-    return [(c, "Memory: " + m.group(1).replace("_", " ")) for c in columns if (m := _CATEGORY.match(str(c)))]
+def _memory_labels(columns) -> list[tuple[str, tuple[str, str]]]:
+    return [
+        (c, ("Memory: " + m.group(1).replace("_", " "), "bytes"))
+        for c in columns
+        if (m := _CATEGORY.match(str(c)))
+    ]
 
 
-def _sample_labels(columns) -> list[tuple[str, str]]:
+def _sample_labels(columns) -> list[tuple[str, tuple[str, str]]]:
     out = [(c, SERIES[c]) for c in columns if c in SERIES]
     for c in columns:
         if m := _GPU_SERIES.match(str(c)):
-            out.append((c, _GPU_LABELS[m.group(2)].format(m.group(1))))
+            label, unit = _GPU_LABELS[m.group(2)]
+            out.append((c, (label.format(m.group(1)), unit)))
     return out
 
 
