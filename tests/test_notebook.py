@@ -114,8 +114,8 @@ def test_quickstart_compares_toggles_in_reruns(executed):
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert "Comparison" in html
     for variant in ("baseline", "flash_attention", "grad_checkpointing"):
-        assert f"<td>{variant}</td>" in html, variant
-    assert html.count("<td>ok</td>") == 3
+        assert f"<td class='text'>{variant}</td>" in html, variant
+    assert html.count("<td class='text'>ok</td>") == 3
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # step times, memory
     tagged = {
         swift_nb.load_run(p).context.get("variant") for p in swift_nb.runs(folder / "swift_nb_runs").path
