@@ -93,6 +93,7 @@ def results_panel(
             )
             for p in viewers[0].places
         ]
+        content["Advice"].append(_html("<h4>On the timeline</h4>"))
         content["Advice"].append(widgets.HBox(buttons, layout=widgets.Layout(flex_flow="row wrap")))
     if actions is not None:
         content["Advice"].append(actions)
