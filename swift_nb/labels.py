@@ -234,6 +234,7 @@ LABELS: dict[str, Label] = {
     "cost_usd": Label("Cost"),
     "cost_per_1k_steps_usd": Label("Cost per 1 000 steps"),
     "idle_cost_per_1k_steps_usd": Label("Idle cost per 1 000 steps"),
+    "saved_per_1k_steps_usd": Label("Saved per 1 000 steps"),
     "energy_cost_usd": Label("Energy cost"),
     "price_per_hour": Label("Price per hour", "usd_per_hour"),
     # a comparison's rows

@@ -198,3 +198,29 @@ def test_fmt_usd():
         "$1,234",
         "$0.00",
     ]
+
+
+def test_comparison_and_diff_have_cost_columns(tmp_path):
+    from swift_nb.analysis.compare import COMPARE_COLUMNS
+    from swift_nb.analysis.cost import MONEY_COLUMNS
+    from swift_nb.analysis.diff import diff
+    from swift_nb.reporting import compare
+
+    runs = []
+    for name, usd in (("gpu_128ranks_rank0", 2.0), ("gpu_128ranks_rank1", 4.0)):
+        trace = tmp_path / f"{name}.json.gz"
+        shutil.copy(DATA / trace.name, trace)
+        runs.append(import_trace(trace, tmp_path / "runs", label=name, price_per_hour=usd, report=False))
+    assert set(MONEY_COLUMNS) <= set(COMPARE_COLUMNS)
+    table = compare(*runs).set_index("variant")
+    for run in runs:
+        row = table.loc[run.label]
+        assert row["cost_per_1k_steps_usd"] == pytest.approx(run.summary["cost_per_1k_steps_usd"])
+        assert row["idle_cost_per_1k_steps_usd"] == pytest.approx(run.summary["idle_cost_per_1k_steps_usd"])
+        assert pd.isna(row["energy_j"])  # a trace records no energy
+    d = diff(*runs)
+    money = d.money.set_index("field")
+    assert money.loc["price_per_hour"].tolist() == [2.0, 4.0]
+    assert money.loc["cost_usd", "b"] == pytest.approx(runs[1].summary["cost_usd"])
+    assert "energy_j" not in money.index
+    assert any(sentence.startswith("1 000 steps cost: $") for sentence in d.sentences)

@@ -108,13 +108,16 @@ def test_a_missing_extra_is_named_before_any_work(run, monkeypatch):
 # -- MLflow ----------------------------------------------------------------------------------
 
 
-def _mlflow_store(tmp_path: Path) -> str:
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch) -> str:
+    """A local sqlite store; its artifacts go to ./mlruns, MLflow's default: tmp_path here."""
+    monkeypatch.chdir(tmp_path)
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-def test_mlflow_creates_a_run_named_by_the_label(run, tmp_path):
+def test_mlflow_creates_a_run_named_by_the_label(run, mlflow_store):
     mlflow = pytest.importorskip("mlflow")
-    uri = _mlflow_store(tmp_path)
+    uri = mlflow_store
     run_id = export(run, to="mlflow", tracking_uri=uri, experiment_name="swift")
     client = mlflow.MlflowClient(tracking_uri=uri)
     got = client.get_run(run_id)
@@ -130,9 +133,9 @@ def test_mlflow_creates_a_run_named_by_the_label(run, tmp_path):
     assert client.get_experiment(got.info.experiment_id).name == "swift"
 
 
-def test_mlflow_joins_the_active_run(run, tmp_path):
+def test_mlflow_joins_the_active_run(run, mlflow_store):
     mlflow = pytest.importorskip("mlflow")
-    mlflow.set_tracking_uri(_mlflow_store(tmp_path))
+    mlflow.set_tracking_uri(mlflow_store)
     try:
         with mlflow.start_run(run_name="users-own") as active:
             mlflow.log_metric("loss", 1.0)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from swift_nb import vocabulary
 from swift_nb.analysis import ranks as rank_analysis
+from swift_nb.analysis.cost import MONEY_COLUMNS, money_columns
 from swift_nb.analysis.effects import Applied, toggle_peak
 from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.forecast import forecast, parse_toggles
@@ -45,6 +46,7 @@ COMPARE_COLUMNS = [
     "mean_util_pct",
     "device_idle_pct",
     "device_compute_pct",
+    *MONEY_COLUMNS,
     "ranks",
     "step_time_max_rank_s",
     "peak_mem_max_rank_bytes",
@@ -88,6 +90,7 @@ def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> di
         device_compute_pct=s.get("device_compute_pct"),
         run=str(run.path or ""),
     )
+    row.update({k: np.nan if v is None else v for k, v in money_columns(run).items()})
     row.update(_rank_columns(run))
     return row
 

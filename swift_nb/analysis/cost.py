@@ -39,6 +39,17 @@ SUMMARY_KEYS = [
     "price_per_kwh",
     "energy_cost_usd",
 ]
+#: a run's energy and money, as comparisons and diffs show them side by side
+MONEY_COLUMNS = [
+    "energy_j",
+    "energy_per_step_j",
+    "avg_power_w",
+    "price_per_hour",
+    "cost_usd",
+    "cost_per_1k_steps_usd",
+    "idle_cost_per_1k_steps_usd",
+    "energy_cost_usd",
+]
 #: where a run keeps the prices it was given (its context), so any later report uses them
 CONTEXT_KEYS = ("price_per_hour", "price_per_kwh")
 
@@ -188,3 +199,11 @@ def usd_per_1k_steps(step_s: float, run: Run) -> float | None:
     if price is None:
         return None
     return cost_per_1k_steps_usd(step_s, devices_of(run), price[0])
+
+
+def money_columns(run: Run) -> dict[str, float | None]:
+    """``MONEY_COLUMNS`` of ``run``: its summary's energy, and its money keys priced now, as
+    ``cost_summary`` prices it (a run recorded before it was priced reads alike); None
+    where the run has no figure."""
+    priced = {**run.summary, **cost_summary(run)}
+    return {c: _number(priced.get(c)) for c in MONEY_COLUMNS}

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from swift_nb.analysis.cost import MONEY_COLUMNS, fmt_usd, money_columns
 from swift_nb.analysis.device import kernels_by_kind
 from swift_nb.analysis.operators import top_operators
 from swift_nb.analysis.trace import Trace, load_trace
@@ -39,6 +40,8 @@ CHANGE_COLUMNS = [
     "status",
 ]
 ENVIRONMENT_COLUMNS = ["field", "a", "b"]
+#: ``RunDiff.money``: one row per energy or money figure (``cost.MONEY_COLUMNS``)
+MONEY_DIFF_COLUMNS = ["field", "a", "b"]
 #: row kinds of ``RunDiff.changes``
 KERNEL_KIND, KERNEL, OPERATOR = "kernel_kind", "kernel", "operator"
 BOTH, ONLY_A, ONLY_B = "both", "only_a", "only_b"
@@ -80,7 +83,10 @@ class RunDiff:
     the largest by kind of kernel (``TOP_KINDS``), then the largest kernels and operators
     gone, new and changed (``TOP_NAMES`` of each, ranked together), leaving out changes
     under ``MIN_WORDED_SHARE`` of A's step;
-    notes: what could not be compared, and why (a run without a profiled step).
+    notes: what could not be compared, and why (a run without a profiled step);
+    money: one row per energy and money figure either run has (``MONEY_DIFF_COLUMNS``:
+    ``field`` from ``cost.MONEY_COLUMNS``, ``a``, ``b``; None where a run has none), each
+    run priced as ``cost.cost_summary`` prices it (J, W, USD).
     """
 
     a_name: str
@@ -97,6 +103,7 @@ class RunDiff:
     memory_regression_pct: float | None
     sentences: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    money: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MONEY_DIFF_COLUMNS))
 
 
 def diff(run_a: Run | Path | str, run_b: Run | Path | str, names: tuple[str, str] | None = None) -> RunDiff:
@@ -131,6 +138,7 @@ def diff(run_a: Run | Path | str, run_b: Run | Path | str, names: tuple[str, str
         b_peak_bytes=b_peak,
         memory_regression_pct=_pct_change(a_peak, b_peak),
         notes=notes,
+        money=_money(a, b),
     )
     out.sentences = _sentences(out)
     return out
@@ -362,6 +370,12 @@ def row_sentence(row: Any, on_host: bool = False) -> str:
     return f"{what}: {_ms(a)} → {_ms(b)} ms per step ({_minus(f'{b - a:+.2f}')} ms{relative})"
 
 
+def _money(a: Run, b: Run) -> pd.DataFrame:
+    ma, mb = money_columns(a), money_columns(b)
+    rows = [(c, ma[c], mb[c]) for c in MONEY_COLUMNS if ma[c] is not None or mb[c] is not None]
+    return pd.DataFrame(rows, columns=MONEY_DIFF_COLUMNS, dtype=object)
+
+
 def _sentences(d: RunDiff) -> list[str]:
     out = [
         f"{r.field}: {r.a} → {r.b}" for r in d.environment.itertuples() if r.a is not None and r.b is not None
@@ -376,6 +390,11 @@ def _sentences(d: RunDiff) -> list[str]:
             f"peak memory: {fmt_bytes(d.a_peak_bytes)} → {fmt_bytes(d.b_peak_bytes)} "
             f"({_relative(d.a_peak_bytes, d.b_peak_bytes)})"
         )
+    money = d.money.set_index("field")
+    if "cost_per_1k_steps_usd" in money.index:
+        a_usd, b_usd = money.loc["cost_per_1k_steps_usd", ["a", "b"]]
+        if a_usd is not None and b_usd is not None:
+            out.append(f"1 000 steps cost: {fmt_usd(a_usd)} → {fmt_usd(b_usd)} ({_relative(a_usd, b_usd)})")
     changes = d.changes
     floor = MIN_WORDED_SHARE * 1e3 * d.a_step_s if d.a_step_s is not None else 0.0
     large = changes[(changes["delta_ms_per_step"].abs() > floor) & (changes["delta_ms_per_step"] != 0)]
