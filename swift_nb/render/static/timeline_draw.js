@@ -27,14 +27,15 @@ export function fmtUs(us) {
   return us.toFixed(a >= 10 ? 1 : 2) + " µs";
 }
 
+// A counter's value in its track's unit (Timeline.tracks' unit: bytes, %, W, or none).
 export function fmtValue(track, v) {
-  if (/byte|memory|rss|mem/i.test(track.label || track.track)) {
+  if (track.unit === "bytes") {
     const units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let i = 0;
     while (Math.abs(v) >= 1024 && i < units.length - 1) [v, i] = [v / 1024, i + 1];
     return v.toFixed(i ? 1 : 0) + " " + units[i];
   }
-  return (Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(1)) + (/%|pct|util/i.test(track.label) ? " %" : "");
+  return (Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(1)) + (track.unit ? " " + track.unit : "");
 }
 
 // Track rows from the top of the canvas: spans get a row per depth, counters a band.
