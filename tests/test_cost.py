@@ -224,3 +224,24 @@ def test_comparison_and_diff_have_cost_columns(tmp_path):
     assert money.loc["cost_usd", "b"] == pytest.approx(runs[1].summary["cost_usd"])
     assert "energy_j" not in money.index
     assert any(sentence.startswith("1 000 steps cost: $") for sentence in d.sentences)
+
+
+def test_the_forecast_prices_n_steps_on_its_device():
+    from swift_nb.analysis.forecast import forecast, parse_forecast_spec
+    from swift_nb.record import load_run
+
+    run = load_run(Path(__file__).parent / "data" / "cost_run")  # batch 2 of 32 tokens
+    step_s = run.summary["step_time_median_s"]
+    h100 = devices.price_of("H100-80GB")
+    f = forecast(run, **parse_forecast_spec("H100-80GB batch=16 steps=100000"))
+    assert f.step_s == pytest.approx(step_s * 8)  # 8× the tokens per step
+    assert f.price_per_hour == h100.usd_per_hour
+    assert f.cost_usd == pytest.approx(100_000 * step_s * 8 / 3600 * h100.usd_per_hour, rel=1e-12)
+    assert f.derivation[-1].startswith("cost of 100,000 steps:") and "not predicted" in f.derivation[-1]
+    four = forecast(run, "H100-80GB", world_size=4, toggles=["fsdp"], steps=1000, price_per_hour=2.0)
+    assert four.cost_usd == pytest.approx(1000 * step_s / 3600 * 4 * 2.0, rel=1e-12)
+    t4 = forecast(run, "T4", steps=10)  # no list price for a T4
+    assert t4.cost_usd is None and "give price_per_hour=" in t4.derivation[-1]
+    assert forecast(run, "H100-80GB").cost_usd is None
+    with pytest.raises(ConfigError, match="steps"):
+        forecast(run, "H100-80GB", steps=0)

@@ -77,7 +77,7 @@ class Measured:
     [.., T, T] tensors cannot be told apart); untracked_bytes: how much more the step's
     peak held than its categories (CUDA's allocator counts tensors the profiler never saw
     allocated: buffers, caches, the batch made before recording began); notes: what could not be read and what was
-    assumed."""
+    assumed; step_s: its median step (s; None: unknown), for a forecast's price of N steps."""
 
     run_id: str
     categories: dict[str, float]
@@ -98,6 +98,7 @@ class Measured:
     traced: bool = True
     untracked_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
+    step_s: float | None = None
     vocab: int | None = None
     finetune: dict[str, Any] = field(default_factory=dict)
     frozen_measured: bool = True
@@ -213,6 +214,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         traced=not trace.memory.empty,
         untracked_bytes=_untracked(recorded),
         notes=notes,
+        step_s=float(run.summary["step_time_median_s"]) if run.summary.get("step_time_median_s") else None,
     )
 
 

@@ -5,6 +5,7 @@ the total may be.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -12,16 +13,17 @@ from typing import Any
 import numpy as np
 
 from swift_nb import vocabulary
+from swift_nb.analysis import cost
 from swift_nb.analysis.effects import OPTIMIZERS, Applied
 from swift_nb.analysis.forecast.growth import growth
 from swift_nb.analysis.forecast.measure import Measured, measure
 from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
 from swift_nb.analysis.forecast.spec import dtype_name, parse_toggles, toggle_label
-from swift_nb.devices import DEFAULT_DEVICE, Device, resolve_device
+from swift_nb.devices import DEFAULT_DEVICE, ENV_PRICE_PER_HOUR, Device, price_of, resolve_device
 from swift_nb.errors import ConfigError
 from swift_nb.record import Run, finetune_label
-from swift_nb.units import fmt_bytes
+from swift_nb.units import fmt_bytes, fmt_seconds
 
 #: How far off the total is expected to be (± %). Forecasts of another batch, sequence,
 #: dtype or optimizer came within 0.5 % of the measured peak in benchmarks/forecast.py
@@ -43,6 +45,8 @@ def forecast(
     world_size: int | None = None,
     calibration: Run | Measured | None = None,
     optimizer: str | None = None,
+    steps: int | None = None,
+    price_per_hour: float | None = None,
 ) -> Forecast:
     """The peak tensor memory of a training step of ``run``'s model at ``batch_size``
     samples (per rank) of ``seq_len`` tokens, parameters in ``dtype``, with ``optimizer``
@@ -54,8 +58,13 @@ def forecast(
     ``device`` (a preset of ``DEVICES``, a number of bytes, ``"80GB"`` or ``"24GiB"``).
     Unset arguments are the run's own. ``calibration``: a run of the same model at another
     batch size or sequence length, to fit how activations grow instead of reading it from
-    the trace. Raises ``ConfigError`` for a bad argument or a run without memory categories."""
+    the trace. ``steps``: price that many steps on ``device`` (``Forecast.cost_usd``) at
+    ``price_per_hour`` per device (default ``$SWIFT_NB_PRICE_PER_HOUR``, else the device's
+    list price: ``swift_nb.devices.PRICES_PER_HOUR``). Raises ``ConfigError`` for a bad
+    argument or a run without memory categories."""
     dev = resolve_device(device)
+    price_per_hour = cost.check_price("price_per_hour", price_per_hour)
+    _check_positive(steps=steps)
     wanted = parse_toggles(toggles)
     _check_positive(batch_size=batch_size, seq_len=seq_len, world_size=world_size)
     dtype = dtype_name(dtype) if dtype is not None else None
@@ -74,7 +83,53 @@ def forecast(
 
     max_batch = _largest(lambda b: fits(replace(cfg, batch_size=b)), cfg.batch_size) if m.batch_size else None
     max_seq = _largest(lambda t: fits(replace(cfg, seq_len=t)), cfg.seq_len) if m.seq_len else None
-    return _result(m, dev, cfg, peak, (max_batch, max_seq), _expected_error(m, cal, cfg))
+    out = _result(m, dev, cfg, peak, (max_batch, max_seq), _expected_error(m, cal, cfg))
+    if steps is None:
+        return out
+    return _priced(out, m, steps, m.step_s, price_per_hour)
+
+
+def _device_price(device: str, given: float | None) -> tuple[float | None, str]:
+    """(USD per hour of one ``device``, where it comes from): given, else
+    ``$SWIFT_NB_PRICE_PER_HOUR``, else its list price; (None, "") without any."""
+    if given is not None:
+        return given, "given"
+    env = cost.check_price(ENV_PRICE_PER_HOUR, os.environ.get(ENV_PRICE_PER_HOUR) or None)
+    if env is not None:
+        return env, f"${ENV_PRICE_PER_HOUR}"
+    listed = price_of(device)
+    return (listed.usd_per_hour, f"{listed.source}, {listed.as_of}") if listed else (None, "")
+
+
+def _priced(fc: Forecast, m: Measured, steps: int, run_step_s: float | None, given: float | None) -> Forecast:
+    """``fc`` with ``steps`` steps priced on its device: the run's median step scaled by the
+    tokens per step (batch × sequence), over its ranks, at the given price, else
+    ``$SWIFT_NB_PRICE_PER_HOUR``, else the device's list price."""
+
+    def tokens(batch: int | None, seq: int | None) -> int:  # samples when there is no sequence
+        return (batch or 1) * (seq or 1)
+
+    scale = tokens(fc.batch_size, fc.seq_len) / tokens(m.batch_size or fc.batch_size, m.seq_len or fc.seq_len)
+    step_s = run_step_s * scale if run_step_s else None
+    price, source = _device_price(fc.device, given)
+    if step_s is None or price is None:
+        missing = (
+            "the run has no step time"
+            if step_s is None
+            else f"no price for {fc.device}: give price_per_hour="
+        )
+        return replace(
+            fc, steps=steps, step_s=step_s, derivation=[*fc.derivation, f"cost of {steps:,} steps: {missing}"]
+        )
+    usd = cost.cost_usd(steps * step_s, fc.world_size, price)
+    line = (
+        f"cost of {steps:,} steps: {fmt_seconds(step_s)} per step (the run's median {fmt_seconds(run_step_s)} × "
+        f"{scale:.3g}, its tokens per step) × {fc.world_size} device(s) at {cost.fmt_usd(price)}/h ({source}) = "
+        f"{cost.fmt_usd(usd)}; the step time on {fc.device} itself is not predicted"
+    )
+    return replace(
+        fc, steps=steps, step_s=step_s, price_per_hour=price, cost_usd=usd, derivation=[*fc.derivation, line]
+    )
 
 
 def _config(

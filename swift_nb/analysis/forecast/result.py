@@ -64,6 +64,10 @@ class Forecast:
     off the total may be (±%), expected_error: why; measured: the run's categories at its
     peak (frozen_parameters absent when the run did not measure them), measured_config: its
     batch, sequence, dtype, optimizer, ranks and fine-tuning (``finetune_label``).
+    steps, step_s, price_per_hour, cost_usd (``forecast(steps=N)``): N steps priced on the
+    device, at the run's median step scaled by the tokens per step (s; the device's own
+    speed is not predicted), USD per device-hour, and their cost over ``world_size``
+    devices (USD; None without a price or a step time); the derivation says how.
     """
 
     run_id: str
@@ -89,6 +93,10 @@ class Forecast:
     measured: dict[str, float]
     measured_config: dict[str, Any]
     device_source: str = ""
+    steps: int | None = None
+    step_s: float | None = None
+    price_per_hour: float | None = None
+    cost_usd: float | None = None
 
     def table(self) -> pd.DataFrame:
         """One row per category and the total: ``measured_bytes`` (the run, at its peak; NaN

@@ -39,6 +39,7 @@ _SPEC_KEYS = {
     "world_size": "world_size",
     "toggles": "toggles",
     "device": "device",
+    "steps": "steps",
 }
 
 
@@ -103,7 +104,8 @@ def parse_forecast_spec(text: str) -> dict[str, Any]:
     """The keyword arguments of ``forecast`` from a line such as
     ``"H100-80GB batch=32 seq=4096 dtype=bf16 toggles=flash_attention,galore:rank=64"``:
     the device first (optional), then ``key=value`` words: batch (batch_size), seq (seq_len),
-    dtype, optimizer, world (world_size), toggles. Every value is checked here."""
+    dtype, optimizer, world (world_size), toggles, steps (price that many steps on the
+    device). Every value is checked here."""
     words = str(text).split()
     out: dict[str, Any] = {}
     if words and "=" not in words[0]:
@@ -113,7 +115,7 @@ def parse_forecast_spec(text: str) -> dict[str, Any]:
         if not eq or key not in _SPEC_KEYS:
             raise ConfigError(
                 "forecast",
-                "takes a device, then key=value words among batch, seq, dtype, optimizer, world, toggles "
+                "takes a device, then key=value words among batch, seq, dtype, optimizer, world, toggles, steps "
                 "(e.g. 'H100-80GB batch=32 seq=4096 dtype=bf16 toggles=flash_attention')",
                 word,
             )
@@ -122,7 +124,7 @@ def parse_forecast_spec(text: str) -> dict[str, Any]:
 
 
 def _spec_value(key: str, value: str) -> Any:
-    if key in ("batch_size", "seq_len", "world_size"):
+    if key in ("batch_size", "seq_len", "world_size", "steps"):
         number = _whole(key, value)
         if number < 1:
             raise ConfigError(key, "must be at least 1", value)
