@@ -352,7 +352,8 @@ export function createViewer(host, options) {
   function setPlaces(places) {
     placeList.replaceChildren();
     for (const p of places || []) {
-      const b = el("button", { type: "button", class: "swift-tl-place", "data-place": p.id, title: p.title }, "▸ " + p.title);
+      const label = p.title.length > 36 ? p.title.slice(0, 35) + "…" : p.title;
+      const b = el("button", { type: "button", class: "swift-tl-place", "data-place": p.id, title: p.title }, "▸ " + label);
       b.addEventListener("click", () => goto(p.start_us, p.end_us));
       placeList.append(b);
     }
