@@ -5,6 +5,7 @@ with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook c
 run.summary, run.steps, run.samples  # plain data, also saved in run.path
 swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere, as a run
 swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the measured memory
+swift_nb.export(run, to="mlflow")     # or "wandb", "tensorboard": summary, series, findings, files
 """
 
 import importlib
@@ -12,12 +13,17 @@ import sys
 from typing import TYPE_CHECKING
 
 from swift_nb.errors import ConfigError, RunDirError
+
+# Bound here, at import, so that `swift_nb.export` stays the function: the module of the same
+# name, once loaded, is reached through sys.modules (importlib.import_module("swift_nb.export")).
+from swift_nb.export import export
 from swift_nb.record import Run, load_run, pin, prune, runs, save
 
 if TYPE_CHECKING:
     from swift_nb.analysis.diff import diff
     from swift_nb.analysis.forecast import forecast
     from swift_nb.api import profile
+    from swift_nb.capture.alerts import Alert
     from swift_nb.capture.steps import step
     from swift_nb.importer import import_trace
     from swift_nb.monitor import Report, ResourceMonitor
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
 #: the package's names that need torch, imported when first used: a process that only
 #: reads runs (the digest's helper process, the importer's workers) never imports torch
 _LAZY = {
+    "Alert": "swift_nb.capture.alerts",
     "diff": "swift_nb.analysis.diff",
     "forecast": "swift_nb.analysis.forecast",
     "compare": "swift_nb.reporting",
@@ -54,6 +61,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Alert",
     "ConfigError",
     "Report",
     "ResourceMonitor",
@@ -61,6 +69,7 @@ __all__ = [
     "RunDirError",
     "compare",
     "diff",
+    "export",
     "forecast",
     "gather_sequence",
     "import_trace",

@@ -4,6 +4,7 @@ run joined; a missing extra named; ``swift-nb export``."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import struct
 from pathlib import Path
@@ -12,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swift_nb import export as export_module
 from swift_nb.cli import main as cli
 from swift_nb.errors import ConfigError, MissingDependencyError
 from swift_nb.export import export, parse_log_to, payload
@@ -26,6 +26,8 @@ from swift_nb.record import (
     save,
     summarize,
 )
+
+export_module = importlib.import_module("swift_nb.export")  # `swift_nb.export` is the function
 
 
 @pytest.fixture
@@ -242,6 +244,15 @@ def test_cli_export(run, tmp_path, capsys):
     assert "tensorboard" in capsys.readouterr().out
     assert cli(["export", str(run.path), "--to", "tensorboard", "--tracking-uri", "x"]) == 2
     assert "--tracking-uri is not an argument of tensorboard" in capsys.readouterr().err
+
+
+def test_swift_nb_export_is_the_function(run, tmp_path):
+    import swift_nb
+    from swift_nb.options import ProfileOptions
+
+    ProfileOptions(log_to=("tensorboard",))  # imports the module swift_nb.export, again
+    assert callable(swift_nb.export) and swift_nb.export is export
+    assert swift_nb.export(run, to="tensorboard", log_dir=str(tmp_path / "tb")) == str(tmp_path / "tb")
 
 
 def test_exported_from_disk_and_after_a_report(run):
