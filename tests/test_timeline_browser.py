@@ -198,14 +198,31 @@ def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
     box = root.locator("canvas").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 60)
     page.mouse.wheel(0, -300)
+    answered = int(root.get_attribute("data-answers") or 0)
     page.wait_for_function(
-        f"() => Number(document.querySelector('.swift-nb-results .swift-tl').dataset.queries) > {first['queries']}"
-    )
-    page.wait_for_timeout(500)  # the kernel's answer drawn
+        f"() => Number(document.querySelector('.swift-nb-results .swift-tl').dataset.answers) > {answered}"
+    )  # the kernel answered the zoomed window's query, and it was drawn
     zoomed = _state(root)
+    assert zoomed["queries"] > first["queries"]
     assert first["start"] < zoomed["start"] < zoomed["end"] < first["end"]
     assert zoomed["items"] > 0
-    assert _hover_an_op(page, root, "aten::").startswith("aten::")
+    op = _hover_an_op(page, root, "aten::")
+    assert op.startswith("aten::")
+    page.mouse.down()  # a click: the kernel's detail of the op
+    page.mouse.up()
+    page.wait_for_function(
+        "() => document.querySelector('.swift-nb-results .swift-tl').dataset.selected !== undefined"
+    )
+    assert root.get_attribute("data-selected") == op
+    assert "shapes: [[" in root.locator(".swift-tl-detail").inner_text()
+
+    search = root.locator(".swift-tl-search")  # the kernel's search
+    search.fill("addmm")
+    page.wait_for_function(
+        "() => /\\d+\\+? found/.test(document.querySelector('.swift-nb-results .swift-tl-found').textContent)"
+    )
+    search.press("Enter")
+    assert _hover_an_op(page, root, "aten::addmm") == "aten::addmm"
     results.screenshot(path=tmp_path / "timeline_tab.png")
 
     cells = "() => window.jupyterapp.shell.currentWidget.content.widgets.length"

@@ -3,7 +3,8 @@
 // the view: in a notebook the kernel's Timeline.query (level of detail done in Python, the
 // trace never held here), in a report its own level of detail over the embedded items.
 // Tests read its state from data attributes on the root (data-start-us, data-end-us,
-// data-queries, data-hover, data-items), never from pixels.
+// data-queries, data-answers: the queries drawn, data-hover, data-selected, data-items), never
+// from pixels.
 
 import { decode, embeddedSource, firstReaching, remoteSource } from "./timeline_data.js";
 import { AXIS_H, GUTTER, PAD, ROW_H, drawAxis, drawCounter, drawFlows, drawSpans, fmtUs, fmtValue, layout } from "./timeline_draw.js";
@@ -156,9 +157,10 @@ export function createViewer(host, options) {
         const data = await state.source.query(state.view.start, state.view.end, Math.max(1, width() - GUTTER));
         if (seq !== state.seq) return; // a newer view was asked for meanwhile
         state.data = data;
+        root.dataset.answers = String(Number(root.dataset.answers || 0) + 1);
         paint();
       } catch (err) {
-        showNote("The kernel did not answer (" + err.message + "): run the cell again to redraw.");
+        showNote("This window could not be drawn (" + err.message + ").");
       }
     }, QUERY_DELAY_MS);
   }
