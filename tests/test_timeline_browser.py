@@ -19,7 +19,9 @@ from swift_nb.reporting import report
 pytestmark = pytest.mark.slow  # Chromium, and JupyterLab with a kernel
 
 COST_RUN = Path(__file__).parent / "data" / "cost_run"
+GPU = Path(__file__).parent / "data" / "gpu"
 NOTEBOOK = "timeline.ipynb"
+RANKS = [str(GPU / f"gpu_128ranks_rank{r}.json.gz") for r in (0, 1)]
 CELLS = [
     "%load_ext swift_nb",
     "import torch\n"
@@ -33,6 +35,12 @@ CELLS = [
     "    loss.backward()\n"
     "    opt.step()\n"
     "    opt.zero_grad()",
+    # a job's two ranks, and the same traces as 18 ranks (past 16: the overview)
+    "import swift_nb\n"
+    f"job = swift_nb.import_trace({RANKS!r}, 'job_runs', report=False)\n"
+    "swift_nb.timeline(job, findings=[])",
+    "job.files.update({f'trace_rank{r}': job.files['trace_rank1'] for r in range(2, 18)})\n"
+    "swift_nb.timeline(job, findings=[])",
 ]
 STATE = "root => ({start: Number(root.dataset.startUs), end: Number(root.dataset.endUs), queries: Number(root.dataset.queries), hover: root.dataset.hover, items: Number(root.dataset.items)})"
 # Pixels of the canvas that are neither white nor the background stripes' grey.
@@ -62,6 +70,11 @@ def _hover_an_op(page, root, prefix: str) -> str:
             if hovered.startswith(prefix):
                 return hovered
     return hovered
+
+
+def _index(page, root) -> int:
+    """``root``'s position among the page's viewers."""
+    return root.evaluate("r => [...document.querySelectorAll('.swift-tl')].indexOf(r)")
 
 
 def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
@@ -240,5 +253,25 @@ def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
         f"() => Number(document.querySelector('.swift-nb-results .swift-tl').dataset.startUs) !== {zoomed['start']}"
     )
     assert root.is_visible()  # the button brought the Timeline tab forward
+
+    job, wide = page.locator(".swift-tl").all()[-2:]  # the last two cells' timelines
+    job.scroll_into_view_if_needed()
+    assert job.get_attribute("data-rank") == "0"
+    answered = int(job.get_attribute("data-answers") or 0)
+    job.locator(".swift-tl-rank").select_option("1")
+    job_answered = (
+        f"Number(document.querySelectorAll('.swift-tl')[{_index(page, job)}].dataset.answers) > {answered}"
+    )
+    page.wait_for_function(f"() => {job_answered}")
+    assert job.get_attribute("data-rank") == "1"
+
+    wide.scroll_into_view_if_needed()
+    assert wide.get_attribute("data-rank") == "-1"  # the overview: one summary track per rank
+    box = wide.locator("canvas").bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 18 + 4 + 5 * 22 + 7)  # rank 5's track
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.swift-tl')[{_index(page, wide)}].dataset.rank !== '-1'"
+    )
+    assert wide.get_attribute("data-rank") == "5"
     assert errors == [], errors
     page.close()

@@ -367,6 +367,7 @@ export function createViewer(host, options) {
     const choices = ranks.length > 16 ? [-1, ...ranks] : ranks;
     rankSelect.replaceChildren(...choices.map((r) => el("option", { value: String(r) }, r < 0 ? "all ranks" : `rank ${r}`)));
     rankSelect.value = String(rank);
+    root.dataset.rank = String(rank);
   }
   if ((options.ranks || []).length > 1) setRanks(options.ranks, options.rank);
   rankSelect.addEventListener("change", () => options.onRank && options.onRank(Number(rankSelect.value)));
