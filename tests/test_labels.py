@@ -170,6 +170,18 @@ def test_the_verdict_puts_its_deciding_numbers_first():
     near = Verdict("memory-bound", "peak tensor memory 95 MiB is 92 % of the device", evidence)
     assert list(ordered(near))[:2] == ["peak_mem_bytes", "attention_seq"]
     assert ordered(near) == evidence  # the same numbers, reordered
+    ops = Verdict(
+        "overhead-bound",
+        "812 ops per step; ops of ≥ 50 µs fill only 12 % of it",
+        {**evidence, "ops_per_step": 812, "heavy_op_pct": 12.0},
+    )
+    assert list(ordered(ops))[:2] == ["ops_per_step", "heavy_op_pct"]
+    tiny = Verdict(
+        "overhead-bound",
+        "the step is tiny (1.2 ms): the DataLoader's 0.4 ms per step",
+        {**evidence, "data_s_per_step": 4e-4},
+    )
+    assert list(ordered(tiny))[:2] == ["data_pct", "data_s_per_step"]
 
 
 def _compare_row(variant: str, peak: float, predicted: float | None, **more) -> dict:
@@ -195,6 +207,7 @@ def _compare_row(variant: str, peak: float, predicted: float | None, **more) -> 
 
 def test_the_comparison_puts_the_prediction_beside_the_measurement():
     assert prediction_text(22.8 * 2**20, 22.9 * 2**20) == "predicted 22.8 MiB · measured 22.9 MiB · +0.4 %"
+    assert prediction_text(2**20, 0.5 * 2**20) == "predicted 1.0 MiB · measured 512.0 KiB · −50.0 %"
     assert prediction_text(None, 2**20) == prediction_text(np.nan, 2**20) == ""
     table = pd.DataFrame(
         [

@@ -256,7 +256,7 @@ def test_terminal_ipython_gets_text_only(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "status" in out and "ok" in out and "term" in out  # the summary as text
+    assert "Status" in out and "ok" in out and "term" in out  # the summary as text
     assert "[Utilisation and memory over time]" in out  # figures name themselves
     assert "live panel" not in out and "Tab(" not in out and "IntProgress" not in out
     assert _newest(tmp_path / "runs").status == "ok"

@@ -36,7 +36,8 @@ def prediction_text(predicted_bytes: float | None, measured_bytes: float | None)
     text = f"predicted {fmt_bytes(predicted_bytes)}"
     if measured_bytes is None or is_missing(measured_bytes):
         return text
-    return f"{text} · measured {fmt_bytes(measured_bytes)} · {(measured_bytes / predicted_bytes - 1) * 100:+.1f} %"
+    off = f"{(measured_bytes / predicted_bytes - 1) * 100:+.1f}".replace("-", "−")
+    return f"{text} · measured {fmt_bytes(measured_bytes)} · {off} %"
 
 
 def _ratio(x) -> str:
