@@ -1,6 +1,6 @@
 """``swift-nb``: list runs, print a run's summary, (re)write a run's report.html, compare runs,
 say what changed between two (a gate for CI with limits), import torch.profiler traces
-recorded anywhere as runs."""
+recorded anywhere as runs, send a run to MLflow, W&B or TensorBoard."""
 
 from __future__ import annotations
 
