@@ -179,3 +179,24 @@ def test_a_profiled_run_has_energy_per_step(monkeypatch, runs_dir):
     assert s["energy_cost_usd"] == pytest.approx(s["energy_j"] / 3.6e6 * 0.5)
     saved = pd.read_csv(run.path / "samples.csv")
     assert saved["gpu0_energy_j"].is_monotonic_increasing
+
+
+def test_a_jobs_energy_is_every_ranks_gpu_summed():
+    from swift_nb.capture.job import job_energy
+
+    t = np.arange(0, 4.01, 0.5)
+    steps = _steps([0.0, 1.0, 2.0, 3.0])
+
+    def part(watts):
+        return {"steps": steps, "samples": pd.DataFrame({"t_s": t, "gpu0_energy_j": watts * t})}
+
+    out = job_energy(
+        {0: part(100.0), 1: part(300.0), 2: {"steps": steps, "samples": pd.DataFrame({"t_s": t})}}
+    )
+    assert out == {
+        "energy_ranks": 2,
+        "energy_j": pytest.approx(1600.0),
+        "avg_power_w": pytest.approx(400.0),
+        "energy_per_step_j": pytest.approx(400.0),
+    }
+    assert job_energy({0: part(100.0)}) == {}  # one rank: its own figures are the job's

@@ -27,6 +27,7 @@ import pandas as pd
 from swift_nb import trace_names as tn
 from swift_nb.capture.dist import RankInfo
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder, rank_trace_file
+from swift_nb.record.write import energy_summary
 from swift_nb.units import fmt_ranks
 
 MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
@@ -226,6 +227,21 @@ def _group_notes(parts: dict[int, dict[str, Any]], known: list[str]) -> list[str
     return [f"{fmt_ranks(rs)}: {n}" for n, rs in by_note.items()]
 
 
+def job_energy(parts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The job's ``energy_j``, ``avg_power_w`` and ``energy_per_step_j``: each rank's GPU
+    (a rank samples its own device) summed over the ranks that measured some, with
+    ``energy_ranks`` their number; empty when fewer than two did (rank 0's are the job's)."""
+    found = [energy_summary(p["steps"], p["samples"]) for _, p in sorted(parts.items())]
+    found = [e for e in found if "energy_j" in e]
+    if len(found) < 2:
+        return {}
+    out: dict[str, Any] = {"energy_ranks": len(found)}
+    for key in ("energy_j", "avg_power_w", "energy_per_step_j"):
+        if all(key in e for e in found):
+            out[key] = float(sum(e[key] for e in found))
+    return out
+
+
 def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int, notes: list[str]) -> Run:
     """The job record from rank 0's partial record and every part that arrived."""
     job_run = Run(
@@ -266,6 +282,7 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
     job_run.rank_steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     frames = [p["samples"].assign(rank=r) for r, p in sorted(parts.items()) if len(p["samples"])]
     job_run.rank_samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    job_run.summary.update(job_energy(parts))
     others = {r: p for r, p in parts.items() if r != 0}
     job_run.notes.extend(_group_notes(others, run0.notes))
     job_run.notes.extend(notes)
