@@ -13,7 +13,6 @@ Torch-free: the render layer and the notebook read it, and so may any later tool
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -35,6 +34,12 @@ class Label:
 
     text: str
     unit: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.unit is not None and self.unit not in UNITS:
+            raise ValueError(
+                f"label {self.text!r}: unit must be one of {', '.join(map(repr, UNITS))}; got {self.unit!r}"
+            )
 
 
 # fmt: off
@@ -377,11 +382,12 @@ def value_text(key: str, value: Any) -> str:
 
 
 def _plain(value: Any) -> str:
+    """A value inside a list or a mapping, as short text."""
     if isinstance(value, Mapping):
         return ", ".join(f"{k} {v}" for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return ", ".join(map(str, value))
-    return str(value) if not isinstance(value, (set, frozenset)) else json.dumps(sorted(map(str, value)))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(map(str, sorted(value, key=str) if isinstance(value, (set, frozenset)) else value))
+    return str(value)
 
 
 def number_text(value: float, kind: str, integral: bool = False) -> str:
