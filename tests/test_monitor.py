@@ -25,7 +25,11 @@ def test_monitor_report(runs_dir):
     assert run.summary["steps"] == 6 and run.status == "ok"
     assert run.trace_path is None
     assert (run.samples["kind"] == "step").sum() == 4  # steps 1, 3, 5, plus the final sample
-    assert "Steps" in report.summary and "Peak resident memory (RSS)" in report.summary and "mon" in report.summary
+    assert (
+        "Steps" in report.summary
+        and "Peak resident memory (RSS)" in report.summary
+        and "mon" in report.summary
+    )
 
 
 def test_a_long_run_keeps_a_bounded_number_of_step_rows(runs_dir, monkeypatch):
