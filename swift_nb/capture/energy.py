@@ -85,8 +85,10 @@ class Rapl:
         self._total_uj = 0.0
 
     @classmethod
-    def open(cls, root: Path = POWERCAP) -> tuple[Rapl | None, str | None]:
-        """A reader of every CPU package under ``root``; None and why where none is readable."""
+    def open(cls, root: Path | None = None) -> tuple[Rapl | None, str | None]:
+        """A reader of every CPU package under ``root`` (default ``POWERCAP``); None and why
+        where none is readable."""
+        root = POWERCAP if root is None else root
         zones = []
         for zone in sorted(Path(root).glob("intel-rapl:*")):
             if zone.name.count(":") != 1:  # a package's subzones (core, uncore, dram) are inside it
