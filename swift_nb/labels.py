@@ -22,9 +22,24 @@ from typing import Any
 from swift_nb.units import fmt_bytes, fmt_seconds
 
 #: how a value is written: seconds, milliseconds, microseconds, bytes, a percentage (0–100),
-#: joules, watts, US dollars, dollars per hour, a count, a ratio (×), a tensor shape, or as
-#: it is ("")
-UNITS = ("s", "ms", "us", "bytes", "pct", "j", "w", "usd", "usd_per_hour", "count", "ratio", "shape", "")
+#: joules, watts, US dollars, dollars per hour or per kWh, a count, a ratio (×), a tensor
+#: shape, or as it is ("")
+UNITS = (
+    "s",
+    "ms",
+    "us",
+    "bytes",
+    "pct",
+    "j",
+    "w",
+    "usd",
+    "usd_per_hour",
+    "usd_per_kwh",
+    "count",
+    "ratio",
+    "shape",
+    "",
+)
 
 
 @dataclass(frozen=True)
@@ -241,7 +256,10 @@ LABELS: dict[str, Label] = {
     "idle_cost_per_1k_steps_usd": Label("Idle cost per 1 000 steps"),
     "saved_per_1k_steps_usd": Label("Saved per 1 000 steps"),
     "energy_cost_usd": Label("Energy cost"),
-    "price_per_hour": Label("Price per hour", "usd_per_hour"),
+    "price_per_hour": Label("Price per device hour", "usd_per_hour"),
+    "price_per_kwh": Label("Energy price", "usd_per_kwh"),
+    "price_source": Label("Price from"),
+    "priced_devices": Label("Devices priced", "count"),
     # a comparison's rows
     "variant": Label("Variant"),
     "status": Label("Status"),
@@ -412,6 +430,8 @@ def number_text(value: float, kind: str, integral: bool = False) -> str:
         return usd_text(value)
     if kind == "usd_per_hour":
         return f"{usd_text(value)}/h"
+    if kind == "usd_per_kwh":
+        return f"{usd_text(value)}/kWh"
     if kind == "ratio":
         return f"{value:.2f}×"
     if integral or value == int(value):

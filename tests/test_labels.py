@@ -103,6 +103,7 @@ def test_energy_and_cost_keys_have_labels_and_units():
     assert label("idle_cost_per_1k_steps_usd") == "Idle cost per 1 000 steps"
     assert label("energy_cost_usd") == "Energy cost"
     assert value_text("price_per_hour", 2.5) == "$2.50/h"
+    assert (label("price_per_kwh"), value_text("price_per_kwh", 0.15)) == ("Energy price", "$0.15/kWh")
 
 
 @pytest.mark.parametrize(
@@ -263,3 +264,16 @@ def test_labels_module_is_the_one_place_of_the_words():
         assert "<th>A throwaway</th>" in html and "2.0 KiB" in html
     finally:
         del labels.LABELS["throwaway_bytes"]
+
+
+def test_the_summary_shows_energy_and_cost_in_words_where_recorded():
+    from swift_nb.record import Run
+    from swift_nb.render.tables import summary_rows
+
+    bare = dict(summary_rows(Run(id="r")))
+    assert "Energy" not in bare and "Cost" not in bare  # nothing recorded: no row of dashes
+    run = Run(id="r", summary={"energy_j": 5400.0, "cost_usd": 0.0042, "cost_per_1k_steps_usd": 1.25})
+    rows = dict(summary_rows(run))
+    assert (
+        rows["Energy"] == "5.4 kJ" and rows["Cost"] == "$0.0042" and rows["Cost per 1 000 steps"] == "$1.25"
+    )

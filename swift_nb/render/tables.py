@@ -22,6 +22,7 @@ ENERGY_KEYS = (
     "cost_per_1k_steps_usd",
     "idle_cost_per_1k_steps_usd",
     "price_per_hour",
+    "price_per_kwh",
 )
 #: the summary's rows whose value is a path: shown whole under the table, not in a cell
 FOLDER, TRACE = "Folder", "Trace"
