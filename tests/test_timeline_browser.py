@@ -14,6 +14,7 @@ import nbformat
 import pytest
 from test_browser import ALL_CELLS_RAN, SERVER_START_S, browser, lab  # noqa: F401 (fixtures)
 
+import swift_nb
 from swift_nb.reporting import report
 
 pytestmark = pytest.mark.slow  # Chromium, and JupyterLab with a kernel
@@ -135,6 +136,28 @@ def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
     assert (moved["start"], moved["end"]) != (hit["start"], hit["end"])
     page.screenshot(path=tmp_path / "report_timeline.png")
     assert attempted == [] and problems == []
+    page.close()
+
+
+def test_a_jobs_report_switches_to_its_ranks_overview(browser, tmp_path):  # noqa: F811
+    job = swift_nb.import_trace([Path(r) for r in RANKS], tmp_path, report=False)
+    report(job)
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.route(
+        "**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort()
+    )
+    page.goto((job.path / "report.html").as_uri())
+    page.wait_for_function("() => document.querySelector('.swift-tl')?.dataset.painted === '1'")
+    root = page.locator(".swift-tl")
+    root.scroll_into_view_if_needed()
+    assert root.get_attribute("data-rank") == "0"
+    answered = int(root.get_attribute("data-answers") or 0)
+    root.locator(".swift-tl-rank").select_option("-1")  # all ranks
+    page.wait_for_function(f"() => Number(document.querySelector('.swift-tl').dataset.answers) > {answered}")
+    assert root.get_attribute("data-rank") == "-1" and _state(root)["items"] > 0
+    box = root.locator("canvas").bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 18 + 4 + 7)  # rank 0's summary track
+    page.wait_for_function("() => document.querySelector('.swift-tl').dataset.rank === '0'")
     page.close()
 
 

@@ -237,3 +237,12 @@ def test_a_damaged_trace_costs_the_timeline_alone(run):
     tab = dict(zip(TABS, results_panel(reported.run, reported.sections).children[1].children, strict=True))
     assert any(why in getattr(w, "value", "") for w in tab["Timeline"].children)
     assert not any(isinstance(w, TimelineWidget) for w in tab["Timeline"].children)
+
+
+def test_a_jobs_report_carries_its_ranks_overview(gpu_runs, tmp_path):
+    job = load_run(shutil.copytree(gpu_runs[1].path, tmp_path / "job"))
+    report(job.path)
+    html = (job.path / "report.html").read_text("utf-8")
+    data = json.loads(re.search(rf"id='{DATA_ID}'>(.*?)</script>", html, re.DOTALL).group(1))
+    assert data["rank"] == 0 and {t["kind"] for t in data["tracks"]} >= {"cpu", "gpu"}
+    assert [t["track"] for t in data["overview"]["tracks"]] == ["rank:0", "rank:1"]

@@ -25,7 +25,7 @@ from swift_nb.analysis.timeline import STEPS_TRACK, Timeline
 from swift_nb.analysis.timeline_ranks import rank_overview
 from swift_nb.errors import ConfigError
 from swift_nb.record import Run, load_run
-from swift_nb.render.sections.timeline import place_list
+from swift_nb.render.sections.timeline import own_rank, place_list
 from swift_nb.render.timeline_view import viewer_js
 
 #: the first view's width in pixels, before the browser says how wide the canvas is
@@ -66,8 +66,8 @@ class TimelineWidget(anywidget.AnyWidget):
         self.overview = timeline is None and rank is None and len(ranks) > OVERVIEW_RANKS
         if timeline is None:
             timeline = rank_overview(run) if self.overview else Timeline.of_run(run, rank)
-        if rank is None:  # the run's own trace: its rank in a job's folder
-            rank = next((r for r, p in paths.items() if p == run.trace_path), -1)
+        if rank is None:
+            rank = own_rank(run)
         self.timeline = timeline
         super().__init__(
             initial=self._first_view(timeline),

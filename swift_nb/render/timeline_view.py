@@ -42,13 +42,22 @@ def viewer_js() -> str:
     return "\n".join(_LOCAL_IMPORT.sub("", (STATIC / name).read_text("utf-8")) for name in SOURCES)
 
 
-def embedded_html(timeline: Timeline, places: list[dict[str, Any]], title: str) -> str:
+def embedded_html(
+    timeline: Timeline,
+    places: list[dict[str, Any]],
+    title: str,
+    overview: Timeline | None = None,
+    rank: int = 0,
+) -> str:
     """The report's viewer: a host element, the timeline's embedded items as a JSON data
     block (``Timeline.embed``: every event if under its budget, else the merged level of
     detail, with a note) and the viewer's module, inline. ``places``: the findings'
-    windows, ``[{id, title, start_us, end_us}]``."""
+    windows, ``[{id, title, start_us, end_us}]``. A job's ``overview`` (one summary track
+    per rank, ``analysis.timeline_ranks``) is embedded beside its ``rank``'s events."""
     data = timeline.embed()
-    data.update(places=places, title=title)
+    data.update(places=places, title=title, rank=rank)
+    if overview is not None:
+        data["overview"] = overview.embed()
     # "<" escaped keeps any name from ending the data block ("</script>") early
     text = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     boot = (

@@ -16,6 +16,7 @@ import pandas as pd
 from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.timeline import Timeline
 from swift_nb.analysis.timeline_places import places as finding_places
+from swift_nb.analysis.timeline_ranks import rank_overview
 from swift_nb.record import Run
 from swift_nb.render.figures import figure_png, timeline_figure
 from swift_nb.render.html import empty
@@ -81,10 +82,17 @@ class TimelinePart:
 
     def html(self) -> str:
         try:
-            viewer = embedded_html(self.timeline, self.places, self.run.label or self.run.id)
+            overview = rank_overview(self.run) if len(self.run.rank_trace_paths()) > 1 else None
+            title = self.run.label or self.run.id
+            viewer = embedded_html(self.timeline, self.places, title, overview, own_rank(self.run))
         except Exception as e:  # the rest of the report stands without its timeline
             return empty(not_drawn(e))
         return f"{viewer}<p class='caption'>{escape(self.caption)}</p>"
+
+
+def own_rank(run: Run) -> int:
+    """The rank of the run's own trace in a job's folder (0 for a run of one process)."""
+    return next((r for r, p in run.rank_trace_paths().items() if p == run.trace_path), 0)
 
 
 def not_drawn(error: Exception) -> str:

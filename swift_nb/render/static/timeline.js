@@ -372,7 +372,7 @@ export function createViewer(host, options) {
   if ((options.ranks || []).length > 1) setRanks(options.ranks, options.rank);
   rankSelect.addEventListener("change", () => options.onRank && options.onRank(Number(rankSelect.value)));
 
-  // A new trace (another rank): tracks, bounds and first answer replaced, the view reset.
+  // A new trace (another rank): tracks, bounds, first answer (and source) replaced, the view reset.
   function setData(o) {
     state.boxes = layout(o.tracks);
     state.bounds = { start: o.start_us, end: o.end_us };
@@ -381,6 +381,7 @@ export function createViewer(host, options) {
     state.selected = null;
     detail.textContent = "";
     showNote(o.note || "");
+    if (o.source) state.source = o.source;
     if (o.ranks) setRanks(o.ranks, o.rank);
     paint();
     requery();
@@ -435,11 +436,28 @@ async function openInPerfetto(source, title, showNote) {
 // ---- entry points -----------------------------------------------------------------------
 
 // report.html: the embedded items, this page's own level of detail, and the document's
-// "Show on timeline" links ([data-place] elements) wired to the viewer.
+// "Show on timeline" links ([data-place] elements) wired to the viewer. A job's report also
+// carries its ranks' overview (one summary track per rank), a choice beside its own rank.
 export function mountEmbedded(host, payload) {
-  const viewer = createViewer(host, {
+  const own = {
     tracks: payload.tracks, start_us: payload.start_us, end_us: payload.end_us,
-    source: embeddedSource(payload), places: payload.places, note: payload.note, title: payload.title,
+    source: embeddedSource(payload), note: payload.note,
+  };
+  const overview = payload.overview;
+  const ranks = overview ? [payload.rank, -1] : [];
+  const show = (rank) => viewer.setData(rank < 0 ? {
+    tracks: overview.tracks, start_us: overview.start_us, end_us: overview.end_us,
+    source: embeddedSource(overview), note: "Each rank's steps: busy, communicating or idle.", ranks, rank,
+  } : { ...own, ranks, rank });
+  const viewer = createViewer(host, {
+    ...own, places: payload.places, title: payload.title, ranks, rank: payload.rank, onRank: show,
+    onTrackClick: (track) => {
+      if (track === `rank:${payload.rank}`) show(payload.rank);
+      else if (typeof track === "string" && track.startsWith("rank:")) {
+        host.querySelector(".swift-tl-note").textContent = `This report carries rank ${payload.rank}'s events; ` +
+          `swift_nb.timeline(run, rank=${track.slice(5)}) in a notebook draws that rank.`;
+      }
+    },
   });
   const byId = new Map((payload.places || []).map((p) => [p.id, p]));
   for (const link of document.querySelectorAll("[data-place]")) {
@@ -449,6 +467,7 @@ export function mountEmbedded(host, payload) {
     link.addEventListener("click", (ev) => {
       ev.preventDefault();
       host.scrollIntoView({ behavior: "instant", block: "start" });
+      if (overview) show(payload.rank);
       viewer.goto(place.start_us, place.end_us);
     });
   }
