@@ -214,6 +214,30 @@ def test_wandb_offline_run(run, tmp_path, monkeypatch):
     assert len(ours) == 1 and {e.path for e in ours[0].manifest.contents} == {REPORT_FILE, TRACE_FILE}
 
 
+@pytest.mark.slow  # wandb starts its service process
+def test_wandb_joins_the_active_run(run, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    users = wandb.init(project="mine", name="users-own", dir=str(tmp_path))
+    try:
+        users.log({"loss": 1.0})
+        assert export(run, to="wandb").endswith(users.id)
+        assert wandb.run is users  # left running: it is the user's
+        users.log({"loss": 0.5})
+    finally:
+        users.finish()
+    records = _wandb_records(tmp_path / "wandb")
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
+    keys = {
+        i.key or "/".join(i.nested_key)
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+        for i in r.history.item
+    }
+    assert {"loss", "swift_nb/series/step_time_s"} <= keys
+
+
 # -- TensorBoard ------------------------------------------------------------------------------
 
 
