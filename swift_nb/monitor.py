@@ -44,7 +44,8 @@ class ResourceMonitor:
     monitor_memory: also sample every ``interval_ms`` in the background (memory spikes
     between steps); False samples at step ends only.
     on_alert: called with each ``swift_nb.capture.alerts.Alert`` (a step-time regression)
-    while the loop runs. price_per_hour: USD per device-hour, for the cost. log_to:
+    while the loop runs. price_per_hour, price_per_kwh: USD per device-hour and per kWh,
+    for the cost (``swift_nb.analysis.cost``). log_to:
     trackers the report is sent to (``swift_nb.export``).
 
     Hours of training keep memory bounded: steps stream to steps.csv every second, samples
@@ -62,6 +63,7 @@ class ResourceMonitor:
         context: dict[str, Any] | None = None,
         on_alert: Callable[[Alert], None] | None = None,
         price_per_hour: float | None = None,
+        price_per_kwh: float | None = None,
         log_to: Sequence[str] = (),
     ) -> None:
         self._session = Session(
@@ -70,6 +72,7 @@ class ResourceMonitor:
                 label=label,
                 out_dir=log_dir,
                 price_per_hour=price_per_hour,
+                price_per_kwh=price_per_kwh,
                 log_to=tuple(log_to),
             ),
             on_alert=on_alert,

@@ -58,3 +58,22 @@ def test_a_long_run_keeps_a_bounded_number_of_step_rows(runs_dir, monkeypatch):
     on_disk = pd.read_csv(run.path / "steps.csv")
     assert len(on_disk) == run.summary["steps"] == 3000
     assert (on_disk["duration_s"] == on_disk["end_s"] - on_disk["start_s"]).all()
+
+
+def test_rows_that_cannot_be_read_back_are_said_and_the_run_is_saved(runs_dir, monkeypatch):
+    import time
+
+    from swift_nb.capture import journal
+
+    monkeypatch.setattr(journal, "KEEP_STEPS", 100)
+    monkeypatch.setattr(journal, "FLUSH_INTERVAL_S", 0.05)
+    mon = swift_nb.ResourceMonitor(interval=50, log_dir=runs_dir)
+    for step in range(1500):
+        mon.step_begin(step)
+        time.sleep(0.0003)
+        mon.step_end(step)
+        if step == 1000:
+            (mon.run.path / "steps.csv").unlink()  # a cleanup script took it
+    run = mon.generate_report().run
+    assert run.status == "ok" and 0 < len(run.steps) < 1500
+    assert any("could not be read back from steps.csv" in n for n in run.notes)

@@ -335,8 +335,15 @@ class Session:
             return newest
         # a long run's older rows live only in steps.csv (journal.KEEP_STEPS); as written
         # (repr of each float): read back exactly
-        older = pd.read_csv(self.run.path / STEPS_FILE, nrows=dropped)
-        return pd.concat([older[STEP_COLUMNS], newest], ignore_index=True)
+        try:
+            older = pd.read_csv(self.run.path / STEPS_FILE, nrows=dropped)[STEP_COLUMNS]
+        except (OSError, ValueError, KeyError) as e:  # the folder removed or its file replaced meanwhile
+            self.note(
+                f"the first {dropped} steps' rows could not be read back from {STEPS_FILE} "
+                f"({type(e).__name__}: {e}); the record holds the later ones"
+            )
+            return newest
+        return pd.concat([older, newest], ignore_index=True)
 
     def _add_trace(self, run: Run, steps: pd.DataFrame, trace: TraceResult) -> None:
         """The finished trace into the record, with the memory by category it gives."""
