@@ -61,6 +61,12 @@ def test_devices_a_job_or_a_process_rents():
     assert cost.devices_of(_run([1.0], 1.0, one_rank)) == 1
     two = _run([1.0], 3600.0, {"device": "cuda", "devices": ["A", "B"]})
     assert cost.cost_summary(two, price_per_hour=2.0)["cost_usd"] == pytest.approx(4.0)
+    # eight GPUs seen, one trained on: the samples say which held memory
+    eight = _run([1.0], 3600.0, {"device": "cuda", "devices": ["H100"] * 8})
+    eight.samples = pd.DataFrame(
+        {"t_s": [0.0, 1.0], **{f"cuda{i}_allocated_bytes": [0.0, 2e9 if i == 0 else 0.0] for i in range(8)}}
+    )
+    assert cost.devices_of(eight) == 1
 
 
 def test_energy_cost():

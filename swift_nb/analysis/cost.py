@@ -2,7 +2,7 @@
 
 Money is rent: ``price_per_hour`` (USD) for one device-hour, one device being a GPU the run
 used, or the machine on a CPU run. A run's devices are its job's ranks (one GPU each), else
-the GPUs its process watched, else one machine.
+the GPUs its process allocated memory on (``devices_of``), else one machine.
 
 - ``cost_usd``: the run's wall time × its devices × the price;
 - ``cost_per_1k_steps_usd``: 1 000 median steps × its devices × the price (the steady rate,
@@ -94,15 +94,22 @@ def check_price(name: str, value: Any) -> float | None:
 
 
 def devices_of(run: Run) -> int:
-    """The devices a run rents: a job's ranks, else the GPUs its process watched, else one
-    machine."""
+    """The devices a run rents: a job's ranks; else the GPUs its process allocated on (a
+    notebook on an 8-GPU machine training on one pays for one), or all it saw where the
+    samples do not say; else one machine."""
     env = run.environment or {}
     world = int(env.get("world_size") or run.context.get("world_size") or 1)
     if world > 1:
         return world
-    if env.get("device") == "cuda" and env.get("rank_device") is None:
-        return max(1, len(env.get("devices") or ()))
-    return 1
+    if env.get("device") != "cuda" or env.get("rank_device") is not None:
+        return 1
+    samples = run.samples
+    allocated = [c for c in samples.columns if c.startswith("cuda") and c.endswith("_allocated_bytes")]
+    if allocated and len(samples):
+        used = sum(bool(_number(samples[c].max()) or 0) for c in allocated)
+        if used:
+            return used
+    return max(1, len(env.get("devices") or ()))
 
 
 def price_per_hour_of(run: Run, given: float | None = None) -> tuple[float, str] | None:
