@@ -200,3 +200,17 @@ def test_a_jobs_energy_is_every_ranks_gpu_summed():
         "energy_per_step_j": pytest.approx(400.0),
     }
     assert job_energy({0: part(100.0)}) == {}  # one rank: its own figures are the job's
+
+
+def test_only_the_gpus_the_run_allocated_on_count():
+    t = np.arange(0, 2.01, 0.5)
+    samples = pd.DataFrame(
+        {
+            "t_s": t,
+            "gpu0_energy_j": 300 * t,
+            "gpu1_energy_j": 60 * t,  # an idle GPU of the same machine
+            "cuda0_allocated_bytes": 1e9,
+            "cuda1_allocated_bytes": 0.0,
+        }
+    )
+    assert energy_summary(_steps([0.0, 1.0]), samples)["avg_power_w"] == pytest.approx(300.0)

@@ -165,7 +165,18 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
 
 
 def _energy_columns(samples: pd.DataFrame) -> list[str]:
-    return [c for c in samples.columns if c.startswith("gpu") and c.endswith("_energy_j")]
+    """The GPUs' energy columns of the devices the run used: where the samples have torch's
+    allocator bytes (``cuda{i}_allocated_bytes``, the same index i), those it allocated on,
+    so the idle GPUs of a machine whose process trains on one are not counted."""
+    energy = [c for c in samples.columns if c.startswith("gpu") and c.endswith("_energy_j")]
+
+    def used(column: str) -> bool:
+        allocated = column.replace("gpu", "cuda", 1).replace("_energy_j", "_allocated_bytes")
+        if allocated not in samples.columns:
+            return True
+        return bool(pd.to_numeric(samples[allocated], errors="coerce").fillna(0).max() > 0)
+
+    return [c for c in energy if used(c)]
 
 
 def _cumulative(samples: pd.DataFrame, columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
