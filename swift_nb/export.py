@@ -61,6 +61,8 @@ SCALARS = [
     "energy_cost_usd",
 ]
 DEFAULT_MAX_POINTS = 10_000
+#: MLflow's most entities (metrics, params and tags together) in one log_batch
+BATCH = 1000
 PREFIX = "swift_nb/"
 
 
@@ -208,7 +210,7 @@ def export(run: Run | Path | str, to: str, *, max_points: int = DEFAULT_MAX_POIN
 
 
 def _to_mlflow(mlflow: Any, run: Run, p: Payload, kwargs: dict[str, Any]) -> str:
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, RunTag
 
     tracking_uri = kwargs.pop("tracking_uri", None)
     active = mlflow.active_run()
@@ -227,19 +229,12 @@ def _to_mlflow(mlflow: Any, run: Run, p: Payload, kwargs: dict[str, Any]) -> str
     metrics = [Metric(PREFIX + k, v, now, 0) for k, v in p.scalars.items()]
     for key, (steps, values) in p.series.items():
         metrics += [Metric(PREFIX + key, v, now, s) for s, v in zip(steps, values, strict=True)]
-    params = (
-        [Param(PREFIX + "price_source", str(run.summary["price_source"]))]
-        if "price_source" in run.summary
-        else []
-    )
     tags = [RunTag(k, v) for k, v in p.tags.items()]
-    for i in range(0, max(len(metrics), 1), 1000):  # MLflow's limit per batch
-        client.log_batch(
-            run_id,
-            metrics=metrics[i : i + 1000],
-            params=params if i == 0 else [],
-            tags=tags if i == 0 else [],
-        )
+    if "price_source" in run.summary:  # a tag, not a param: a run exported again may say otherwise
+        tags.append(RunTag(PREFIX + "price_source", str(run.summary["price_source"])))
+    client.log_batch(run_id, tags=tags)
+    for i in range(0, len(metrics), BATCH):
+        client.log_batch(run_id, metrics=metrics[i : i + BATCH])
     client.log_text(run_id, p.findings_markdown(), "swift_nb/findings.md")
     for f in p.artifacts:
         client.log_artifact(run_id, str(f), "swift_nb")

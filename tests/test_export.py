@@ -34,9 +34,12 @@ export_module = importlib.import_module("swift_nb.export")  # `swift_nb.export` 
 def run(tmp_path) -> Run:
     """A saved run of 30 steps with GPU energy samples, memory by category, a price, and a
     report and trace beside it (the trace's content is not read: it is an artifact here)."""
-    n = 30
+    return _saved_run(tmp_path, 30)
+
+
+def _saved_run(tmp_path: Path, n: int) -> Run:
     dur = np.full(n, 0.1)
-    dur[20:] = 0.13
+    dur[20 * n // 30 :] = 0.13
     start = np.concatenate([[0.0], np.cumsum(dur)[:-1]])
     steps = pd.DataFrame(
         {
@@ -133,6 +136,16 @@ def test_mlflow_creates_a_run_named_by_the_label(run, mlflow_store):
     arts = {a.path for a in client.list_artifacts(run_id, "swift_nb")}
     assert {"swift_nb/report.html", "swift_nb/trace.json.gz", "swift_nb/findings.md"} <= arts
     assert client.get_experiment(got.info.experiment_id).name == "swift"
+
+
+def test_mlflow_takes_long_series_in_batches(tmp_path, mlflow_store):
+    mlflow = pytest.importorskip("mlflow")
+    long = _saved_run(tmp_path / "long", 1500)  # 3 series of 1 500 steps: 4 500 metrics and more
+    run_id = export(long, to="mlflow", tracking_uri=mlflow_store)
+    history = mlflow.MlflowClient(tracking_uri=mlflow_store).get_metric_history(
+        run_id, "swift_nb/step_time_s"
+    )
+    assert sorted(m.step for m in history) == list(range(1500))
 
 
 def test_mlflow_joins_the_active_run(run, mlflow_store):
