@@ -166,9 +166,8 @@ def test_money_in_the_verdict_and_the_findings(tmp_path, monkeypatch):
     timed = [f for f in a.findings if "saved_per_1k_steps_usd" in f.evidence]
     assert timed and all("less per 1 000 steps" in f.predicted_effect for f in timed)
     gaps = next(f for f in timed if f.id == "overhead")
-    share = float(gaps.predicted_effect.split("−")[1].split(" %")[0]) / 100
     assert gaps.evidence["saved_per_1k_steps_usd"] == pytest.approx(
-        share * s["cost_per_1k_steps_usd"], rel=1e-5
+        gaps.time_cut * s["cost_per_1k_steps_usd"], rel=1e-5
     )
     # without a price (none given, none listed for its GPU): the words as they were
     del run.context["price_per_hour"]
@@ -177,21 +176,24 @@ def test_money_in_the_verdict_and_the_findings(tmp_path, monkeypatch):
     assert "$" not in plain.verdict.reason and all("$" not in f.predicted_effect for f in plain.findings)
 
 
-def test_which_predictions_are_of_time():
-    from swift_nb.analysis.advisor.verdict import predicted_cut
-    from swift_nb.analysis.findings import Finding
+@pytest.mark.parametrize("name", sorted(IDLE))
+def test_every_rule_that_predicts_a_cut_in_time_says_its_share(name, tmp_path):
+    from swift_nb.analysis import analyze
 
-    def cut(text, **evidence):
-        return predicted_cut(Finding("x", "t", evidence, "s", predicted_effect=text))
-
-    assert cut("step time ≈ 0.0800 s (−20.0 %) once loading overlaps compute") == pytest.approx(0.2)
-    assert cut("up to −35.5 % of the GPU's window: the stalls, 12 ms") == pytest.approx(0.355)
-    assert cut("≈ 3 ms less GPU time in the window (−4.0 %), at least") == pytest.approx(0.04)
-    assert cut("bytes 1 GB → 0.5 GB; step time ≈ 0.0750 s with half the bytes", step_s=0.1) == pytest.approx(
-        0.25
-    )
-    assert cut("peak tensor memory ≈ 2 GB instead of 3 GB (−33 %)") is None
-    assert cut("−12 s: the compiling, with no per-step loss") is None
+    # the dollars a finding saves come from its time_cut, never from its words: each
+    # finding whose predicted effect reads as a cut in time carries one
+    trace = tmp_path / f"{name}.json.gz"
+    shutil.copy(DATA / trace.name, trace)
+    run = import_trace(trace, tmp_path / "runs", report=False)
+    for f in analyze(run).findings:
+        text = f.predicted_effect
+        reads_as_time = "step time ≈" in text or (
+            "−" in text and any(w in text for w in ("step time", "time per sample", "window"))
+        )
+        assert (f.time_cut is not None) == reads_as_time, (f.id, f.predicted_effect)
+        if f.time_cut is not None:
+            assert 0.0 < f.time_cut <= 1.0
+            assert f.time_cut_bound == ("up to" in text)
 
 
 def test_fmt_usd():

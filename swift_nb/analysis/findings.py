@@ -35,7 +35,10 @@ class Finding:
     setting to edit when the run recorded a Trainer or an Accelerator: see
     ``swift_nb.analysis.advisor.frameworks``); toggle: the
     swift_nb toggle that applies it, if any (an id of ``swift_nb.vocabulary.TOGGLES``); predicted_effect: what
-    it should change, with ``formula`` saying how that was estimated.
+    it should change, with ``formula`` saying how that was estimated; time_cut: the share
+    (0–1) of the step's time (of the GPU's window, on a GPU run) that change is predicted
+    to save, None when it predicts no time (memory, a one-off compile) — what its price
+    per 1 000 steps is read from; time_cut_bound: that share is an upper bound ("up to").
     """
 
     id: str
@@ -46,3 +49,5 @@ class Finding:
     predicted_effect: str = ""
     formula: str = ""
     severity: str = "warning"  # info | warning | critical
+    time_cut: float | None = None
+    time_cut_bound: bool = False

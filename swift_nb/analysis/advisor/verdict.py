@@ -6,7 +6,6 @@ finding's predicted time are worth in money where the run has a price (``priced`
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 
 from swift_nb.analysis import cost
@@ -200,27 +199,6 @@ def priced(verdict: Verdict, run: Run) -> Verdict:
     return replace(verdict, reason=f"{verdict.reason}; {money}", evidence=evidence)
 
 
-#: how the rules word a predicted cut in time: "−12.5 %" of the step time, the time per
-#: sample or the GPU's window; or the step time itself, "step time ≈ 0.1234 s"
-_CUT_PCT = re.compile(r"−(\d+(?:\.\d+)?) %")
-_OF_TIME = ("step time", "time per sample", "window")
-_STEP_AFTER = re.compile(r"step time ≈ (\d+(?:\.\d+)?) s")
-
-
-def predicted_cut(finding: Finding) -> float | None:
-    """The share (0–1) of the step's time ``finding`` predicts its change saves, read from
-    its predicted effect; None when it predicts no time (memory, compiling once)."""
-    text = finding.predicted_effect
-    found = _CUT_PCT.search(text)
-    if found and any(what in text for what in _OF_TIME):
-        return float(found.group(1)) / 100.0
-    after = _STEP_AFTER.search(text)
-    step_s = finding.evidence.get("step_s")
-    if after and step_s:
-        return max(0.0, 1.0 - float(after.group(1)) / float(step_s))
-    return None
-
-
 def priced_findings(findings: list[Finding], run: Run) -> list[Finding]:
     """Each finding that predicts time also predicts the dollars per 1 000 steps it saves
     (``saved_per_1k_steps_usd`` in its evidence, words after its predicted effect), at the
@@ -230,12 +208,12 @@ def priced_findings(findings: list[Finding], run: Run) -> list[Finding]:
         return findings
     out = []
     for f in findings:
-        cut = predicted_cut(f)
+        cut = f.time_cut
         if cut is None:
             out.append(f)
             continue
         saved = per_1k * cut
-        bound = "up to " if "up to" in f.predicted_effect else "≈ "
+        bound = "up to " if f.time_cut_bound else "≈ "
         out.append(
             replace(
                 f,

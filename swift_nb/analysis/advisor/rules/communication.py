@@ -101,6 +101,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             "DDP ring all-reduce: 2·(P−1)/P × G bytes per rank; FSDP: all-gather twice + reduce-scatter, "
             f"3·(P−1)/P × N × 2 bytes{'' if sixteen else ' in bf16'}; t_comm' ≈ t_comm × bytes'/bytes"
         ),
+        time_cut=None if sixteen else share / 2,
         severity="critical" if share >= 0.5 else "warning",
     )
 

@@ -54,6 +54,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             f"step time ≈ {ev.step_s - ld.data_s:.4f} s (−{pct(share)} %) once loading overlaps compute"
         ),
         formula="t_step' ≈ t_step − t_data (workers prepare the next batch while this one trains)",
+        time_cut=share,
         severity="critical" if share >= 0.5 else "warning",
     )
 

@@ -43,5 +43,6 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             f"the sgemm kernels' {fmt_seconds(d.simt_sgemm_s)} at {TENSOR_CORE_SPEEDUP:g}× or more"
         ),
         formula="t_gemm' ≤ t_sgemm / k, k ≥ 2 for TF32 or bf16 on tensor cores (datasheet ratios are 8–16×)",
+        time_cut=saved / d.window_s,
         severity="info",
     )

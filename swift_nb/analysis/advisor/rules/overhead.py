@@ -65,6 +65,8 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
                 "t_step' ≈ t_step × (heavy_op_share + data_share + comm_share) once fused; a k× larger batch "
                 "costs ≈ the same overhead per step"
             ),
+            time_cut=light,
+            time_cut_bound=True,
         )
     ld = ev.loader
     workers = (
@@ -100,6 +102,8 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             "ops rather than the model's operators"
         ),
         formula="t_sample' ≥ (t_step − t_data − t_untraced) / B: a larger batch or fused ops shrink only the overhead",
+        time_cut=fixed,
+        time_cut_bound=True,
         severity="info",
     )
 
@@ -182,5 +186,7 @@ def _launch_gaps(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Fi
         toggle=COMPILE if ev.compiled is None else None,
         predicted_effect=f"up to −{pct(share)} % of the GPU's window: the launch gaps",
         formula="t' ≥ t − t_gaps: CUDA graphs replay the step's launches at once; a k× batch keeps the launches per step",
+        time_cut=share,
+        time_cut_bound=True,
         severity="critical" if share >= 0.5 else "warning",
     )

@@ -38,4 +38,6 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             "the host's staging overlap compute instead"
         ),
         formula="t' ≥ t − (t_pageable_copies + t_idle_in_copy_calls) once copies are pinned and asynchronous",
+        time_cut=share,
+        time_cut_bound=True,
     )

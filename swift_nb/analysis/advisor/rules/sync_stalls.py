@@ -58,5 +58,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         ),
         predicted_effect=f"up to −{pct(share)} % of the GPU's window: the stalls, {fmt_seconds(stall)}",
         formula="t' ≥ t − t_sync: each stall runs from the synchronising call to the next launch",
+        time_cut=share,
+        time_cut_bound=True,
         severity="critical" if share >= 0.3 else "warning",
     )
