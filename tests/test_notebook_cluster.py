@@ -35,10 +35,12 @@ VERDICTS = {
         "the GPU computes 97.4 % of the window (convolution 38.4 %",
     ),
     # the GPU idles 77.2 % of the window and 96 % of that idle time the host is inside its
-    # step, launching ~900 kernels of median 16 µs per step: the host sets the pace
+    # step, launching ~900 kernels of median 16 µs per step: the host sets the pace; priced
+    # at the price table's A100 rate
     "gpu_nccl_2ranks_rank0": (
         "overhead-bound",
-        "the GPU idles 77.2 % of the window; for 328.7 ms of its 336.4 ms idle it waits for the host to launch work",
+        "the GPU idles 77.2 % of the window: $0.124 of every $0.161 per 1 000 steps; for 328.7 ms of its "
+        "336.4 ms idle it waits for the host to launch work",
     ),
     # rank 0 of 128: NCCL kernels run with no compute under them for 172 ms (overlap 11.8 %)
     # and the GPU idles 80 ms more waiting for collectives: 42 % of the window, more than

@@ -419,7 +419,7 @@ async function openInPerfetto(source, title, showNote) {
   }
   const buffer = await source.trace();
   if (!buffer) {
-    showNote("This run kept no trace file to open in Perfetto.");
+    showNote("The run's trace file is missing: there is nothing to open in Perfetto.");
     return;
   }
   const ping = setInterval(() => win.postMessage("PING", PERFETTO), 250);
