@@ -34,7 +34,7 @@ from scale import table, write_big
 from swift_nb.analysis.timeline import Timeline
 from swift_nb.analysis.trace import read_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu"  # the shared real traces
 SOURCE = TRACES / "gpu_1rank_5steps.json.gz"
 #: a smaller real trace (1.6 MB of JSON, one rank of a 128-rank job) for traces under SOURCE's size
 SMALL_SOURCE = TRACES / "gpu_128ranks_rank0.json.gz"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -167,12 +168,28 @@ def test_mlflow_joins_the_active_run(run, mlflow_store):
 # -- W&B ----------------------------------------------------------------------------------------
 
 
-def _wandb_records(folder: Path) -> list:
-    """The records of W&B's offline run file (``run-*.wandb``): its LevelDB-style log of
-    the library's own ``Record`` protobufs, read as W&B's sync reads it."""
+def _wandb_records(folder: Path, wait_s: float = 60.0) -> list:
+    """The records of W&B's offline run file (``run-*.wandb``), once it holds its run and
+    its summary: W&B's service process writes the file, and on a loaded machine it may
+    still be writing when ``finish()`` has returned."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        files = list(folder.rglob("run-*.wandb"))
+        records = _read_wandb_file(files[0]) if files else []
+        kinds = {r.WhichOneof("record_type") for r in records}
+        if {"run", "summary"} <= kinds or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def _read_wandb_file(path: Path) -> list:
+    """The records of one W&B run file: its LevelDB-style log of the library's own
+    ``Record`` protobufs, read as W&B's sync reads it."""
     from wandb.proto import wandb_internal_pb2
 
-    data = next(folder.rglob("run-*.wandb")).read_bytes()
+    data = path.read_bytes()
+    if len(data) < 7:  # not yet written
+        return []
     assert data[:4] == b":W&B"
     block, pos, out, pending = 32768, 7, [], b""
     while pos + 7 <= len(data):
@@ -180,7 +197,7 @@ def _wandb_records(folder: Path) -> list:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:
+        if (kind == 0 and length == 0) or pos + 7 + length > len(data):  # the end, or a record half-written
             break
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length

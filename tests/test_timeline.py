@@ -25,7 +25,7 @@ from swift_nb.analysis.timeline_tracks import depths
 from swift_nb.analysis.trace import load_trace_file, parse_events, read_trace
 from swift_nb.errors import ConfigError
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).parent / "data" / "gpu"  # the shared real traces (README.md there)
 ONE_RANK = TRACES / "gpu_1rank_5steps.json.gz"
 PAIR = [TRACES / "gpu_128ranks_rank0.json.gz", TRACES / "gpu_128ranks_rank1.json.gz"]
 
