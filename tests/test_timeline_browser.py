@@ -129,6 +129,8 @@ def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
     hit = _state(root)
     assert _hover_an_op(page, root, "aten::mm") == "aten::mm"
 
+    assert page.locator(".finding").count() > 0
+    assert page.locator("a.show-on-timeline").count() == 0  # none of this CPU run's findings has a place
     place = root.locator(".swift-tl-place").first  # the slowest step
     place.click()
     page.wait_for_timeout(300)
@@ -158,6 +160,20 @@ def test_a_jobs_report_switches_to_its_ranks_overview(browser, tmp_path):  # noq
     box = root.locator("canvas").bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 18 + 4 + 7)  # rank 0's summary track
     page.wait_for_function("() => document.querySelector('.swift-tl').dataset.rank === '0'")
+
+    # the findings with a place in time (launch gaps, exposed communication) link to it
+    links = page.locator(".finding[data-finding] a.show-on-timeline")
+    assert sorted(links.evaluate_all("ls => ls.map(a => a.closest('.finding').dataset.finding)")) == [
+        "communication",
+        "overhead",
+    ]
+    before = _state(root)
+    page.locator(".finding[data-finding='communication'] a.show-on-timeline").click()
+    page.wait_for_function(
+        f"() => Number(document.querySelector('.swift-tl').dataset.startUs) !== {before['start']}"
+    )
+    moved = _state(root)
+    assert moved["end"] - moved["start"] < before["end"] - before["start"]
     page.close()
 
 

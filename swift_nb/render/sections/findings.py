@@ -15,7 +15,8 @@ def finding_html(f: Finding) -> str:
     # The severity becomes a CSS class, so only known values may reach the attribute.
     severity = f.severity if f.severity in SEVERITIES else "warning"
     parts = [
-        f"<div class='finding {severity}'>",
+        # report.html's timeline viewer adds "Show on timeline" to a finding with a place in time
+        f"<div class='finding {severity}' data-finding='{escape(f.id)}'>",
         f"<div class='severity'>{escape(str(f.severity))} · {escape(f.id)}</div>",
         f"<h3>{escape(f.title)}</h3>",
     ]

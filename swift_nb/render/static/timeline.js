@@ -435,8 +435,8 @@ async function openInPerfetto(source, title, showNote) {
 
 // ---- entry points -----------------------------------------------------------------------
 
-// report.html: the embedded items, this page's own level of detail, and the document's
-// "Show on timeline" links ([data-place] elements) wired to the viewer. A job's report also
+// report.html: the embedded items, this page's own level of detail, and a "Show on
+// timeline" link on each of the document's findings with a place in time. A job's report also
 // carries its ranks' overview (one summary track per rank), a choice beside its own rank.
 export function mountEmbedded(host, payload) {
   const own = {
@@ -459,17 +459,19 @@ export function mountEmbedded(host, payload) {
       }
     },
   });
+  // Each finding of the document with a place in time (.finding[data-finding]) gets its link.
   const byId = new Map((payload.places || []).map((p) => [p.id, p]));
-  for (const link of document.querySelectorAll("[data-place]")) {
-    const place = byId.get(link.dataset.place);
-    if (!place || link.closest(".swift-tl")) continue;
-    link.hidden = false;
+  for (const finding of document.querySelectorAll(".finding[data-finding]")) {
+    const place = byId.get(finding.dataset.finding);
+    if (!place) continue;
+    const link = el("a", { href: "#" + host.id, class: "show-on-timeline" }, "Show on timeline");
     link.addEventListener("click", (ev) => {
       ev.preventDefault();
       host.scrollIntoView({ behavior: "instant", block: "start" });
       if (overview) show(payload.rank);
       viewer.goto(place.start_us, place.end_us);
     });
+    finding.append(link);
   }
   return viewer;
 }
