@@ -403,9 +403,7 @@ class Timeline:
             "origin_us": origin,
             "start_us": self.start_us,
             "end_us": self.end_us,
-            "tracks": self.tracks.reindex(columns=["track", "label", "kind", "max_depth", "unit"])
-            .fillna({"unit": ""})
-            .to_dict("records"),
+            "tracks": _track_records(self.tracks),
             "names": [str(n) for n in names],
             "items": {
                 "track": track_index.get_indexer(items["track"]).tolist(),
@@ -453,6 +451,13 @@ class Timeline:
     def events(self) -> int:
         """How many events the span tracks hold."""
         return len(self._rows.start)
+
+
+def _track_records(tracks: pd.DataFrame) -> list[dict[str, Any]]:
+    """The tracks as JSON-able records; ``unit`` empty where a track has none."""
+    out = tracks.reindex(columns=["track", "label", "kind", "max_depth", "unit"])
+    out["unit"] = [u if isinstance(u, str) else "" for u in out["unit"]]
+    return out.to_dict("records")
 
 
 def _rounded(us: np.ndarray) -> list[float]:
