@@ -118,14 +118,6 @@ class Payload:
         return "\n".join(lines)
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
 def _spread(steps: pd.Series, values: pd.Series, max_points: int) -> tuple[list[int], list[float]]:
     keep = values.notna() & steps.notna()
     steps, values = steps[keep], values[keep]
@@ -142,11 +134,13 @@ def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyse: bool = True
     """What ``export`` sends of ``run`` (``analyse``: run the advisor for the findings and
     MFU; a run it cannot analyse is sent without them)."""
     s = run.summary
-    scalars = {k: v for k in SCALARS if (v := _finite(s.get(k))) is not None}
+    from swift_nb.analysis.cost import finite  # the analysis layer loads when a run is exported
+
+    scalars = {k: v for k in SCALARS if (v := finite(s.get(k))) is not None}
     scalars["wall_s"] = float(run.wall_s or 0.0)
     if len(run.memory):
         for c in MEMORY_CATEGORIES:
-            peak = _finite(pd.to_numeric(run.memory.get(f"{c}_bytes"), errors="coerce").max())
+            peak = finite(pd.to_numeric(run.memory.get(f"{c}_bytes"), errors="coerce").max())
             if peak is not None:
                 scalars[f"peak_{c}_bytes"] = peak
     steps = run.steps
@@ -169,7 +163,7 @@ def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyse: bool = True
         except Exception:  # sent without findings: the record itself is what matters here
             analysis = None
         if analysis is not None:
-            mfu = _finite(analysis.throughput.mfu_pct)
+            mfu = finite(analysis.throughput.mfu_pct)
             if mfu is not None:
                 scalars["mfu_pct"] = mfu
             findings = [

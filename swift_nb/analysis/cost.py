@@ -106,7 +106,7 @@ def devices_of(run: Run) -> int:
     samples = run.samples
     allocated = [c for c in samples.columns if c.startswith("cuda") and c.endswith("_allocated_bytes")]
     if allocated and len(samples):
-        used = sum(bool(_number(samples[c].max()) or 0) for c in allocated)
+        used = sum(bool(finite(samples[c].max()) or 0) for c in allocated)
         if used:
             return used
     return max(1, len(env.get("devices") or ()))
@@ -140,7 +140,8 @@ def price_per_kwh_of(run: Run, given: float | None = None) -> float | None:
     return check_price(ENV_PRICE_PER_KWH, os.environ.get(ENV_PRICE_PER_KWH) or None)
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a float, None where it is missing, not a number or not finite."""
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -163,16 +164,16 @@ def cost_summary(
         out.update(price_per_hour=usd, price_source=source, priced_devices=devices)
         if run.wall_s:
             out["cost_usd"] = cost_usd(float(run.wall_s), devices, usd)
-        step_s = _number(s.get("step_time_median_s"))
+        step_s = finite(s.get("step_time_median_s"))
         if step_s is not None:
             out["cost_per_1k_steps_usd"] = per_1k = cost_per_1k_steps_usd(step_s, devices, usd)
-            idle = _number(s.get("device_idle_pct"))
+            idle = finite(s.get("device_idle_pct"))
             if idle is not None:
                 out["idle_cost_per_1k_steps_usd"] = idle_cost_per_1k_steps_usd(per_1k, idle)
     kwh = price_per_kwh_of(run, price_per_kwh)
     if kwh is not None:
         out["price_per_kwh"] = kwh
-        energy = _number(s.get("energy_j"))
+        energy = finite(s.get("energy_j"))
         if energy is not None:
             out["energy_cost_usd"] = energy_cost_usd(energy, kwh)
     return out
@@ -213,4 +214,4 @@ def money_columns(run: Run) -> dict[str, float | None]:
     ``cost_summary`` prices it (a run recorded before it was priced reads alike); None
     where the run has no figure."""
     priced = {**run.summary, **cost_summary(run)}
-    return {c: _number(priced.get(c)) for c in MONEY_COLUMNS}
+    return {c: finite(priced.get(c)) for c in MONEY_COLUMNS}
