@@ -35,10 +35,10 @@ import psutil
 import torch
 
 from swift_nb.api import ReportAhead, _draw_elsewhere, finish, report
-from swift_nb.capture.sampler import Sampler
+from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.capture.session import Session
+from swift_nb.core.options import ProfileOptions
 from swift_nb.demo import GPT, GPTConfig
-from swift_nb.options import ProfileOptions
 from swift_nb.record import REPORT_FILE, load_run, tables_path
 
 HERE = Path(__file__).resolve().parent

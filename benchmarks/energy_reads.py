@@ -29,8 +29,8 @@ from unittest import mock
 
 import torch  # noqa: F401 - imported before sys.modules is patched: a C extension imports once
 
-from swift_nb.capture import energy
-from swift_nb.capture.sampler import Sampler
+from swift_nb.capture.resources import energy
+from swift_nb.capture.resources.sampler import Sampler
 
 
 def fake_nvml(counter: bool) -> types.ModuleType:

@@ -27,8 +27,8 @@ import warnings
 import torch
 
 import swift_nb
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
-from swift_nb.units import fmt_bytes
 
 SHAPES = {
     "llama": dict(

@@ -33,9 +33,9 @@ import torch
 
 import swift_nb
 from swift_nb.analysis.forecast import forecast, measure
+from swift_nb.core.units import fmt_bytes
 from swift_nb.demo import make_model, quickstart_config
 from swift_nb.record import MEMORY_CATEGORIES
-from swift_nb.units import fmt_bytes
 
 
 @dataclass

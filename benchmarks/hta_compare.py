@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 from swift_nb.analysis.device import device_summary
-from swift_nb.analysis.trace import load_trace_file
+from swift_nb.analysis.trace.tables import load_trace_file
 from swift_nb.record import tables_path
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu"

@@ -83,7 +83,8 @@ def _off(obj: object, name: str, value: object) -> Callable[[], contextlib.Abstr
 
 def _components() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     """Each piece of the capture, as a switch that turns it off."""
-    from swift_nb.capture import journal, sampler, stderr_filter, torch_profiler
+    from swift_nb.capture import journal, stderr_filter, torch_profiler
+    from swift_nb.capture.resources import sampler
 
     def digest_at_end(self, replay=None):  # the window's trace digested after the loop only
         if not getattr(self, "_finishing", False):

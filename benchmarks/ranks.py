@@ -97,7 +97,7 @@ def analytic_wire_bytes(parallel: str, p: int, grad_bytes: float) -> float:
 def main() -> None:
     from swift_nb.analysis import analyze
     from swift_nb.analysis.ranks import per_rank
-    from swift_nb.units import fmt_bytes
+    from swift_nb.core.units import fmt_bytes
 
     grad_bytes = 2 * (WIDTH * WIDTH + WIDTH) * 4
     rows = []

@@ -178,7 +178,7 @@ DECODERS = {
 }
 _PEAK = (
     "import resource, time\nimport psutil\n"
-    "from swift_nb.analysis.trace import read_trace_document, parse_events, read_trace\n"
+    "from swift_nb.analysis.trace.tables import read_trace_document, parse_events, read_trace\n"
     "P = {path!r}\nbase = psutil.Process().memory_info().rss\ns = time.perf_counter()\n{body}\n"
     "print(time.perf_counter() - s, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(t.events), base)"
 )

@@ -23,8 +23,8 @@ import pandas as pd
 import swift_nb
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.ranks import per_rank
+from swift_nb.core.units import fmt_bytes
 from swift_nb.rerun import parse_variants, run_variants
-from swift_nb.units import fmt_bytes
 
 SETUP = (
     "import torch\n"

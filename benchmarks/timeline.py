@@ -31,8 +31,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import table, write_big
 
-from swift_nb.analysis.timeline import Timeline
-from swift_nb.analysis.trace import read_trace
+from swift_nb.analysis.timeline.query import Timeline
+from swift_nb.analysis.trace.tables import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu"  # the shared real traces
 SOURCE = TRACES / "gpu_1rank_5steps.json.gz"

@@ -20,8 +20,8 @@ import tempfile
 import torch
 
 import swift_nb
+from swift_nb.core.units import fmt_bytes
 from swift_nb.demo import GPTConfig, make_model
-from swift_nb.units import fmt_bytes
 
 VARIANTS = {
     "baseline": [],

@@ -473,7 +473,7 @@ def check_flash_attention(ctx: Ctx) -> None:
     autocast: which SDPA backend ran, and the step's peak with it and without."""
     import torch
 
-    from swift_nb.analysis.trace import load_trace
+    from swift_nb.analysis.trace.tables import load_trace
 
     cfg = ctx.config()
     variants = {
@@ -675,8 +675,8 @@ def check_cost_ratio(ctx: Ctx) -> None:
     profiler's window (wait + warmup + active steps); bare rounds before and after it."""
     import torch
 
+    from swift_nb.core.options import ProfileOptions
     from swift_nb.demo import GPT, GPTConfig
-    from swift_nb.options import ProfileOptions
 
     n = ctx.sizes.cost_steps
     torch.manual_seed(0)
@@ -730,7 +730,7 @@ def check_energy(ctx: Ctx) -> None:
     import pynvml
     import torch
 
-    from swift_nb.capture.sampler import _nvml_handle
+    from swift_nb.capture.resources.sampler import _nvml_handle
     from swift_nb.demo import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -805,7 +805,7 @@ def check_import_trace(ctx: Ctx) -> None:
     verdict and the findings, against the captured run's own analysis."""
     import swift_nb
     from swift_nb.analysis import analyze
-    from swift_nb.analysis.trace import load_trace
+    from swift_nb.analysis.trace.tables import load_trace
 
     cfg = ctx.config()
     model, opt = ctx.model_and_optimizer(cfg)

@@ -12,38 +12,36 @@ import importlib
 import sys
 from typing import TYPE_CHECKING
 
-from swift_nb.errors import ConfigError, RunDirError
-
-# Bound here, at import, so that `swift_nb.export` stays the function: the module of the same
-# name, once loaded, is reached through sys.modules (importlib.import_module("swift_nb.export")).
-from swift_nb.export import export
+from swift_nb.core.errors import ConfigError, RunDirError
 from swift_nb.record import Run, load_run, pin, prune, runs, save
 
 if TYPE_CHECKING:
-    from swift_nb.analysis.diff import diff
+    from swift_nb.analysis.comparison.run_diff import diff
     from swift_nb.analysis.forecast import forecast
     from swift_nb.api import profile
-    from swift_nb.capture.alerts import Alert
+    from swift_nb.capture.resources.alerts import Alert
     from swift_nb.capture.steps import step
-    from swift_nb.importer import import_trace
+    from swift_nb.importing.assembly import import_trace
     from swift_nb.monitor import Report, ResourceMonitor
-    from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
     from swift_nb.reporting import compare, report
+    from swift_nb.trackers import export
 
 #: the package's names that need torch, imported when first used: a process that only
 #: reads runs (the digest's helper process, the importer's workers) never imports torch
 _LAZY = {
-    "Alert": "swift_nb.capture.alerts",
-    "diff": "swift_nb.analysis.diff",
+    "Alert": "swift_nb.capture.resources.alerts",
+    "diff": "swift_nb.analysis.comparison.run_diff",
+    "export": "swift_nb.trackers",
     "forecast": "swift_nb.analysis.forecast",
     "compare": "swift_nb.reporting",
     "profile": "swift_nb.api",
     "report": "swift_nb.reporting",
     "step": "swift_nb.capture.steps",
     "timeline": "swift_nb.notebook.timeline_widget",
-    "import_trace": "swift_nb.importer",
+    "import_trace": "swift_nb.importing.assembly",
     "Report": "swift_nb.monitor",
     "ResourceMonitor": "swift_nb.monitor",
+    # the sequence-parallel primitives live in swift_nb.parallel; reachable here as before
     "gather_sequence": "swift_nb.parallel",
     "ring_attention": "swift_nb.parallel",
     "shard_sequence": "swift_nb.parallel",
@@ -71,7 +69,6 @@ __all__ = [
     "diff",
     "export",
     "forecast",
-    "gather_sequence",
     "import_trace",
     "load_ipython_extension",
     "load_run",
@@ -79,13 +76,10 @@ __all__ = [
     "profile",
     "prune",
     "report",
-    "ring_attention",
     "runs",
     "save",
-    "shard_sequence",
     "step",
     "timeline",
-    "ulysses_attention",
 ]
 __version__ = "0.1.0"
 
@@ -97,9 +91,9 @@ def _results_as_html() -> None:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None:
-        from swift_nb.analysis.diff import RunDiff
+        from swift_nb.analysis.comparison.run_diff import RunDiff
         from swift_nb.analysis.forecast import Forecast
-        from swift_nb.render.diff import diff_html
+        from swift_nb.render.comparison.run_diff import diff_html
         from swift_nb.render.forecast import forecast_html
 
         html = shell.display_formatter.formatters["text/html"]

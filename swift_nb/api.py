@@ -15,14 +15,14 @@ from typing import Any
 
 from swift_nb.analysis import Analysis
 from swift_nb.analysis.cost import price
-from swift_nb.capture.alerts import Alert
 from swift_nb.capture.helper import Helper
+from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
-from swift_nb.errors import RecordWriteWarning
-from swift_nb.options import ProfileOptions
+from swift_nb.core.errors import RecordWriteWarning
+from swift_nb.core.options import ProfileOptions
 from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead
-from swift_nb.render.sections.figure_cache import FigureCache
+from swift_nb.render.figure_cache import FigureCache
 
 # the reading half of the API, torch-free, named here too: the magic, the monitor and the
 # reruns compose it with capture
@@ -91,7 +91,7 @@ def log_to(run: Run, trackers: Sequence[str]) -> None:
     """Send a finished run to each tracker of ``trackers`` (``swift_nb.export``). A
     tracker that fails is said in the run's notes and as a ``RecordWriteWarning``, never
     raised: the training it measured is over and its record is saved."""
-    from swift_nb.export import export
+    from swift_nb.trackers import export
 
     for spec in trackers:
         try:
@@ -200,7 +200,7 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     keys (``cost_usd``, ``cost_per_1k_steps_usd``, ``idle_cost_per_1k_steps_usd``,
     ``energy_cost_usd``: ``swift_nb.analysis.cost``). log_to: trackers the finished run is
     sent to (``"mlflow"``, ``"wandb"``, ``"tensorboard"``: ``swift_nb.export``).
-    on_alert: called with each ``swift_nb.capture.alerts.Alert`` while the block runs (a
+    on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` while the block runs (a
     step-time regression: steps 25 % slower than before, for half of 50 steps), on a
     thread of swift_nb's own; alerts are also in ``run.notes`` and ``run.summary["alerts"]``.
     """

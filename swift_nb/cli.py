@@ -12,16 +12,16 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from pathlib import Path
 
-from swift_nb.analysis.diff import REGRESSION, diff, gate
-from swift_nb.errors import ConfigError, MissingDependencyError, RecordError
-from swift_nb.export import TARGETS, export
-from swift_nb.importer import RanksNotReadError, import_trace
+from swift_nb.analysis.comparison.run_diff import REGRESSION, diff, gate
+from swift_nb.core.errors import ConfigError, MissingDependencyError, RecordError
+from swift_nb.importing.assembly import RanksNotReadError, import_trace
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
-from swift_nb.render.compare import compare_table_text
-from swift_nb.render.diff import SHOWN_ROWS, diff_text
+from swift_nb.render.comparison.page import compare_table_text
+from swift_nb.render.comparison.run_diff import SHOWN_ROWS, diff_text
 from swift_nb.render.oom import oom_text
 from swift_nb.render.tables import runs_text, summary_text
 from swift_nb.reporting import compare, report
+from swift_nb.trackers import TARGETS, export
 
 EPILOG = """\
 exit status:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from swift_nb.api import exit_status, finish
-from swift_nb.capture.alerts import Alert
+from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
-from swift_nb.options import ProfileOptions
+from swift_nb.core.options import ProfileOptions
 from swift_nb.record import Run
 from swift_nb.render.tables import summary_text
 
@@ -43,7 +43,7 @@ class ResourceMonitor:
     monitor_gpu: read NVML and the CUDA allocator when a GPU is present.
     monitor_memory: also sample every ``interval_ms`` in the background (memory spikes
     between steps); False samples at step ends only.
-    on_alert: called with each ``swift_nb.capture.alerts.Alert`` (a step-time regression)
+    on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` (a step-time regression)
     while the loop runs. price_per_hour, price_per_kwh: USD per device-hour and per kWh,
     for the cost (``swift_nb.analysis.cost``). log_to:
     trackers the report is sent to (``swift_nb.export``).

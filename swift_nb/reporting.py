@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swift_nb.analysis import Analysis, analyze
-from swift_nb.analysis.compare import compare_runs
+from swift_nb.analysis.comparison.variants import compare_runs
 from swift_nb.analysis.cost import check_price, price
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.ranks import RankAnalysis
-from swift_nb.analysis.trace import Trace, parse_events, save_tables, tables_fresh
-from swift_nb.errors import RecordError
+from swift_nb.analysis.trace.tables import Trace, parse_events, save_tables, tables_fresh
+from swift_nb.core.errors import RecordError
 from swift_nb.record import (
     COMPARE_FILE,
     REPORT_FILE,
@@ -25,10 +25,10 @@ from swift_nb.record import (
     steps_missing,
     tables_path,
 )
-from swift_nb.render.compare import write_compare
+from swift_nb.render.comparison.page import write_compare
 from swift_nb.render.document import analysis_fields, document_html, report_sections, write_report
+from swift_nb.render.figure_cache import FigureCache
 from swift_nb.render.sections import Section
-from swift_nb.render.sections.figure_cache import FigureCache
 
 
 @dataclass

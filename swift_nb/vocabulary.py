@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 
 _KIND = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 

@@ -11,6 +11,7 @@ import pytest
 from swift_nb.analysis import advisor, device, effects
 from swift_nb.analysis.advisor import Evidence, Loader, Thresholds, bottleneck, registry
 from swift_nb.analysis.advisor.evidence import DeviceTime
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.rules import (
     activations,
     communication,
@@ -22,7 +23,6 @@ from swift_nb.analysis.advisor.rules import (
     overhead,
     sequence_parallel,
 )
-from swift_nb.analysis.findings import Finding
 from swift_nb.record import MEMORY_CATEGORIES
 
 MIB = 1 << 20

@@ -1,4 +1,4 @@
-"""Alerts while a run runs (swift_nb.capture.alerts): a step-time regression raises one
+"""Alerts while a run runs (swift_nb.capture.resources.alerts): a step-time regression raises one
 alert — a note in the record, the summary's ``alerts``, the ``on_alert`` callback, a line in
 the live panel — and a steady run raises none."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import swift_nb
-from swift_nb.capture.alerts import StepTimeWatch
+from swift_nb.capture.resources.alerts import StepTimeWatch
 from swift_nb.record import load_run
 
 

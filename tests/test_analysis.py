@@ -10,7 +10,7 @@ import swift_nb
 from swift_nb.analysis import analyze
 from swift_nb.analysis.breakdown import PARTS, step_breakdown
 from swift_nb.analysis.memory import memory_footprint
-from swift_nb.analysis.trace import load_trace
+from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.demo import make_model
 from swift_nb.record import tables_path
 

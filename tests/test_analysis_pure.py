@@ -9,7 +9,7 @@ import pytest
 from swift_nb.analysis.breakdown import COLUMNS, trace_breakdown
 from swift_nb.analysis.comm import collectives, comm_per_step, comm_shares
 from swift_nb.analysis.ranks import per_rank
-from swift_nb.analysis.trace import parse_events
+from swift_nb.analysis.trace.tables import parse_events
 from swift_nb.record import Run
 
 MAIN, GLOO, STREAM, NCCL_STREAM = 1, 2, 7, 8  # thread ids: training loop, gloo worker, GPU streams

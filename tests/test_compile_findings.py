@@ -15,7 +15,7 @@ from swift_nb.analysis.advisor import bottleneck
 from swift_nb.analysis.advisor.evidence import Compiled
 from swift_nb.analysis.advisor.rules import compile_time, graph_break, overhead, recompile
 from swift_nb.analysis.operators import compiling_steps, top_operators
-from swift_nb.analysis.trace import load_trace
+from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.render.tables import summary_rows
 
 
@@ -67,7 +67,7 @@ def test_the_graph_break_names_its_line_reason_and_fix(analysed):
 def test_compile_time_is_counted_in_steady_steps(analysed):
     run, analysis = analysed
     f = _finding(analysis, "compile_time")
-    assert f.title.startswith(f"Compiling took {swift_nb.units.fmt_seconds(run.summary['compile_s'])}")
+    assert f.title.startswith(f"Compiling took {swift_nb.core.units.fmt_seconds(run.summary['compile_s'])}")
     assert "steady steps' worth" in f.title
     assert "the eager step, which this run did not measure" in f.suggestion
 
@@ -100,7 +100,7 @@ def test_the_summary_shows_compile_apart_from_the_step_time(analysed):
     run, _ = analysed
     rows = dict(summary_rows(run))
     assert rows["torch.compile"].startswith(
-        swift_nb.units.fmt_seconds(run.summary["compile_s"]) + " compiling; "
+        swift_nb.core.units.fmt_seconds(run.summary["compile_s"]) + " compiling; "
     )
     assert "1 graph breaks" in rows["torch.compile"]
 

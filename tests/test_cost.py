@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from swift_nb import devices
 from swift_nb.analysis import cost
-from swift_nb.errors import ConfigError
-from swift_nb.importer import import_trace
-from swift_nb.options import ProfileOptions
+from swift_nb.core import devices
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.options import ProfileOptions
+from swift_nb.importing.assembly import import_trace
 from swift_nb.record import STEP_COLUMNS, Run, load_run, summarize
 from swift_nb.reporting import report
 
@@ -209,9 +209,9 @@ def test_fmt_usd():
 
 
 def test_comparison_and_diff_have_cost_columns(tmp_path):
-    from swift_nb.analysis.compare import COMPARE_COLUMNS
+    from swift_nb.analysis.comparison.run_diff import diff
+    from swift_nb.analysis.comparison.variants import COMPARE_COLUMNS
     from swift_nb.analysis.cost import MONEY_COLUMNS
-    from swift_nb.analysis.diff import diff
     from swift_nb.reporting import compare
 
     runs = []

@@ -29,9 +29,9 @@ import pandas as pd
 import pytest
 
 from swift_nb.analysis import analyze
-from swift_nb.analysis.trace import load_trace_file, read_trace_document
+from swift_nb.analysis.trace.tables import load_trace_file, read_trace_document
 from swift_nb.api import report
-from swift_nb.capture import memory_categories as memcat
+from swift_nb.capture.memory import categories as memcat
 from swift_nb.record import load_run, tables_path
 
 DATA = Path(__file__).parent / "data"
@@ -149,11 +149,11 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
 
     import torch
 
-    from swift_nb.analysis.trace import parse_events, read_trace_document, save_tables
+    from swift_nb.analysis.trace.tables import parse_events, read_trace_document, save_tables
     from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
+    from swift_nb.core.options import ProfileOptions
     from swift_nb.demo import make_model
-    from swift_nb.options import ProfileOptions
     from swift_nb.render.figures import figure_png
 
     torch.manual_seed(0)
@@ -263,8 +263,8 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
 
     from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
+    from swift_nb.core.options import ProfileOptions
     from swift_nb.demo import make_model
-    from swift_nb.options import ProfileOptions
     from swift_nb.render.figures import figure_png
 
     def user_png() -> bytes:

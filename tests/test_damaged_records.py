@@ -22,9 +22,9 @@ import pytest
 import torch
 
 import swift_nb
-from swift_nb.analysis.trace import load_trace_file, parse_events
+from swift_nb.analysis.trace.tables import load_trace_file, parse_events
 from swift_nb.cli import main
-from swift_nb.errors import RecordError
+from swift_nb.core.errors import RecordError
 from swift_nb.record import STEP_COLUMNS, load_run, tables_path
 
 

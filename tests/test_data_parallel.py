@@ -18,9 +18,9 @@ import torch.multiprocessing as mp
 from conftest import free_port
 
 import swift_nb
-from swift_nb.analysis.compare import rank_memory
-from swift_nb.errors import ConfigError
-from swift_nb.render.compare import rank_memory_table
+from swift_nb.analysis.comparison.variants import rank_memory
+from swift_nb.core.errors import ConfigError
+from swift_nb.render.comparison.page import rank_memory_table
 from swift_nb.rerun import parse_variants, run_variants
 from swift_nb.toggles import get
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 import swift_nb
-from swift_nb.analysis.device import kernels_by_kind
-from swift_nb.analysis.diff import (
+from swift_nb.analysis.comparison.run_diff import (
     BOTH,
     CHANGE_COLUMNS,
     KERNEL,
@@ -30,12 +29,13 @@ from swift_nb.analysis.diff import (
     gate,
     short_name,
 )
+from swift_nb.analysis.device import kernels_by_kind
 from swift_nb.analysis.operators import top_operators
-from swift_nb.analysis.trace import load_trace, parse_events
+from swift_nb.analysis.trace.tables import load_trace, parse_events
 from swift_nb.cli import main
 from swift_nb.demo import make_model
 from swift_nb.record import Run
-from swift_nb.render.diff import diff_html, diff_text
+from swift_nb.render.comparison.run_diff import diff_html, diff_text
 
 GPU = Path(__file__).parent / "data" / "gpu"
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"

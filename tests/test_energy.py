@@ -1,4 +1,4 @@
-"""Energy (swift_nb.capture.energy, the sampler's energy columns, the summary's energy keys).
+"""Energy (swift_nb.capture.resources.energy, the sampler's energy columns, the summary's energy keys).
 
 This machine has no NVIDIA driver and no RAPL counters, so what it cannot produce is
 injected: a fake ``pynvml`` whose counter and power follow a known law, and a powercap
@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swift_nb.capture.energy import GpuEnergy, Rapl
-from swift_nb.capture.sampler import Sampler
+from swift_nb.capture.resources.energy import GpuEnergy, Rapl
+from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.record import STEP_COLUMNS
 from swift_nb.record.write import energy_summary, step_energy_j, summarize
 

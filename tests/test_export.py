@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 
 from swift_nb.cli import main as cli
-from swift_nb.errors import ConfigError, MissingDependencyError
-from swift_nb.export import export, parse_log_to, payload
+from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.record import (
     MEMORY_COLUMNS,
     REPORT_FILE,
@@ -27,8 +26,9 @@ from swift_nb.record import (
     save,
     summarize,
 )
+from swift_nb.trackers import export, parse_log_to, payload
 
-export_module = importlib.import_module("swift_nb.export")  # `swift_nb.export` is the function
+export_module = importlib.import_module("swift_nb.trackers")  # `swift_nb.export` is the function
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_missing_extra_is_named_before_any_work(run, monkeypatch):
     monkeypatch.setitem(export_module.TARGETS, "wandb", "wandb_not_installed_here")
     with pytest.raises(MissingDependencyError, match=r"pip install 'swift_nb\[wandb\]'"):
         export(run, to="wandb")
-    from swift_nb.options import ProfileOptions
+    from swift_nb.core.options import ProfileOptions
 
     with pytest.raises(ImportError, match=r"swift_nb\[wandb\]"):
         ProfileOptions(log_to=("wandb",))
@@ -302,7 +302,7 @@ def test_cli_export(run, tmp_path, capsys):
 
 def test_swift_nb_export_is_the_function(run, tmp_path):
     import swift_nb
-    from swift_nb.options import ProfileOptions
+    from swift_nb.core.options import ProfileOptions
 
     ProfileOptions(log_to=("tensorboard",))  # imports the module swift_nb.export, again
     assert callable(swift_nb.export) and swift_nb.export is export
@@ -323,7 +323,7 @@ def test_findings_of_a_real_trace_reach_the_tracker(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
-    from swift_nb.importer import import_trace
+    from swift_nb.importing.assembly import import_trace
 
     trace = tmp_path / "gpu_nccl_2ranks_rank0.json.gz"
     trace.write_bytes((Path(__file__).parent / "data" / "gpu" / trace.name).read_bytes())

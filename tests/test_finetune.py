@@ -217,7 +217,7 @@ def test_bytes_carried_from_the_steps_start_are_other_from_its_start():
     """CUDA's allocator holds tensors the replay never saw made (cuBLAS's workspace, the
     batch): the snapshot's CARRIED entry starts ``other`` at them, and a free of one of them
     during the step comes out of it rather than below zero."""
-    from swift_nb.capture import memory_categories as memcat
+    from swift_nb.capture.memory import categories as memcat
 
     snap = {100: ("parameters", 1000), memcat.CARRIED: ("other", 5000)}
     mem = [(10, 2000, 200), (20, -3000, 300), (30, -2000, 200)]  # 300: carried, freed in the step

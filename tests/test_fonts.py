@@ -23,7 +23,7 @@ import swift_nb
 from swift_nb.notebook import panel
 from swift_nb.record import load_run
 from swift_nb.render import fonts
-from swift_nb.render.compare import memory_curves_figure, step_times_figure
+from swift_nb.render.comparison.page import memory_curves_figure, step_times_figure
 from swift_nb.render.figures import figure_png, new_figure, operators_figure, timeline_figure
 
 LABEL = "基线-长序列"

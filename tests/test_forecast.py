@@ -24,11 +24,11 @@ from swift_nb.analysis.forecast import (
     parse_toggles,
     resolve_device,
 )
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.units import fmt_bytes
 from swift_nb.demo import make_model
-from swift_nb.errors import ConfigError
 from swift_nb.record import MEMORY_CATEGORIES, Run
 from swift_nb.render.forecast import TITLE, forecast_figure, forecast_html, forecast_section, forecast_text
-from swift_nb.units import fmt_bytes
 
 MIB = 1 << 20
 P = 1 << 20  # parameters of the synthetic runs
@@ -477,7 +477,12 @@ def test_the_panel_form_forecasts_without_rerunning(tmp_path):
     run = _tiny_loop(out_dir=tmp_path, report=False)
     form = ForecastForm(run)
     # the run's own configuration to start from: the traced batch and sequence, its dtype and optimizer
-    assert (form.batch.value, form.seq.value, form.dtype.value, form.optimizer.value) == (2, 64, "float32", "AdamW")
+    assert (form.batch.value, form.seq.value, form.dtype.value, form.optimizer.value) == (
+        2,
+        64,
+        "float32",
+        "AdamW",
+    )
     form.device.value, form.batch.value = "T4-16GB", 64
     first = form.press()
     assert first is not None and first == forecast(

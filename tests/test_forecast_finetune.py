@@ -23,7 +23,7 @@ import torch
 import swift_nb
 from swift_nb.analysis import effects
 from swift_nb.analysis.forecast import forecast, measure, parse_forecast_spec
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import MEMORY_CATEGORIES, Run
 from swift_nb.render.forecast import forecast_figure, forecast_section
 

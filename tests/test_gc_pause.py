@@ -1,4 +1,4 @@
-"""swift_nb.gc_pause: the collector is off while any thread decodes a trace, back on after
+"""swift_nb.core.gc_pause: the collector is off while any thread decodes a trace, back on after
 the last one leaves, and never turned on when the program had turned it off."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from swift_nb.gc_pause import paused
+from swift_nb.core.gc_pause import paused
 
 
 @pytest.fixture(autouse=True)

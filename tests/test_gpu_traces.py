@@ -14,8 +14,8 @@ import pytest
 
 from swift_nb.analysis import analyze, device
 from swift_nb.analysis.comm import collectives
-from swift_nb.analysis.trace import Trace, load_trace_file, parse_events
-from swift_nb.importer import import_trace
+from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events
+from swift_nb.importing.assembly import import_trace
 from swift_nb.record import Run, load_run, runs
 from swift_nb.render.document import report_html
 from swift_nb.render.tables import runs_text

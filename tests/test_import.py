@@ -16,8 +16,8 @@ import torch
 
 import swift_nb
 from swift_nb import cli
-from swift_nb.errors import ConfigError, RecordError
-from swift_nb.import_rank import TRIGGER
+from swift_nb.core.errors import ConfigError, RecordError
+from swift_nb.importing.rank import TRIGGER
 from swift_nb.record import load_run, rank_folder, runs
 
 GPU = Path(__file__).parent / "data" / "gpu"

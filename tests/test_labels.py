@@ -1,4 +1,4 @@
-"""``swift_nb.labels``: every key a reader's table shows has a label in words and its value
+"""``swift_nb.render.labels``: every key a reader's table shows has a label in words and its value
 a unit; a key without a label reads as words, never as the identifier. The tables built from
 them (the verdict's and the findings' evidence, the comparison) read at a glance."""
 
@@ -13,12 +13,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swift_nb import labels
-from swift_nb.analysis.findings import Verdict
-from swift_nb.labels import LABELS, label, unit, value_text
+from swift_nb.analysis.advisor.findings import Verdict
 from swift_nb.record import MEMORY_CATEGORIES
-from swift_nb.render.compare import compare_table_html, compare_table_text, display_table, prediction_text
+from swift_nb.render import labels
+from swift_nb.render.comparison.page import (
+    compare_table_html,
+    compare_table_text,
+    display_table,
+    prediction_text,
+)
 from swift_nb.render.html import CELL_CHARS, evidence_html, frame_table
+from swift_nb.render.labels import LABELS, label, unit, value_text
 from swift_nb.render.sections.verdict import ordered
 
 ADVISOR = Path(__file__).resolve().parents[1] / "swift_nb" / "analysis" / "advisor"
@@ -74,7 +79,7 @@ def test_every_key_the_advisor_writes_has_a_label_written_beside_it():
     keys = _evidence_keys() | set(VERDICT_BUILT)
     assert {"step_s", "score_tensors_kept_at_peak", "blocks_from", "weights_dtype"} <= keys
     missing = sorted(k for k in keys if k not in LABELS)
-    assert not missing, f"evidence keys without a label in swift_nb/labels.py: {missing}"
+    assert not missing, f"evidence keys without a label in swift_nb/render/labels.py: {missing}"
     for key in keys:
         assert not IDENTIFIER.match(label(key)), (key, label(key))
 

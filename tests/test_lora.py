@@ -13,8 +13,8 @@ from torch import nn
 
 import swift_nb
 from swift_nb import toggles
+from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.demo import make_model
-from swift_nb.errors import ConfigError, MissingDependencyError
 from swift_nb.toggles.lora import LoRA, QLoRA, peft_adapters
 
 VOCAB, SEQ = 128, 16

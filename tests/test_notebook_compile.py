@@ -14,7 +14,7 @@ from conftest import kernel_env
 from nbclient import NotebookClient
 
 import swift_nb
-from swift_nb.render.compare import display_table, rank_memory_table
+from swift_nb.render.comparison.page import display_table, rank_memory_table
 from swift_nb.rerun.launcher import Outcome
 from swift_nb.toggles.torch_compile import cxx_compiler
 

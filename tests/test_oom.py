@@ -16,8 +16,8 @@ import torch
 import swift_nb
 from swift_nb import demo
 from swift_nb.analysis.oom import diagnose
-from swift_nb.capture import oom
 from swift_nb.capture.job import _worst
+from swift_nb.capture.memory import oom
 from swift_nb.record import OutOfMemory, load_run, runs
 from swift_nb.render.oom import oom_text
 

@@ -10,7 +10,7 @@ import torch
 
 import swift_nb
 from swift_nb.analysis.operators import COLUMNS, top_operators
-from swift_nb.analysis.trace import load_trace, parse_events
+from swift_nb.analysis.trace.tables import load_trace, parse_events
 from swift_nb.demo import make_model
 from swift_nb.record import Run
 

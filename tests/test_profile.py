@@ -13,7 +13,7 @@ from conftest import train
 
 import swift_nb
 from swift_nb.capture.session import Session
-from swift_nb.options import ProfileOptions
+from swift_nb.core.options import ProfileOptions
 
 pytestmark = pytest.mark.slow  # profiles real training loops
 
@@ -210,7 +210,7 @@ def test_steps_after_the_schedule_pay_no_profiler(runs_dir):
 def test_rss_reader_reads_what_psutil_reads():
     import psutil
 
-    from swift_nb.capture.rss import RssReader
+    from swift_nb.capture.resources.rss import RssReader
 
     reader = RssReader()
     try:

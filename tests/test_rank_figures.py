@@ -20,7 +20,7 @@ import pytest
 
 import swift_nb
 from swift_nb.analysis.ranks import per_rank, rank_step_metrics, slowest_ranks
-from swift_nb.labels import pct_text
+from swift_nb.render.labels import pct_text
 from swift_nb.render.rank_figures import rank_step_heatmap
 from swift_nb.render.sections import ranks as ranks_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs
@@ -132,7 +132,9 @@ def test_the_ranks_section_at_many_ranks_is_one_figure_and_the_slowest_ranks(man
     assert slow.loc[0, "work_over_median_pct"] == pytest.approx(excess) and 45 < excess < 60
     assert not slow["straggler"].iloc[1:].any()
     # the table's first row as a reader sees it: rank, step time, work, work over the median
-    assert re.search(rf"Work over the median .* Straggler 7 [\d.]+ ms [\d.]+ ms {pct_text(excess)} .*? yes 1 ", text)
+    assert re.search(
+        rf"Work over the median .* Straggler 7 [\d.]+ ms [\d.]+ ms {pct_text(excess)} .*? yes 1 ", text
+    )
 
 
 def test_the_figure_has_a_row_per_rank_and_a_column_per_step(many_ranks):

@@ -19,7 +19,7 @@ from swift_nb.analysis import analyze
 from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.ranks import per_rank
-from swift_nb.analysis.trace import load_trace_file
+from swift_nb.analysis.trace.tables import load_trace_file
 from swift_nb.capture.job import RANK_COLUMNS
 
 pytestmark = pytest.mark.slow  # torchrun jobs

@@ -20,9 +20,9 @@ import torch
 
 import swift_nb
 from swift_nb.demo import GPT, quickstart_config
-from swift_nb.labels import LABELS
 from swift_nb.record import Run
 from swift_nb.render.html import CELL_CHARS
+from swift_nb.render.labels import LABELS
 
 pytestmark = pytest.mark.slow
 

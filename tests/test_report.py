@@ -15,12 +15,12 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 import swift_nb
+from swift_nb.analysis.advisor.findings import VERDICTS, Finding, Verdict
 from swift_nb.analysis.breakdown import step_breakdown
-from swift_nb.analysis.findings import VERDICTS, Finding, Verdict
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
 from swift_nb.demo import make_model
 from swift_nb.record import MEMORY_CATEGORIES, MEMORY_COLUMNS, Run
-from swift_nb.render.compare import STEP_TIMES_ALT, compare_html
+from swift_nb.render.comparison.page import STEP_TIMES_ALT, compare_html
 from swift_nb.render.document import REPORT_FILE, report_html, write_report
 from swift_nb.render.figures import (
     breakdown_figure,

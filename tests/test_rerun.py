@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 import swift_nb
-from swift_nb.errors import ConfigError
-from swift_nb.options import ProfileOptions
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.options import ProfileOptions
 from swift_nb.rerun import RerunBusyError, parse_variants, run_variants
 from swift_nb.rerun.history import prepare
 from swift_nb.rerun.launcher import Worker

@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 from test_analysis_pure import _x  # one hand-built event for both pure modules
 
-from swift_nb import trace_names as tn
 from swift_nb.analysis import analyze
-from swift_nb.analysis import trace as trace_module
 from swift_nb.analysis.breakdown import step_breakdown
 from swift_nb.analysis.comm import collectives, comm_per_step
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.operators import op_self_times_us
 from swift_nb.analysis.run_data import run_data
 from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace import load_trace, load_trace_file, parse_events, per_name, per_value
+from swift_nb.analysis.trace.tables import load_trace, load_trace_file, parse_events, per_name, per_value
+from swift_nb.analysis.trace.tables import tables as trace_module
+from swift_nb.core import trace_names as tn
 from swift_nb.record import Run, load_run
 
 DATA = Path(__file__).parent / "data"

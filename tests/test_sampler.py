@@ -9,8 +9,8 @@ import pytest
 from conftest import train
 
 import swift_nb
-from swift_nb.capture import sampler as sampler_mod
-from swift_nb.capture.sampler import Sampler
+from swift_nb.capture.resources import sampler as sampler_mod
+from swift_nb.capture.resources.sampler import Sampler
 
 pytestmark = pytest.mark.slow  # profiles training loops
 

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swift_nb import trace_names as tn
 from swift_nb.analysis.scores import (
     ScoreTimeline,
     eager_attention,
@@ -20,7 +19,8 @@ from swift_nb.analysis.scores import (
     score_sizes,
     touches_scores,
 )
-from swift_nb.analysis.trace import Trace
+from swift_nb.analysis.trace.tables import Trace
+from swift_nb.core import trace_names as tn
 
 SCORES = (2, 2, 4, 4)  # [B, H, T, T], float32: 256 bytes
 

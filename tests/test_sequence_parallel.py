@@ -20,7 +20,7 @@ from conftest import free_port
 
 import swift_nb
 from swift_nb.analysis.ranks import per_rank as rank_table
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.parallel.gradients import BUCKET_ELEMENTS, _buckets
 from swift_nb.parallel.inputs import IGNORE_INDEX, CallSplit
 from swift_nb.rerun import Variant, Worker, parse_variants, run_variants

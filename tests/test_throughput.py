@@ -12,7 +12,7 @@ from conftest import train
 
 import swift_nb
 from swift_nb.analysis.throughput import peak_flops_per_s, throughput
-from swift_nb.analysis.trace import load_trace
+from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.demo import make_model
 from swift_nb.record import STEP_COLUMNS, Run
 

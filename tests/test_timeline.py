@@ -1,4 +1,4 @@
-"""Timeline (swift_nb.analysis.timeline and its tracks, counters, places and rank overview):
+"""Timeline (swift_nb.analysis.timeline.query and its tracks, counters, places and rank overview):
 what a viewer draws of a trace at any zoom, checked on the real GPU traces in
 ../shared/traces and on a profiled CPU run."""
 
@@ -14,16 +14,16 @@ import torch
 from conftest import train
 
 import swift_nb
-from swift_nb import trace_names as tn
 from swift_nb.analysis import analyze
-from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.timeline import ITEM_COLUMNS, Timeline
-from swift_nb.analysis.timeline_counters import clock_offset_us
-from swift_nb.analysis.timeline_places import places
-from swift_nb.analysis.timeline_ranks import STATES, rank_overview, states_per_rank
-from swift_nb.analysis.timeline_tracks import depths
-from swift_nb.analysis.trace import load_trace_file, parse_events, read_trace
-from swift_nb.errors import ConfigError
+from swift_nb.analysis.advisor.findings import Finding
+from swift_nb.analysis.timeline.counters import clock_offset_us
+from swift_nb.analysis.timeline.places import places
+from swift_nb.analysis.timeline.query import ITEM_COLUMNS, Timeline
+from swift_nb.analysis.timeline.ranks import STATES, rank_overview, states_per_rank
+from swift_nb.analysis.timeline.tracks import depths
+from swift_nb.analysis.trace.tables import load_trace_file, parse_events, read_trace
+from swift_nb.core import trace_names as tn
+from swift_nb.core.errors import ConfigError
 
 TRACES = Path(__file__).parent / "data" / "gpu"  # the shared real traces (README.md there)
 ONE_RANK = TRACES / "gpu_1rank_5steps.json.gz"

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 import swift_nb
-from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.notebook.panel import TABS, results_panel
 from swift_nb.notebook.timeline_widget import TimelineWidget, step_window, timeline
 from swift_nb.record import load_run
 from swift_nb.render.sections.timeline import TimelinePart
-from swift_nb.render.timeline_view import DATA_ID, SOURCES, embedded_html, script_sources, viewer_js
+from swift_nb.render.timeline.view import DATA_ID, SOURCES, embedded_html, script_sources, viewer_js
 from swift_nb.reporting import report
 
 COST_RUN = Path(__file__).parent / "data" / "cost_run"

@@ -16,8 +16,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 import swift_nb
 from swift_nb import toggles
+from swift_nb.core.errors import ConfigError
 from swift_nb.demo import CausalSelfAttention, make_model
-from swift_nb.errors import ConfigError
 from swift_nb.toggles.galore import galore_adamw, galore_state_bytes, state_bytes
 
 VOCAB, SEQ = 128, 32

@@ -10,12 +10,12 @@ import torch
 from torch._dynamo.utils import counters
 
 import swift_nb
-from swift_nb.errors import ConfigError
-from swift_nb.render.compare import compare_table_text, display_table
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.units import fmt_seconds
+from swift_nb.render.comparison.page import compare_table_text, display_table
 from swift_nb.rerun import comparison, parse_variants, run_variants
 from swift_nb.toggles import get
 from swift_nb.toggles.torch_compile import CompilerMissingError, cxx_compiler
-from swift_nb.units import fmt_seconds
 
 needs_compiler = pytest.mark.skipif(
     cxx_compiler() is None,

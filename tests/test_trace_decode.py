@@ -1,4 +1,4 @@
-"""swift_nb.analysis.trace_decode: trace files decoded into the tables without a dict per
+"""swift_nb.analysis.trace.decode: trace files decoded into the tables without a dict per
 event, and decompressed in a stream that stops at a size cap; hostile files (JSON nested past
 any decoder's recursion, gzip bombs) are one RecordError naming the file."""
 
@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 import swift_nb
-from swift_nb.analysis import trace_decode
-from swift_nb.analysis.trace import (
+from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES, MAX_STRETCH, read_json_bytes
+from swift_nb.analysis.trace.tables import decode as trace_decode
+from swift_nb.analysis.trace.tables import (
     load_trace_file,
     parse_document,
     parse_events,
@@ -24,8 +25,7 @@ from swift_nb.analysis.trace import (
     read_trace_document,
     read_trace_with_meta,
 )
-from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, MAX_STRETCH, read_json_bytes
-from swift_nb.errors import RecordError
+from swift_nb.core.errors import RecordError
 
 DATA = Path(__file__).parent / "data"
 TRACES = [*sorted((DATA / "gpu").glob("*.json.gz")), DATA / "cost_run" / "trace.json.gz"]
@@ -249,8 +249,8 @@ def test_real_traces_have_no_stretch_near_the_limit(monkeypatch):
 _PEAK = """
 import re, sys
 import swift_nb
-from swift_nb.analysis.trace import read_trace
-from swift_nb.errors import RecordError
+from swift_nb.analysis.trace.tables import read_trace
+from swift_nb.core.errors import RecordError
 for read in (read_trace, lambda p: swift_nb.import_trace(p, sys.argv[2], report=False)):
     try:
         read(sys.argv[1])

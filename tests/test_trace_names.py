@@ -1,4 +1,4 @@
-"""swift_nb.trace_names: the trace's vocabulary (steps, collectives) and interval arithmetic,
+"""swift_nb.core.trace_names: the trace's vocabulary (steps, collectives) and interval arithmetic,
 on names and spans written by hand and on a real NCCL trace."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swift_nb import trace_names as tn
+from swift_nb.core import trace_names as tn
 
 # A real GPU trace (see tests/data/gpu/README.md).
 NCCL_TRACE = Path(__file__).parent / "data" / "gpu" / "gpu_nccl_2ranks_rank0.json.gz"

@@ -16,7 +16,7 @@ from conftest import Kernel, kernel_env
 from nbclient import NotebookClient
 
 import swift_nb
-from swift_nb.analysis.trace import load_trace
+from swift_nb.analysis.trace.tables import load_trace
 
 pytestmark = pytest.mark.slow  # real trainers in a kernel
 

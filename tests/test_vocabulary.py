@@ -10,7 +10,7 @@ import pytest
 
 from swift_nb import toggles, vocabulary
 from swift_nb.analysis.forecast import parse_forecast_spec, parse_toggles
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.notebook import magic  # built before the throwaway toggle joins: it must pick it up
 from swift_nb.rerun.launcher import magic_flags, parse_variants
 from swift_nb.toggles.base import Toggle

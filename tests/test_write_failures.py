@@ -11,7 +11,7 @@ import warnings
 import torch
 
 import swift_nb
-from swift_nb.errors import RecordWriteWarning
+from swift_nb.core.errors import RecordWriteWarning
 from swift_nb.record import load_run, write
 
 

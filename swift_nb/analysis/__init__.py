@@ -14,17 +14,17 @@ import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
 from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
+from swift_nb.analysis.advisor.findings import Finding, Verdict
 from swift_nb.analysis.breakdown import device_busy
 from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
-from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.memory import memory_timeline
 from swift_nb.analysis.operators import by_memory, compiling_steps, top_operators
 from swift_nb.analysis.run_data import run_data
 from swift_nb.analysis.throughput import Throughput, throughput
-from swift_nb.analysis.trace import Trace
-from swift_nb.errors import ConfigError
+from swift_nb.analysis.trace.tables import Trace
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run
 
 

@@ -9,7 +9,7 @@ communication running on other threads while the training thread does nothing tr
 What no event covers is ``untraced_s``: Python between ops, waiting, sleeping. swift_nb's
 own work inside a step (events named ``trace_names.OWN_PREFIX`` + …) is left out of the
 step, as it is of ``steps.csv``'s durations. So the parts add up to ``step_s`` exactly.
-The event names of each part are in ``swift_nb.trace_names``.
+The event names of each part are in ``swift_nb.core.trace_names``.
 
 ``comm_s`` is the host's share of the step given to communication by that partition; it is
 neither the collective time nor the exposed communication (``swift_nb.analysis.comm``).
@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, load_trace, per_name
+from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_name
+from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
 
 PARTS = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "h2d_s", "other_s", "untraced_s"]

@@ -40,8 +40,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, per_name, per_value
+from swift_nb.analysis.trace.tables import Trace, derived, per_name, per_value
+from swift_nb.core import trace_names as tn
 
 DTYPE_BYTES = {
     "float": 4,

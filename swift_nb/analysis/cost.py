@@ -13,7 +13,7 @@ the GPUs its process allocated memory on (``devices_of``), else one machine.
 
 The price: the one given (``price_per_hour=`` of ``profile()``, ``report()``,
 ``import_trace()``, ``--price-per-hour``; kept in the run's context, so a later report
-prices it alike), else ``$SWIFT_NB_PRICE_PER_HOUR``, else ``swift_nb.devices.PRICES_PER_HOUR``
+prices it alike), else ``$SWIFT_NB_PRICE_PER_HOUR``, else ``swift_nb.core.devices.PRICES_PER_HOUR``
 by the GPU's name. A run with no price has no money keys (a CPU run without one given).
 """
 
@@ -23,8 +23,8 @@ import math
 import os
 from typing import Any
 
-from swift_nb.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH, price_of
-from swift_nb.errors import ConfigError
+from swift_nb.core.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH, price_of
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run
 
 J_PER_KWH = 3.6e6

@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, per_name, steps_of
+from swift_nb.analysis.trace.tables import Trace, derived, per_name, steps_of
+from swift_nb.core import trace_names as tn
 
 SHARES = ["idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct"]
 SUMMARY_KEYS = [

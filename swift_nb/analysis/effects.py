@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from swift_nb import vocabulary
-from swift_nb.units import fmt_bytes
+from swift_nb.core.units import fmt_bytes
 
 # -- optimizer state -----------------------------------------------------------------------
 

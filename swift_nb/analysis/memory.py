@@ -1,6 +1,6 @@
 """Memory footprint by category: parameters, gradients, optimizer state, activations and
 other/temporary tensors, at the step peak and over time (from the run's memory replay,
-see ``swift_nb.capture.memory_categories``)."""
+see ``swift_nb.capture.memory.categories``)."""
 
 from __future__ import annotations
 

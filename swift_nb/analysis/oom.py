@@ -1,6 +1,6 @@
 """Why a run ran out of memory, and what would have made its failed step fit.
 
-From the post-mortem (``Run.oom``, read at the failure by ``swift_nb.capture.oom``):
+From the post-mortem (``Run.oom``, read at the failure by ``swift_nb.capture.memory.oom``):
 
 - the step's need: what was live at the failure, with the activations still to come.
   Failing in the forward pass inside block i of n, the activations are scaled by n / i
@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swift_nb.analysis import effects
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import OutOfMemory, Run
-from swift_nb.units import fmt_bytes
 
 MARGIN = 0.05  # of the room, kept for the allocator's rounding and fragmentation
 

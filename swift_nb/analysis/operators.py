@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, derived, load_trace
+from swift_nb.analysis.trace.tables import Trace, derived, load_trace
+from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
 
 SORT_COLUMNS = {"self_time": "self_time_s", "memory": "alloc_bytes"}

@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.comm import COLUMNS, collectives, comm_per_step
 from swift_nb.analysis.device import _shares, _step_windows, device_work
-from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.trace import Trace, load_trace_file
-from swift_nb.errors import RecordError
+from swift_nb.analysis.trace.tables import Trace, load_trace_file
+from swift_nb.core.errors import RecordError
+from swift_nb.core.units import fmt_ranks
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder
-from swift_nb.units import fmt_ranks
 
 STRAGGLER_EXCESS = 0.15  # a rank this much busier per step than the ranks' median straggles …
 STRAGGLER_MIN_STEP_SHARE = 0.20  # … when the excess is also this share of the median step

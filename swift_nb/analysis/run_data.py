@@ -18,7 +18,7 @@ from swift_nb.analysis.device import device_work
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.operators import Nesting, op_nesting
 from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.analysis.trace.tables import Trace, load_trace
 from swift_nb.record import Run
 
 

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.shapes import input_dims
-from swift_nb.analysis.trace import Trace
+from swift_nb.analysis.trace.shapes import input_dims
+from swift_nb.analysis.trace.tables import Trace
+from swift_nb.core import trace_names as tn
 
 SDPA = "aten::scaled_dot_product_attention"
 SOFTMAX = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from swift_nb.analysis.shapes import input_dims
-from swift_nb.analysis.trace import Trace, load_trace
-from swift_nb.devices import peak_flops_per_s
+from swift_nb.analysis.trace.shapes import input_dims
+from swift_nb.analysis.trace.tables import Trace, load_trace
+from swift_nb.core.devices import peak_flops_per_s
 from swift_nb.record import Run
 
 # Ops whose data input's leading dimension is the batch, and which input that is.
@@ -29,7 +29,7 @@ class Throughput:
     flops_per_step: floating-point operations in one step (counted at capture);
     achieved_flops_per_s: flops_per_step × steps_per_s (FLOP/s);
     peak_flops_per_s: the GPU's dense bf16/fp16 tensor-core peak (FLOP/s; CUDA only; from
-    ``swift_nb.devices.PEAK_FLOPS_PER_S``);
+    ``swift_nb.core.devices.PEAK_FLOPS_PER_S``);
     mfu_pct: model FLOPs utilisation, achieved / peak (%);
     batch_size: samples per step; seq_len: tokens per sample;
     device_name: the device as the run's environment names it.

@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 
 from swift_nb.capture import job
-from swift_nb.capture import memory_categories as memcat
-from swift_nb.gc_pause import paused
-from swift_nb.trace_names import step_of
+from swift_nb.capture.memory import categories as memcat
+from swift_nb.core.gc_pause import paused
+from swift_nb.core.trace_names import step_of
 
 
 @dataclass

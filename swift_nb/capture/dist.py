@@ -37,7 +37,7 @@ def gather_timeout_s() -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        from swift_nb.errors import ConfigError
+        from swift_nb.core.errors import ConfigError
 
         raise ConfigError(ENV_TIMEOUT, "must be a positive number of seconds", raw)
     return value

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
 from swift_nb.capture.dist import RankInfo
+from swift_nb.core import trace_names as tn
+from swift_nb.core.units import fmt_ranks
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder, rank_trace_file
 from swift_nb.record.write import energy_summary
-from swift_nb.units import fmt_ranks
 
 MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from swift_nb.capture import dist, job
+from swift_nb.core.units import fmt_ranks
 from swift_nb.record import Run, rank_folder, rank_trace_file, save
-from swift_nb.units import fmt_ranks
 
 
 class JobRank:

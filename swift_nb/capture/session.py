@@ -21,9 +21,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from swift_nb import trace_names
-from swift_nb.capture import dist, finetune, job, oom, signals
-from swift_nb.capture.alerts import Alert, OnAlert, StepTimeWatch
+from swift_nb.capture import dist, finetune, job, signals
 from swift_nb.capture.compile import CompileRecorder
 from swift_nb.capture.digest import DigestResult
 from swift_nb.capture.environment import environment
@@ -31,14 +29,17 @@ from swift_nb.capture.flops import StepFlops, flop_step
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.job_rank import JobRank
 from swift_nb.capture.journal import Journal
-from swift_nb.capture.memory_record import MemoryRecorder
-from swift_nb.capture.rss import RssReader
-from swift_nb.capture.sampler import Sampler
+from swift_nb.capture.memory import oom
+from swift_nb.capture.memory.snapshots import MemoryRecorder
+from swift_nb.capture.resources.alerts import Alert, OnAlert, StepTimeWatch
+from swift_nb.capture.resources.rss import RssReader
+from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
 from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecorder, TraceResult
-from swift_nb.errors import ConfigError, RunDirError
-from swift_nb.options import ProfileOptions
+from swift_nb.core import trace_names
+from swift_nb.core.errors import ConfigError, RunDirError
+from swift_nb.core.options import ProfileOptions
 from swift_nb.record import (
     FINETUNE_KEY,
     STEP_COLUMNS,
@@ -72,7 +73,7 @@ class Session:
     a one-cycle schedule, a single process and ``options.report``. What it returned is
     ``take_trace_tables()``'s.
     ``options.count_flops`` counts one step's FLOPs (``swift_nb.capture.flops``).
-    on_alert: called with each ``swift_nb.capture.alerts.Alert`` (a step-time regression)
+    on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` (a step-time regression)
     as it is raised, on the journal's thread; alerts are also in the run's notes and its
     summary's ``alerts``.
     """

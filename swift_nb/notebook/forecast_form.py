@@ -16,9 +16,9 @@ import ipywidgets as widgets
 from swift_nb import vocabulary
 from swift_nb.analysis.forecast import DEVICES, OPTIMIZERS, Forecast, Measured, forecast, measure
 from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace import load_trace
-from swift_nb.devices import DEFAULT_DEVICE
-from swift_nb.errors import ConfigError, RecordError
+from swift_nb.analysis.trace.tables import load_trace
+from swift_nb.core.devices import DEFAULT_DEVICE
+from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.record import Run
 from swift_nb.render.forecast import forecast_section
 

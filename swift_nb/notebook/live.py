@@ -9,7 +9,7 @@ charts at most every ``CHART_PERIOD_S`` — plus ``FINAL_MESSAGES`` when the run
 ``message_bound(T)`` for a panel that ran T seconds.
 
 The widgets only display: every number here is also in the run record and the static
-outputs shown after the cell. A step-time alert (``swift_nb.capture.alerts``) shows as a line
+outputs shown after the cell. A step-time alert (``swift_nb.capture.resources.alerts``) shows as a line
 under the numbers, as soon as the journal's thread raised it.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display
 
+from swift_nb.core.units import fmt_bytes, fmt_pct
 from swift_nb.record import Run
-from swift_nb.units import fmt_bytes, fmt_pct
 
 TICK_S = 0.25  # at most 4 updates a second, whatever the step rate
 CHART_PERIOD_S = 1.0  # the charts' SVG is the largest message: redrawn at most once a second
@@ -343,7 +343,7 @@ class LivePanel:
 
 
 def _alert_html(message: str, count: int) -> str:
-    """The newest alert (``swift_nb.capture.alerts``) on a line of its own, and how many so far."""
+    """The newest alert (``swift_nb.capture.resources.alerts``) on a line of its own, and how many so far."""
     more = f" ({count} alerts)" if count > 1 else ""
     return f"<div class='swift-nb-alert' style='color:#b35900'>⚠ {escape(message)}{escape(more)}</div>"
 

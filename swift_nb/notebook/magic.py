@@ -23,10 +23,10 @@ from swift_nb import vocabulary
 from swift_nb.api import ReportAhead, apply_toggles, finish, report, undo_toggles
 from swift_nb.capture import helper
 from swift_nb.capture.session import Session, cell_source
-from swift_nb.errors import ConfigError, MissingDependencyError, RunDirError
+from swift_nb.core.errors import ConfigError, MissingDependencyError, RunDirError
+from swift_nb.core.options import ProfileOptions, argparse_specs, flag_of
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_run
-from swift_nb.options import ProfileOptions, argparse_specs, flag_of
 from swift_nb.record import Run, load_run, runs
 from swift_nb.render.tables import runs_html, runs_text
 
@@ -229,7 +229,7 @@ class SwiftMagics(Magics):
         show_run(reported.run, reported.sections, panel=panel)
 
     def _compare(self, cell: str, args) -> None:
-        from swift_nb.notebook.compare_view import run_comparison
+        from swift_nb.notebook.variants_view import run_comparison
         from swift_nb.rerun import RerunBusyError, parse_variants
 
         if _toggles(args):

@@ -19,6 +19,7 @@ from html import escape
 import ipywidgets as widgets
 from IPython.display import display
 
+from swift_nb.core.units import fmt_bytes
 from swift_nb.notebook.forecast_form import ForecastForm, has_memory
 from swift_nb.notebook.timeline_widget import TimelineWidget
 from swift_nb.record import Run
@@ -26,7 +27,6 @@ from swift_nb.render.html import empty
 from swift_nb.render.sections import TABS, FigurePart, Section
 from swift_nb.render.sections.timeline import TimelinePart, not_drawn
 from swift_nb.render.tables import summary_html, summary_text
-from swift_nb.units import fmt_bytes
 
 PANEL_STYLE = """<style>
 .swift-nb-results .widget-html-content { line-height: 1.4; }

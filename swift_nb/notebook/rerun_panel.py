@@ -21,9 +21,9 @@ from typing import Any
 import ipywidgets as widgets
 
 from swift_nb import vocabulary
-from swift_nb.analysis.findings import Finding
-from swift_nb.options import ProfileOptions
-from swift_nb.render.compare import compare_figures, compare_table_html
+from swift_nb.analysis.advisor.findings import Finding
+from swift_nb.core.options import ProfileOptions
+from swift_nb.render.comparison.page import compare_figures, compare_table_html
 from swift_nb.rerun import Compared, RerunBusyError, Variant, compare_cell
 from swift_nb.toggles import get
 

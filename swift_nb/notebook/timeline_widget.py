@@ -20,13 +20,13 @@ import anywidget
 import ipywidgets as widgets
 import traitlets
 
-from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.timeline import STEPS_TRACK, Timeline
-from swift_nb.analysis.timeline_ranks import rank_overview
-from swift_nb.errors import ConfigError
+from swift_nb.analysis.advisor.findings import Finding
+from swift_nb.analysis.timeline.query import STEPS_TRACK, Timeline
+from swift_nb.analysis.timeline.ranks import rank_overview
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run, load_run
 from swift_nb.render.sections.timeline import own_rank, place_list
-from swift_nb.render.timeline_view import viewer_js
+from swift_nb.render.timeline.view import viewer_js
 
 #: the first view's width in pixels, before the browser says how wide the canvas is
 INITIAL_WIDTH_PX = 1000

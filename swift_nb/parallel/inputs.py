@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.parallel._sequence import shard
 
 IGNORE_INDEX = -100  # Hugging Face's: label positions that count in no loss

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.parallel._comm import Group, check_qkv, exchange, resolve_group, wait
 
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from swift_nb.errors import ConfigError, RecordError
+from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.record.finetune import FINETUNE_KEY, finetune_label
 from swift_nb.record.layout import PIN_FILE, RUN_FILE, STEPS_FILE
 from swift_nb.record.read import STEPS_MISSING, check_meta, is_live, load_json, status_as_found

@@ -49,7 +49,7 @@ STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "cras
 #   step: 0-based step index; start_s/end_s/duration_s: the step's span;
 #   phase: profiler schedule action for the step (none|wait|warmup|active);
 #   trigger: what ended the step (optimizer|explicit|end; trace: a step imported from a
-#     trace, its profiler's ProfilerStep#N span — swift_nb.importer);
+#     trace, its profiler's ProfilerStep#N span — swift_nb.importing.assembly);
 #   overhead_s: time swift_nb's own step hook took at the boundary that began the step
 #     (not part of duration_s; the profiler's trace export shows up here);
 #   peak_tensor_bytes: peak bytes held by tensors during the step — CUDA: the caching
@@ -87,7 +87,7 @@ STEP_COLUMNS = [
 # gpu{i}_util_pct, gpu{i}_mem_util_pct (memory controller), gpu{i}_mem_used_bytes,
 # gpu{i}_mem_total_bytes, gpu{i}_sm_clock_mhz, gpu{i}_temp_c, gpu{i}_power_w: NVML;
 # gpu{i}_energy_j (NVML's energy counter, or the power integrated) and cpu_energy_j (RAPL):
-# joules since the run's first sample, cumulative (swift_nb.capture.energy).
+# joules since the run's first sample, cumulative (swift_nb.capture.resources.energy).
 SAMPLE_COLUMNS = [
     "t_s",
     "kind",
@@ -101,7 +101,7 @@ SAMPLE_COLUMNS = [
 
 
 # memory.csv: tensor bytes by category over the recorded steps (see
-# swift_nb.capture.memory_categories): t_s (run clock), step, then one column per category.
+# swift_nb.capture.memory.categories): t_s (run clock), step, then one column per category.
 # parameters: what the optimizers train; frozen_parameters: the parameters and buffers of the
 # cell's models that nothing trains (a LoRA base, a frozen encoder, a reference model) at
 # their stored bytes (quantized: packed, plus their quantization state). A run written before

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from swift_nb.errors import RecordError
+from swift_nb.core.errors import RecordError
 from swift_nb.record.layout import (
     MEMORY_CATEGORIES,
     MEMORY_COLUMNS,

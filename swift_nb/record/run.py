@@ -26,7 +26,7 @@ from swift_nb.record.layout import (
 @dataclass(frozen=True)
 class OutOfMemory:
     """What was in memory when a run failed allocating (its status ``oom``), as
-    ``swift_nb.capture.oom.post_mortem`` read it from the failure.
+    ``swift_nb.capture.memory.oom.post_mortem`` read it from the failure.
 
     categories: bytes live by category (``MEMORY_CATEGORIES``) at the failure;
     requested_bytes: the allocation that failed (from the error's message; None if it

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb.errors import ConfigError, RunDirError
+from swift_nb.core.errors import ConfigError, RunDirError
 from swift_nb.record.layout import (
     DEFAULT_KEEP,
     ENV_DIR,

@@ -18,17 +18,17 @@ from swift_nb.analysis import Analysis
 from swift_nb.analysis.breakdown import trace_breakdown
 from swift_nb.analysis.memory import memory_timeline
 from swift_nb.analysis.operators import by_memory, top_operators
-from swift_nb.analysis.trace import Trace, parse_events, save_tables
+from swift_nb.analysis.trace.tables import Trace, parse_events, save_tables
 from swift_nb.record import REPORT_FILE, Run, atomic_write_text, tables_path
 from swift_nb.render import sections
+from swift_nb.render.figure_cache import FigureCache
 from swift_nb.render.html import CSP, STYLE
 from swift_nb.render.sections import breakdown, operators_memory, operators_time
 from swift_nb.render.sections import memory as memory_section
 from swift_nb.render.sections import timeline as timeline_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs, Section
-from swift_nb.render.sections.figure_cache import FigureCache
 from swift_nb.render.sections.operators import operator_parts
-from swift_nb.render.timeline_view import script_sources
+from swift_nb.render.timeline.view import script_sources
 
 __all__ = [
     "REPORT_FILE",

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from swift_nb.core.units import fmt_bytes, fmt_pct, fmt_seconds
 from swift_nb.record import MEMORY_CATEGORIES, Run
 from swift_nb.render.fonts import fit_text, shown
-from swift_nb.units import fmt_bytes, fmt_pct, fmt_seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

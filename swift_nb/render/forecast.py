@@ -19,9 +19,9 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from swift_nb.analysis.forecast import Forecast, parse_forecast_spec
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
 from swift_nb.render.figures import GIB, MEMORY_COLORS, figure_png, new_figure
-from swift_nb.units import fmt_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,7 +1,7 @@
 """Markup shared by every HTML document swift_nb writes (report.html, compare.html) and by
 the report's sections: the page's policy and style, the inline figure tag, and tables
 whose headings are their keys' labels and whose values carry their units
-(``swift_nb.labels``), no cell longer than ``CELL_CHARS``.
+(``swift_nb.render.labels``), no cell longer than ``CELL_CHARS``.
 
 Every string that comes from the user or the trace is escaped here.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb.labels import is_missing, label, value_text
+from swift_nb.render.labels import is_missing, label, value_text
 
 #: the most characters a table cell shows: longer text is prose, and goes under the table
 CELL_CHARS = 80
@@ -91,7 +91,7 @@ def pct1(value: Any) -> str:
 
 
 def header(column: str, within: str | None = None) -> str:
-    """A column's heading: its key's label (``swift_nb.labels``); a column named in words
+    """A column's heading: its key's label (``swift_nb.render.labels``); a column named in words
     already stays as it is."""
     return column if not column.isidentifier() else label(column, within)
 

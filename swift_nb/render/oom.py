@@ -6,8 +6,8 @@ from __future__ import annotations
 from html import escape
 
 from swift_nb.analysis.oom import Diagnosis, diagnose
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES, OutOfMemory, Run
-from swift_nb.units import fmt_bytes
 
 TITLE = "Out of memory"
 

@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 
 from swift_nb import vocabulary
-from swift_nb.options import ProfileOptions
+from swift_nb.core.options import ProfileOptions
 from swift_nb.record import RUN_FILE, load_run, new_run_id, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
 from swift_nb.toggles import Toggle, get

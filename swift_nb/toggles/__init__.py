@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from swift_nb import vocabulary
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.toggles.base import Toggle, ToggleReport, find_models, find_optimizers
 from swift_nb.vocabulary import Param
 

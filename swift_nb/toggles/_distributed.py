@@ -33,7 +33,7 @@ from torch.distributed._composable_state import _module_state_mapping
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.toggles.base import ToggleReport, _candidates, _on_construct, find_optimizers
 
 _HOOK_DICTS = (

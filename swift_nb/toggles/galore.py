@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from swift_nb.capture import frameworks
-from swift_nb.errors import MissingDependencyError
+from swift_nb.core.errors import MissingDependencyError
 from swift_nb.toggles.base import Toggle, find_models
 from swift_nb.toggles.lora import linear_layer, peft_adapters
 

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from swift_nb.errors import ConfigError, MissingDependencyError
+from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.toggles.base import Toggle, ToggleReport, find_models, find_optimizers
 from swift_nb.toggles.grad_checkpointing import repeated_blocks
 

@@ -55,7 +55,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.parallel import ring_attention, ulysses_attention
 from swift_nb.parallel.gradients import average_gradients, mean_over_ranks
 from swift_nb.parallel.inputs import CallSplit

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 from swift_nb.toggles.base import Toggle
 
 

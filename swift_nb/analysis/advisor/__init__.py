@@ -15,11 +15,11 @@ from __future__ import annotations
 import pandas as pd
 
 from swift_nb.analysis.advisor.evidence import Evidence, Loader, Thresholds, gather
+from swift_nb.analysis.advisor.findings import Finding, Verdict
 from swift_nb.analysis.advisor.registry import RULES, Rule
 from swift_nb.analysis.advisor.verdict import bottleneck, priced, priced_findings
-from swift_nb.analysis.findings import Finding, Verdict
 from swift_nb.analysis.run_data import RunData
-from swift_nb.analysis.trace import Trace
+from swift_nb.analysis.trace.tables import Trace
 from swift_nb.record import Run
 
 __all__ = [

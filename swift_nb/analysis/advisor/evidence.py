@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
 from swift_nb.analysis.comm import comm_shares
 from swift_nb.analysis.device import (
     CAUSES,
@@ -26,7 +25,8 @@ from swift_nb.analysis.memory import memory_growth
 from swift_nb.analysis.operators import compiling_steps
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
-from swift_nb.analysis.trace import Trace, per_name, per_value
+from swift_nb.analysis.trace.tables import Trace, per_name, per_value
+from swift_nb.core import trace_names as tn
 from swift_nb.record import FINETUNE_KEY, Run
 
 

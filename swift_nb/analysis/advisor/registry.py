@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.rules import (
     communication,
     compile_time,
@@ -26,7 +27,6 @@ from swift_nb.analysis.advisor.rules import (
     sequence_parallel,
     sync_stalls,
 )
-from swift_nb.analysis.findings import Finding
 
 Rule = Callable[[Evidence, Thresholds, Mapping[str, Any]], Finding | None]
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 from swift_nb.analysis import cost
 from swift_nb.analysis.advisor.evidence import DeviceTime, Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding, Verdict
 from swift_nb.analysis.advisor.words import ms, pct
-from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.core.units import fmt_bytes, fmt_seconds
 from swift_nb.record import Run
-from swift_nb.units import fmt_bytes, fmt_seconds
 
 
 def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:

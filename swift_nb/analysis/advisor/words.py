@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from swift_nb.analysis.advisor.evidence import Evidence, Loader
-from swift_nb.units import fmt_seconds
+from swift_nb.core.units import fmt_seconds
 
 
 def pct(x: float) -> float:

@@ -31,7 +31,7 @@ One module per job: ``spec`` (what a forecast takes: dtypes, toggles, the spec l
 ``measure`` (what the run measured), ``growth`` (how activations grow), ``finetune`` (the
 layers LoRA adapts, the frozen weights' bytes), ``pricing`` (the bytes of each category for
 a configuration), ``result`` (``Config``, ``Peak``,
-``Forecast``) and ``predict`` (``forecast()`` itself). The devices are ``swift_nb.devices``;
+``Forecast``) and ``predict`` (``forecast()`` itself). The devices are ``swift_nb.core.devices``;
 the [.., T, T] tensors are found by ``swift_nb.analysis.scores``; the HTML of a forecast
 is ``swift_nb.render.forecast``'s.
 """
@@ -41,7 +41,7 @@ from swift_nb.analysis.forecast.measure import PARTS, Measured, ScoreBytes, meas
 from swift_nb.analysis.forecast.predict import forecast
 from swift_nb.analysis.forecast.result import Forecast
 from swift_nb.analysis.forecast.spec import parse_forecast_spec, parse_toggles
-from swift_nb.devices import DEVICES, resolve_device
+from swift_nb.core.devices import DEVICES, resolve_device
 
 __all__ = [
     "DEVICES",

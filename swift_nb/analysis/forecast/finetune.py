@@ -23,8 +23,8 @@ from swift_nb.analysis import effects
 from swift_nb.analysis.effects import LoRA
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.spec import DTYPE_BYTES
-from swift_nb.errors import ConfigError
-from swift_nb.units import fmt_bytes
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.units import fmt_bytes
 
 Layers = dict[tuple[int, int], int]  # (out, in) → how many
 

@@ -18,10 +18,10 @@ import pandas as pd
 from swift_nb.analysis.forecast.spec import DTYPE_BYTES, dtype_name
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.scores import SDPA, ScoreTimeline, eager_attention, first_backward_us
-from swift_nb.analysis.shapes import input_dims
 from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace import Trace, load_trace, parse_events
-from swift_nb.errors import ConfigError, RecordError
+from swift_nb.analysis.trace.shapes import input_dims
+from swift_nb.analysis.trace.tables import Trace, load_trace, parse_events
+from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run
 
 

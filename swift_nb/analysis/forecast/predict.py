@@ -20,10 +20,10 @@ from swift_nb.analysis.forecast.measure import Measured, measure
 from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
 from swift_nb.analysis.forecast.spec import dtype_name, parse_toggles, toggle_label
-from swift_nb.devices import DEFAULT_DEVICE, ENV_PRICE_PER_HOUR, Device, price_of, resolve_device
-from swift_nb.errors import ConfigError
+from swift_nb.core.devices import DEFAULT_DEVICE, ENV_PRICE_PER_HOUR, Device, price_of, resolve_device
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.units import fmt_bytes, fmt_seconds
 from swift_nb.record import Run, finetune_label
-from swift_nb.units import fmt_bytes, fmt_seconds
 
 #: How far off the total is expected to be (± %). Forecasts of another batch, sequence,
 #: dtype or optimizer came within 0.5 % of the measured peak in benchmarks/forecast.py
@@ -60,7 +60,7 @@ def forecast(
     batch size or sequence length, to fit how activations grow instead of reading it from
     the trace. ``steps``: price that many steps on ``device`` (``Forecast.cost_usd``) at
     ``price_per_hour`` per device (default ``$SWIFT_NB_PRICE_PER_HOUR``, else the device's
-    list price: ``swift_nb.devices.PRICES_PER_HOUR``). Raises ``ConfigError`` for a bad
+    list price: ``swift_nb.core.devices.PRICES_PER_HOUR``). Raises ``ConfigError`` for a bad
     argument or a run without memory categories."""
     dev = resolve_device(device)
     price_per_hour = cost.check_price("price_per_hour", price_per_hour)

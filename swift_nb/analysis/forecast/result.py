@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from swift_nb.analysis.effects import Applied
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
-from swift_nb.units import fmt_bytes
 
 SEARCH_LIMIT = 1 << 24  # largest batch or sequence the search for the maximum tries
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from swift_nb import vocabulary
-from swift_nb.devices import is_capacity, resolve_device
-from swift_nb.errors import ConfigError
+from swift_nb.core.devices import is_capacity, resolve_device
+from swift_nb.core.errors import ConfigError
 
 #: bytes per element of each dtype a forecast takes, and the names it takes them by.
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}

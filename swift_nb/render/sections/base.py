@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from swift_nb.analysis.findings import Finding, Verdict
+from swift_nb.analysis.advisor.findings import Finding, Verdict
 from swift_nb.record import Run
 from swift_nb.render.figures import figure_png
 from swift_nb.render.html import empty, figure_html

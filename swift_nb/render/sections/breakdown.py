@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import breakdown_figure
 from swift_nb.render.html import frame_table
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows, not_analysed
-from swift_nb.render.sections.figure_cache import figure_key
 
 
 def parts(breakdown: pd.DataFrame | None, why: str | None = None) -> list[Part]:

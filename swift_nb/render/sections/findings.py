@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.render.html import empty, evidence_html
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
 

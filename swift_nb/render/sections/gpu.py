@@ -9,11 +9,11 @@ from typing import Any
 
 import pandas as pd
 
+from swift_nb.core.units import fmt_seconds
+from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import DEVICE_PARTS, device_figure
 from swift_nb.render.html import frame_table, is_missing, pct1
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
-from swift_nb.render.sections.figure_cache import figure_key
-from swift_nb.units import fmt_seconds
 
 KIND_WORDS = {
     "gemm": "matrix multiplication (GEMM)",

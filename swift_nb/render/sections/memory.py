@@ -3,10 +3,10 @@ other) over the recorded steps, and at each step's peak."""
 
 from __future__ import annotations
 
+from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import memory_figure
 from swift_nb.render.html import empty, frame_table
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows, not_analysed
-from swift_nb.render.sections.figure_cache import figure_key
 from swift_nb.render.tables import is_imported
 
 

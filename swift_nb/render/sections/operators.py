@@ -6,13 +6,13 @@ from __future__ import annotations
 import pandas as pd
 
 from swift_nb.analysis.operators import compiled_share
+from swift_nb.core.units import fmt_seconds
 from swift_nb.record import Run
+from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import operators_figure
 from swift_nb.render.html import empty, frame_table
 from swift_nb.render.sections.base import FigurePart, Part, has_rows, not_analysed
-from swift_nb.render.sections.figure_cache import figure_key
 from swift_nb.render.tables import is_imported
-from swift_nb.units import fmt_seconds
 
 ALLOCATIONS_NOT_RECORDED = (
     "Memory allocated by operators was not recorded in this trace: it needs the "

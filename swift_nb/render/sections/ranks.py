@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from swift_nb.analysis import ranks as rank_analysis
+from swift_nb.core.units import fmt_bytes
+from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import per_rank_figure, rank_timeline_figure
 from swift_nb.render.html import frame_table, is_missing
 from swift_nb.render.rank_figures import rank_step_heatmap
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
-from swift_nb.render.sections.figure_cache import figure_key
-from swift_nb.units import fmt_bytes
 
 PER_RANK_TABLE = [
     "rank",

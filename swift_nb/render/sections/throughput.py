@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from swift_nb.labels import label
+from swift_nb.core.units import fmt_rate
 from swift_nb.render.html import fmt_si, is_missing, text_table
+from swift_nb.render.labels import label
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
-from swift_nb.units import fmt_rate
 
 
 def build(inputs: ReportInputs) -> list[Part]:

@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.timeline import Timeline
-from swift_nb.analysis.timeline_places import places as finding_places
-from swift_nb.analysis.timeline_ranks import rank_overview
+from swift_nb.analysis.advisor.findings import Finding
+from swift_nb.analysis.timeline.places import places as finding_places
+from swift_nb.analysis.timeline.query import Timeline
+from swift_nb.analysis.timeline.ranks import rank_overview
 from swift_nb.record import Run
+from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import figure_png, timeline_figure
 from swift_nb.render.html import empty
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, figure_outputs
-from swift_nb.render.sections.figure_cache import figure_key
 from swift_nb.render.tables import absent_text, is_imported
-from swift_nb.render.timeline_view import embedded_html
-from swift_nb.render.timeline_view import timeline_figure as trace_figure
+from swift_nb.render.timeline.view import embedded_html
+from swift_nb.render.timeline.view import timeline_figure as trace_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

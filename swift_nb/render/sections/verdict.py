@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from swift_nb.analysis.findings import Verdict
+from swift_nb.analysis.advisor.findings import Verdict
 from swift_nb.render.html import evidence_html
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
 

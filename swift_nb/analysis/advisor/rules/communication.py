@@ -8,10 +8,10 @@ from typing import Any
 
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_bytes
+from swift_nb.core.units import fmt_bytes
 
 
 def _grad_bytes(ev: Evidence, context: Mapping[str, Any]) -> tuple[float, str]:

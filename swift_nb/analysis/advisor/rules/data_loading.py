@@ -8,10 +8,10 @@ from typing import Any
 
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.verdict import slow_loading
 from swift_nb.analysis.advisor.words import loader_evidence, ms, pct, per_sample
-from swift_nb.analysis.findings import Finding
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:

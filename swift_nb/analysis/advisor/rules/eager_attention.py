@@ -9,9 +9,9 @@ from typing import Any
 from swift_nb.analysis import effects
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_bytes
+from swift_nb.core.units import fmt_bytes
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:

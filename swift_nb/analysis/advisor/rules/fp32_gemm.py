@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_seconds
+from swift_nb.core.units import fmt_seconds
 
 #: how much faster the slowest tensor-core path (TF32) multiplies than fp32 on CUDA cores,
 #: at the least: NVIDIA's A100 and H100 datasheets give 8× and more for dense TF32 vs FP32

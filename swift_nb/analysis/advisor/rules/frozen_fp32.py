@@ -14,10 +14,10 @@ from typing import Any
 
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import LORA_METHODS, Evidence, Thresholds, finetune
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_bytes
+from swift_nb.core.units import fmt_bytes
 
 #: frozen weights at least this share of the peak tensor memory are worth a smaller dtype
 FROZEN_SHARE = 0.20

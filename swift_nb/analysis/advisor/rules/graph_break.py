@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
-from swift_nb.analysis.findings import Finding
+from swift_nb.analysis.advisor.findings import Finding
 
 #: (what the reason says, the fix) for the breaks whose fix is known
 KNOWN_FIXES = (

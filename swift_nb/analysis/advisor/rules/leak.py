@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_bytes
+from swift_nb.analysis.advisor.findings import Finding
+from swift_nb.core.units import fmt_bytes
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:

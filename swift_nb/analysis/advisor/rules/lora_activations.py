@@ -22,10 +22,10 @@ from typing import Any
 
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import LORA_METHODS, Evidence, Thresholds, finetune
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.rules import activations
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
 
 #: activations at least this share of the peak on a LoRA run without checkpointing
 LORA_ACTIVATION_SHARE = 0.40

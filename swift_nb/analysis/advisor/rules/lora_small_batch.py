@@ -20,12 +20,12 @@ from typing import Any
 
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import LORA_METHODS, Evidence, Thresholds, finetune
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.rules import overhead
 from swift_nb.analysis.advisor.verdict import tiny_step
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_bytes
+from swift_nb.core.units import fmt_bytes
 
 #: samples per micro-batch up to which a LoRA step counts as a small batch
 SMALL_BATCH = 8

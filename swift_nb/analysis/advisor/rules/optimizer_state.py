@@ -23,13 +23,13 @@ from typing import Any
 from swift_nb.analysis import effects
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import ADAPTER_METHODS, Evidence, Thresholds, applied, finetune
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.rules import activations
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.forecast.finetune import adapted_layers
 from swift_nb.analysis.forecast.spec import DTYPE_BYTES
-from swift_nb.units import fmt_bytes
+from swift_nb.core.units import fmt_bytes
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.findings import Finding
-from swift_nb.units import fmt_seconds
+from swift_nb.core.units import fmt_seconds
 
 #: dynamo's guard on a tensor's size: ``tensor 'x' size mismatch at index 0. expected 8, actual 12``
 SIZE = re.compile(

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from swift_nb.errors import ConfigError
-from swift_nb.units import fmt_bytes
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.units import fmt_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -18,8 +18,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.trace_decode import (
+from swift_nb.analysis.trace.decode import (
     DEFAULT_MAX_BYTES,
     decode_events,
     give_back_freed_memory,
@@ -27,8 +26,9 @@ from swift_nb.analysis.trace_decode import (
     split_document,
     too_deep,
 )
-from swift_nb.errors import RecordError
-from swift_nb.gc_pause import paused
+from swift_nb.core import trace_names as tn
+from swift_nb.core.errors import RecordError
+from swift_nb.core.gc_pause import paused
 from swift_nb.record import Run, tables_path
 
 EVENT_COLUMNS = [

@@ -1,5 +1,5 @@
 """Resource sampler: one background thread reading psutil, NVML, RAPL and torch's CUDA
-allocator; each sample's energy columns are cumulative (``swift_nb.capture.energy``).
+allocator; each sample's energy columns are cumulative (``swift_nb.capture.resources.energy``).
 
 It samples every ``interval_s`` and once more soon after each step boundary (the step hook
 only sets a flag, so the training thread never pays for a sample). Rows are kept in a
@@ -21,8 +21,8 @@ from typing import Any
 
 import psutil
 
-from swift_nb.capture.energy import GpuEnergy, Rapl
-from swift_nb.capture.rss import RssReader
+from swift_nb.capture.resources.energy import GpuEnergy, Rapl
+from swift_nb.capture.resources.rss import RssReader
 from swift_nb.record import SAMPLE_COLUMNS
 
 DEFAULT_MAX_SAMPLES = 20_000

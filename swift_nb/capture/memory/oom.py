@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from swift_nb.capture import memory_categories as memcat
 from swift_nb.capture import models as found_models
+from swift_nb.capture.memory import categories as memcat
 from swift_nb.record import MEMORY_CATEGORIES
 
 _CPU_OOM = re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|out of memory", re.I)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb.capture import memory_categories as memcat
+from swift_nb.capture.memory import categories as memcat
 from swift_nb.capture.torch_profiler import ProfilerConfig, TraceResult
 from swift_nb.record import Run
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb.errors import ConfigError, MissingDependencyError
+from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.record import MEMORY_CATEGORIES, REPORT_FILE, Run, load_run
 from swift_nb.record.write import step_energy_j
 

@@ -24,7 +24,7 @@ from swift_nb.render.figures import new_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from swift_nb.analysis.timeline import Timeline
+    from swift_nb.analysis.timeline.query import Timeline
 
 STATIC = Path(__file__).with_name("static")
 #: the viewer's files, each after the ones it imports from

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from swift_nb.core.trace_names import AUTOGRAD_PREFIX, step_of, union
 from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
-from swift_nb.trace_names import AUTOGRAD_PREFIX, step_of, union
 
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 MAX_TIMELINE_POINTS = 400  # per step

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
 from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
-from swift_nb.analysis.trace import Trace
+from swift_nb.analysis.trace.tables import Trace
+from swift_nb.core import trace_names as tn
 from swift_nb.record import SAMPLE_COLUMNS, STEP_COLUMNS, Run, summarize, utc_now_iso
 
 if TYPE_CHECKING:
-    from swift_nb.importer import RankTrace
+    from swift_nb.importing.assembly import RankTrace
 
 #: steps.csv's ``trigger`` of an imported step: the profiler's own ``ProfilerStep#N`` span
 TRIGGER = "trace"

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.compare import SHARDED_CATEGORIES, rank_memory
-from swift_nb.analysis.diff import RunDiff, diff
-from swift_nb.errors import RecordError
-from swift_nb.labels import label, value_text
+from swift_nb.analysis.comparison.run_diff import RunDiff, diff
+from swift_nb.analysis.comparison.variants import SHARDED_CATEGORIES, rank_memory
+from swift_nb.core.errors import RecordError
+from swift_nb.core.units import fmt_bytes, fmt_seconds
 from swift_nb.record import MEMORY_CATEGORIES, Run, atomic_write_text
-from swift_nb.render.diff import diff_html
+from swift_nb.render.comparison.run_diff import diff_html
 from swift_nb.render.figures import figure_png, new_figure
 from swift_nb.render.fonts import shown
 from swift_nb.render.html import CSP, STYLE, cell, empty, figure_html, is_missing
-from swift_nb.units import fmt_bytes, fmt_seconds
+from swift_nb.render.labels import label, value_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

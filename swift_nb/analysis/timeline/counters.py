@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace import Trace
+from swift_nb.analysis.trace.tables import Trace
 
 COUNTER_COLUMNS = ["track", "t_us", "value"]
 #: samples.csv columns drawn as counters → their track's name and unit

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.timeline_counters import COUNTER_COLUMNS, counter_series, downsample
-from swift_nb.analysis.timeline_tracks import MAX_DEPTH, STEPS_TRACK, assign_tracks, depths
-from swift_nb.analysis.trace import Trace, load_trace_file
-from swift_nb.errors import ConfigError
+from swift_nb.analysis.timeline.counters import COUNTER_COLUMNS, counter_series, downsample
+from swift_nb.analysis.timeline.tracks import MAX_DEPTH, STEPS_TRACK, assign_tracks, depths
+from swift_nb.analysis.trace.tables import Trace, load_trace_file
+from swift_nb.core import trace_names as tn
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run
 
 #: columns of ``Timeline.query``

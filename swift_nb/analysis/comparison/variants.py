@@ -23,9 +23,9 @@ import pandas as pd
 
 from swift_nb import vocabulary
 from swift_nb.analysis import ranks as rank_analysis
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.cost import MONEY_COLUMNS, money_columns
 from swift_nb.analysis.effects import Applied, toggle_peak
-from swift_nb.analysis.findings import Finding
 from swift_nb.analysis.forecast import forecast, parse_toggles
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.record import MEMORY_CATEGORIES, Run

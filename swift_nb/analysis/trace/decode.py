@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
-from swift_nb.errors import RecordError
+from swift_nb.core.errors import RecordError
 
 #: the most a trace file may decompress to (bytes) unless the caller allows more
 DEFAULT_MAX_BYTES = 16 << 30
@@ -156,7 +156,7 @@ def _too_large(path: Path, max_bytes: int) -> RecordError:
         path,
         f"decompresses to more than max_bytes={max_bytes} ({max_bytes / 2**30:g} GiB), the cap on a trace's "
         "size; pass a larger max_bytes= (swift_nb.import_trace(..., max_bytes=...), "
-        "swift_nb.analysis.trace.read_trace(path, max_bytes=...)) if the trace really is this large",
+        "swift_nb.analysis.trace.tables.read_trace(path, max_bytes=...)) if the trace really is this large",
     )
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from swift_nb.units import fmt_bytes, fmt_seconds
+from swift_nb.core.units import fmt_bytes, fmt_seconds
 
 #: how a value is written: seconds, milliseconds, microseconds, bytes, a percentage (0–100),
 #: joules, watts, US dollars, dollars per hour or per kWh, a count, a ratio (×), a tensor

@@ -17,7 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from os import PathLike
 from typing import Any, NoReturn
 
-from swift_nb.errors import ConfigError
+from swift_nb.core.errors import ConfigError
 
 
 def _opt(default: Any, flag: str, help: str, metavar: str | None = None) -> Any:
@@ -80,7 +80,7 @@ class ProfileOptions:
         None,
         "--price-per-hour",
         "USD one device (a GPU; the machine on a CPU run) costs an hour, for the run's cost "
-        "(default $SWIFT_NB_PRICE_PER_HOUR or swift_nb.devices.PRICES_PER_HOUR by the GPU)",
+        "(default $SWIFT_NB_PRICE_PER_HOUR or swift_nb.core.devices.PRICES_PER_HOUR by the GPU)",
     )
     price_per_kwh: float | None = _opt(
         None, "--price-per-kwh", "USD per kWh, for the energy's cost (default $SWIFT_NB_PRICE_PER_KWH)"
@@ -144,8 +144,8 @@ class ProfileOptions:
 
     def _check_money(self) -> None:
         from swift_nb.analysis.cost import check_price
-        from swift_nb.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH
-        from swift_nb.export import parse_log_to
+        from swift_nb.core.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH
+        from swift_nb.trackers import parse_log_to
 
         for name in ("price_per_hour", "price_per_kwh"):
             object.__setattr__(self, name, check_price(name, getattr(self, name)))

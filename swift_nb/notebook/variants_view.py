@@ -9,8 +9,8 @@ from typing import Any
 
 from IPython.display import display
 
-from swift_nb.options import ProfileOptions
-from swift_nb.render.compare import (
+from swift_nb.core.options import ProfileOptions
+from swift_nb.render.comparison.page import (
     CAPTIONS,
     compare_figures,
     compare_table_html,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
 from swift_nb.analysis.device import device_work
-from swift_nb.analysis.timeline import Timeline
-from swift_nb.analysis.trace import Trace, load_trace_file, parse_events, per_name
-from swift_nb.errors import RecordError
+from swift_nb.analysis.timeline.query import Timeline
+from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events, per_name
+from swift_nb.core import trace_names as tn
+from swift_nb.core.errors import RecordError
 from swift_nb.record import Run
 
 STATES = ("busy", "communicating", "idle")

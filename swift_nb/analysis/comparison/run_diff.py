@@ -27,9 +27,9 @@ import pandas as pd
 from swift_nb.analysis.cost import MONEY_COLUMNS, fmt_usd, money_columns
 from swift_nb.analysis.device import kernels_by_kind
 from swift_nb.analysis.operators import top_operators
-from swift_nb.analysis.trace import Trace, load_trace
+from swift_nb.analysis.trace.tables import Trace, load_trace
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import Run, load_run
-from swift_nb.units import fmt_bytes
 
 CHANGE_COLUMNS = [
     "kind",

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
+from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.device import device_work
-from swift_nb.analysis.findings import Finding
-from swift_nb.analysis.trace import Trace, load_trace, per_name
+from swift_nb.analysis.trace.tables import Trace, load_trace, per_name
+from swift_nb.core import trace_names as tn
 
 #: allocations an OOM's place shows, the last ones before the failure
 OOM_ALLOCATIONS = 50

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb import trace_names as tn
-from swift_nb.analysis.trace import Trace, per_name
+from swift_nb.analysis.trace.tables import Trace, per_name
+from swift_nb.core import trace_names as tn
 
 #: a row deeper than this holds every deeper event too (a thread's 40th level of nesting
 #: is a recursion, not something to read)

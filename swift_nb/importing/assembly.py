@@ -33,14 +33,15 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb import trace_names as tn
 from swift_nb.analysis.cost import check_price, price
 from swift_nb.analysis.ranks import RankAnalysis, analyse_rank
-from swift_nb.analysis.trace import Trace, read_trace_with_meta, save_tables
-from swift_nb.analysis.trace_decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
+from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
+from swift_nb.analysis.trace.tables import Trace, read_trace_with_meta, save_tables
 from swift_nb.capture.job import RANK_COLUMNS
-from swift_nb.errors import ConfigError, RecordError
-from swift_nb.import_rank import rank_record
+from swift_nb.core import trace_names as tn
+from swift_nb.core.errors import ConfigError, RecordError
+from swift_nb.core.units import fmt_span
+from swift_nb.importing.rank import rank_record
 from swift_nb.record import (
     TRACE_FILE,
     Run,
@@ -52,7 +53,6 @@ from swift_nb.record import (
     save,
     tables_path,
 )
-from swift_nb.units import fmt_span
 
 #: the file names torch.profiler gives traces (``*.pt.trace.json`` too)
 TRACE_SUFFIXES = (".json", ".json.gz")

@@ -8,7 +8,7 @@ from html import escape
 
 import pandas as pd
 
-from swift_nb.analysis.diff import RunDiff, short_name
+from swift_nb.analysis.comparison.run_diff import RunDiff, short_name
 from swift_nb.render.html import empty, frame_table
 
 #: rows of the changes table shown, largest |Δ| first (the RunDiff holds them all)
