@@ -1,4 +1,4 @@
-"""Time to analyse a run and render its report, on a run with a large trace.
+"""Time to analyze a run and render its report, on a run with a large trace.
 
 Profiles the demo GPT with enough layers and active steps for a large trace (about 43 MB
 of JSON with the defaults), then times: the analysis and report right after capture (the
@@ -84,8 +84,8 @@ def main() -> None:
     print(f"{'load trace tables (warm)':<34} {statistics.median(parse):6.2f} s")
     print(f"{'analyze() (incl. warm load)':<34} {a:6.2f} s")
     print(f"{'render report.html':<34} {r:6.2f} s")
-    print(f"{'analyse + render, run folder':<34} {a + r:6.2f} s")
-    print(f"{'analyse + render, cold':<34} {statistics.median(cold) + a + r:6.2f} s")
+    print(f"{'analyze + render, run folder':<34} {a + r:6.2f} s")
+    print(f"{'analyze + render, cold':<34} {statistics.median(cold) + a + r:6.2f} s")
     print(f"{'right after capture':<34} {in_session:6.2f} s  (swift_nb.report, events in memory)")
 
 

@@ -8,7 +8,7 @@ Cells, interleaved round by round so that drift of the machine hits all alike:
   full     capture, then the analysis, report.html, the results panel and the static
            outputs: everything a profiled cell does before its results are visible
 Then: the cost of ``import swift_nb`` and ``%load_ext swift_nb`` beyond torch's import,
-the sampler's cost per sample, a ~50 MB trace analysed and reported right after capture
+the sampler's cost per sample, a ~50 MB trace analyzed and reported right after capture
 and cold from its run folder (with HolisticTraceAnalysis's parse of the same file), the
 fixed cost of an isolated rerun over the bare cell, and (``--ranks``) the gather of a
 1000-step job of 4 ranks. Prints a Markdown table.

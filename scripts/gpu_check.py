@@ -801,7 +801,7 @@ DEVICE_FIGURES = ("device_idle_pct", "device_compute_pct", "device_non_compute_p
 
 
 def check_import_trace(ctx: Ctx) -> None:
-    """A profiled run's own trace imported as a run and analysed: the device's figures, the
+    """A profiled run's own trace imported as a run and analyzed: the device's figures, the
     verdict and the findings, against the captured run's own analysis."""
     import swift_nb
     from swift_nb.analysis import analyze
@@ -914,7 +914,7 @@ CHECKS = [
     ),
     Check(
         "import_trace",
-        "the run's own trace imported and analysed: device figures, verdict and findings",
+        "the run's own trace imported and analyzed: device figures, verdict and findings",
         check_import_trace,
         cuda_only=False,
         limit_s=120,

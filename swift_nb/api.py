@@ -1,4 +1,4 @@
-"""The Python API's top: capture a run, then analyse it and write its report.
+"""The Python API's top: capture a run, then analyze it and write its report.
 
 Everything here composes the layers below (capture → record → analysis → render); the
 notebook magic and the CLI call these same functions.
@@ -51,7 +51,7 @@ class ReportAhead:
 
 
 def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
-    """Stop a session, save its record, then (its options' ``report``) analyse it and
+    """Stop a session, save its record, then (its options' ``report``) analyze it and
     write the report; without, the record is complete and ``swift-nb report`` analyses it
     later. A session made with a ``ReportAhead`` hands its figures to the report.
 

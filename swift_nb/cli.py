@@ -14,7 +14,8 @@ from pathlib import Path
 
 from swift_nb.analysis.comparison.run_diff import REGRESSION, diff, gate
 from swift_nb.core.errors import ConfigError, MissingDependencyError, RecordError
-from swift_nb.importing.assembly import RanksNotReadError, import_trace
+from swift_nb.importing.assembly import import_trace
+from swift_nb.importing.pool import RanksNotReadError
 from swift_nb.record import COMPARE_FILE, REPORT_FILE, Run, load_run, runs
 from swift_nb.render.comparison.page import compare_table_text
 from swift_nb.render.comparison.run_diff import SHOWN_ROWS, diff_text
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p_list.add_argument("-n", type=int, default=20, help="how many runs (default 20)")
     p_show = sub.add_parser("show", help="summary of one run (and the traceback of a failed one)")
     p_show.add_argument("run_dir")
-    p_report = sub.add_parser("report", help="analyse a run folder and write its report.html")
+    p_report = sub.add_parser("report", help="analyze a run folder and write its report.html")
     p_report.add_argument("run_dir")
     _price_flags(p_report)
     p_cmp = sub.add_parser("compare", help="compare runs side by side (the first is the baseline)")

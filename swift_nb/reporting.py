@@ -51,7 +51,7 @@ def report(
     price_per_hour: float | None = None,
     price_per_kwh: float | None = None,
 ) -> Reported:
-    """Analyse a saved run and write its ``report.html``. When the analysis cannot run (a
+    """Analyze a saved run and write its ``report.html``. When the analysis cannot run (a
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
     reason is in ``run.problems`` and the report, never raised: what was measured is never
     lost to it. Only run.json is rewritten (the report's name in ``files``), never the
@@ -103,7 +103,7 @@ def report(
     if drawing is not None:
         _take_drawn(figures, drawing)
     _reuse_earlier_figures(run, figures)
-    sections = report_sections(run, figures, **analysis_fields(analysis), not_analysed=failure)
+    sections = report_sections(run, figures, **analysis_fields(analysis), not_analyzed=failure)
     write_report(run, document_html(run, sections))
     save_meta(run)
     return Reported(run, analysis, sections)
@@ -130,7 +130,7 @@ def _reuse_earlier_figures(run: Run, figures: FigureCache) -> None:
 
 
 def findings_of(run: Run | None) -> list:
-    """The advisor's findings for ``run`` (empty when it cannot be analysed)."""
+    """The advisor's findings for ``run`` (empty when it cannot be analyzed)."""
     if run is None:
         return []
     try:

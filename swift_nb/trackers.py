@@ -130,9 +130,9 @@ def _spread(steps: pd.Series, values: pd.Series, max_points: int) -> tuple[list[
     return [int(s) for s in steps], [float(v) for v in values]
 
 
-def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyse: bool = True) -> Payload:
-    """What ``export`` sends of ``run`` (``analyse``: run the advisor for the findings and
-    MFU; a run it cannot analyse is sent without them)."""
+def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyze: bool = True) -> Payload:
+    """What ``export`` sends of ``run`` (``analyze``: run the advisor for the findings and
+    MFU; a run it cannot analyze is sent without them)."""
     s = run.summary
     from swift_nb.analysis.cost import finite  # the analysis layer loads when a run is exported
 
@@ -155,7 +155,7 @@ def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyse: bool = True
         if energy.notna().any():
             series["step_energy_j"] = _spread(num, energy, max_points)
     findings: list[dict[str, str]] = []
-    if analyse:
+    if analyze:
         try:
             from swift_nb.analysis import analyze
 

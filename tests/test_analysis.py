@@ -76,7 +76,7 @@ def test_analyze_and_report_from_a_run_folder(gpt_run):
 def test_trace_tables_cache_matches_the_json_and_survives_corruption(gpt_run):
     run, _, _ = gpt_run
     cache = tables_path(run.trace_path)
-    assert cache.is_file()  # written when the run was analysed
+    assert cache.is_file()  # written when the run was analyzed
     cache.unlink()
     fresh = load_trace(run)  # from the JSON; writes the cache again
     cached = load_trace(run)

@@ -20,7 +20,7 @@ from swift_nb.render.tables import summary_rows
 
 
 @pytest.fixture(scope="module")
-def analysed(tmp_path_factory):
+def analyzed(tmp_path_factory):
     """The compiled loop of test_compile_capture, its profiled window on the steady steps
     before the size change and the recompiling step."""
     run = capture.compiled_run(tmp_path_factory.mktemp("runs"), wait=1, warmup=1, active=3)
@@ -34,8 +34,8 @@ def _finding(analysis, rule_id):
 
 
 @pytest.mark.slow
-def test_the_recompile_names_its_guard_and_the_dynamic_fix(analysed):
-    _, analysis = analysed
+def test_the_recompile_names_its_guard_and_the_dynamic_fix(analyzed):
+    _, analysis = analyzed
     f = _finding(analysis, "recompile")
     assert f"tensor 'x' changed size at dim 0 (8 → 12) at step {capture.SIZE_CHANGE_STEP}" in f.title
     assert "torch.compile(model, dynamic=True)" in f.suggestion
@@ -51,8 +51,8 @@ def test_the_recompile_names_its_guard_and_the_dynamic_fix(analysed):
 
 
 @pytest.mark.slow
-def test_the_graph_break_names_its_line_reason_and_fix(analysed):
-    _, analysis = analysed
+def test_the_graph_break_names_its_line_reason_and_fix(analyzed):
+    _, analysis = analyzed
     f = _finding(analysis, "graph_break")
     where = f"{capture.__file__}:{capture.BREAK_LINE}"
     assert (
@@ -64,8 +64,8 @@ def test_the_graph_break_names_its_line_reason_and_fix(analysed):
 
 
 @pytest.mark.slow
-def test_compile_time_is_counted_in_steady_steps(analysed):
-    run, analysis = analysed
+def test_compile_time_is_counted_in_steady_steps(analyzed):
+    run, analysis = analyzed
     f = _finding(analysis, "compile_time")
     assert f.title.startswith(f"Compiling took {swift_nb.core.units.fmt_seconds(run.summary['compile_s'])}")
     assert "steady steps' worth" in f.title
@@ -73,16 +73,16 @@ def test_compile_time_is_counted_in_steady_steps(analysed):
 
 
 @pytest.mark.slow
-def test_a_compile_dominated_run_is_not_called_compute_bound(analysed):
-    _, analysis = analysed
+def test_a_compile_dominated_run_is_not_called_compute_bound(analyzed):
+    _, analysis = analyzed
     assert analysis.verdict.kind == "compile-bound"
     assert analysis.verdict.reason.startswith("compiling took ")
     assert "the steady steps (median " in analysis.verdict.reason
 
 
 @pytest.mark.slow
-def test_the_operators_table_marks_compiled_code(analysed):
-    run, analysis = analysed
+def test_the_operators_table_marks_compiled_code(analyzed):
+    run, analysis = analyzed
     ops = analysis.operators_time
     assert "compiled" in ops
     flags = dict(zip(ops["name"] + "|" + ops["compiled"].astype(str), ops["compiled"], strict=True))
@@ -96,8 +96,8 @@ def test_the_operators_table_marks_compiled_code(analysed):
 
 
 @pytest.mark.slow
-def test_the_summary_shows_compile_apart_from_the_step_time(analysed):
-    run, _ = analysed
+def test_the_summary_shows_compile_apart_from_the_step_time(analyzed):
+    run, _ = analyzed
     rows = dict(summary_rows(run))
     assert rows["torch.compile"].startswith(
         swift_nb.core.units.fmt_seconds(run.summary["compile_s"]) + " compiling; "

@@ -228,7 +228,7 @@ def test_damaged_trace_fails_the_report_and_names_the_file(run_dir, damage):
     assert not any("damaged" in n for n in json.loads((run_dir / "run.json").read_text())["notes"])
 
 
-def test_the_command_exits_1_when_its_report_could_not_analyse(run_dir):
+def test_the_command_exits_1_when_its_report_could_not_analyze(run_dir):
     (run_dir / "trace.json.gz").write_bytes(b"")
     res = subprocess.run(
         [sys.executable, "-m", "swift_nb.cli", "report", str(run_dir)],

@@ -78,7 +78,7 @@ def _saved_run(tmp_path: Path, n: int) -> Run:
 
 
 def test_the_payload(run):
-    p = payload(run, max_points=7, analyse=False)
+    p = payload(run, max_points=7, analyze=False)
     assert p.name == "exported"
     assert p.scalars["step_time_median_s"] == pytest.approx(0.1)
     assert p.scalars["energy_j"] == pytest.approx(250.0 * run.samples["t_s"].iloc[-1])
@@ -311,8 +311,8 @@ def test_swift_nb_export_is_the_function(run, tmp_path):
 
 def test_exported_from_disk_and_after_a_report(run):
     """What a run folder alone gives (the CLI's path): the same scalars."""
-    again = payload(load_run(run.path), analyse=False)
-    assert again.scalars == payload(run, analyse=False).scalars
+    again = payload(load_run(run.path), analyze=False)
+    assert again.scalars == payload(run, analyze=False).scalars
 
 
 def test_findings_of_a_real_trace_reach_the_tracker(tmp_path):

@@ -92,11 +92,11 @@ def test_ranks_of_one_job_make_a_job_record(tmp_path):
     assert 0.15 < run.ranks["collective_s_per_step"].iloc[1] < 0.25
     text = _report_text(run)
     assert "(ranks 0, 1)" in text  # findings say on which of the imported ranks they hold
-    assert "not analysed" not in text
+    assert "not analyzed" not in text
 
 
 def test_a_jobs_report_made_in_the_import_equals_one_made_from_its_folder(tmp_path):
-    """The import's workers analyse each rank while they hold its tables; the report they
+    """The import's workers analyze each rank while they hold its tables; the report they
     feed says word for word what a report made later from the folder says."""
     run = swift_nb.import_trace(JOB, tmp_path, workers=2)
     first = _report_text(run)
@@ -118,7 +118,7 @@ def test_a_job_imported_in_part_keeps_its_ranks_numbers(tmp_path):
     assert sorted(analysis.collectives["rank"].unique()) == [1, 2]
     titles = [f.title for f in analysis.findings if "ranks" in f.evidence]
     assert titles and all("(ranks 1, 2)" in t for t in titles)
-    assert "not analysed" not in _report_text(run)
+    assert "not analyzed" not in _report_text(run)
 
 
 def test_importing_and_reporting_imports_no_torch(tmp_path):

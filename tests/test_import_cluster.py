@@ -25,7 +25,7 @@ from test_rank_figures import write_job
 import swift_nb
 from swift_nb import cli
 from swift_nb.core.errors import ConfigError, RecordError
-from swift_nb.importing.assembly import RanksNotReadError
+from swift_nb.importing.pool import RanksNotReadError
 from swift_nb.record import load_run, rank_folder
 
 RANKS = 4

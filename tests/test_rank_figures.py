@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import gzip
 import html
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
-import time
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -20,6 +22,9 @@ import pytest
 
 import swift_nb
 from swift_nb.analysis.ranks import per_rank, rank_step_metrics, slowest_ranks
+from swift_nb.importing import assembly, pool
+from swift_nb.importing.pool import RanksNotReadError
+from swift_nb.importing.rank import reduce_rank
 from swift_nb.render.labels import pct_text
 from swift_nb.render.rank_figures import rank_step_heatmap
 from swift_nb.render.sections import ranks as ranks_section
@@ -73,40 +78,53 @@ def test_a_job_is_read_by_worker_processes_as_in_one_process(tmp_path):
     assert sorted(pooled.rank_steps["rank"].unique()) == [0, 1, 2]
 
 
-def test_a_worker_that_dies_is_an_error_naming_the_unread_traces(tmp_path):
-    job = write_job(tmp_path / "job", 8)
-    out = tmp_path / "runs"
-    outcome: dict = {}
+def _dies_on(name: str, path: Path, staged: Path, max_bytes: int, analyze: bool):
+    """``reduce_rank``, except that the worker given the trace called ``name`` is killed
+    first, as the OOM killer would (sent to the workers by reference to this module)."""
+    if Path(path).name == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return reduce_rank(path, staged, max_bytes, analyze)
 
-    def run():
+
+def _pool_workers() -> list[psutil.Process]:
+    """This process's live pool workers: the children of multiprocessing's forkserver."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
         try:
-            swift_nb.import_trace(job, out, report=False, workers=2)
-        except Exception as e:  # what the caller sees
-            outcome["error"] = e
+            parent = p.parent()
+            forked = parent is not None and "forkserver" in " ".join(parent.cmdline())
+            if forked and p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    killed = False
-    deadline = time.monotonic() + 120
-    while thread.is_alive() and not killed and time.monotonic() < deadline:
-        for p in psutil.Process().children(recursive=True):
-            try:
-                parent = p.parent()
-                if parent is not None and "forkserver" in " ".join(parent.cmdline()):
-                    p.kill()
-                    killed = True
-                    break
-            except psutil.Error:
-                continue
-        time.sleep(0.01)
-    thread.join(180)
-    assert not thread.is_alive(), "the import waits for a dead worker"
-    assert killed
-    error = outcome.get("error")
-    assert isinstance(error, RuntimeError), outcome
+
+@pytest.mark.parametrize(("victim", "workers"), [(0, 2), (4, 2), (7, 2), (1, 4)])
+def test_a_worker_that_dies_is_an_error_naming_the_unread_traces(
+    tmp_path, monkeypatch, capfd, victim, workers
+):
+    """The worker reading trace ``victim`` dies before (0), while (4) or after (7) the other
+    ranks are read; with 4 workers, as soon as they start. The import raises
+    ``RanksNotReadError`` naming it, leaves no run folder and no worker, and multiprocessing
+    says nothing on the user's stderr."""
+    job = write_job(tmp_path / "job", 8)
+    name = sorted(job.iterdir())[victim].name
+    out = tmp_path / "runs"
+    monkeypatch.setattr(
+        assembly, "reduce_in_workers", partial(pool.reduce_in_workers, reduce=partial(_dies_on, name))
+    )
+    with pytest.raises(RanksNotReadError) as caught:
+        swift_nb.import_trace(job, out, report=False, workers=workers)
+    error = caught.value
+    assert job / name in error.unread
     assert "worker process reading the traces died" in str(error) and "rank" in str(error)
     assert "workers=1" in str(error)
     assert not [p for p in out.iterdir() if not p.name.startswith(".")]
+    assert _pool_workers() == []
+    assert not [t for t in threading.enumerate() if "QueueManager" in type(t).__name__ and t.is_alive()]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "KeyError" not in err, err
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +180,7 @@ def test_a_script_without_a_main_guard_imports_a_job_with_workers(tmp_path):
     """Worker processes start without running the caller's script again: a plain script
     calling import_trace at its top level (no ``if __name__ == "__main__":``) works."""
     job = write_job(tmp_path / "job", 3)
-    script = tmp_path / "analyse.py"
+    script = tmp_path / "analyze.py"
     script.write_text(
         "import swift_nb\n"
         f"run = swift_nb.import_trace({str(job)!r}, {str(tmp_path / 'runs')!r}, report=False, workers=2)\n"

@@ -112,7 +112,7 @@ def _allreduce_trace():
 
 
 def test_a_ranks_own_record_keeps_its_world_for_the_advisor_and_reports_as_one_process():
-    """Rank 1's record of a job of 2, analysed alone: the advisor's collectives count the
+    """Rank 1's record of a job of 2, analyzed alone: the advisor's collectives count the
     ring over 2 ranks, the report's those of a single process (no wire bytes)."""
     trace = _allreduce_trace()
     run = Run(id="rank1", context={"world_size": 2}, environment={"rank": 1})

@@ -75,7 +75,7 @@ def analyze(
 ) -> Analysis:
     """All analyses of ``run``, each once, over its data read once (``run_data``);
     ``trace`` saves reading the trace file when the caller already holds it; ``ranks``,
-    for a job, the other ranks' analyses made already (``analysis.ranks.analyse_rank``,
+    for a job, the other ranks' analyses made already (``analysis.ranks.analyze_rank``,
     with default thresholds: used only when ``thresholds`` is None)."""
     data = run_data(run, trace)
     trace = data.trace
@@ -92,9 +92,9 @@ def analyze(
             {rule: float(share(evidence)) for rule, share in rank_analysis.SHARE_OF_STEP.items()},
             data.collectives,
         )
-        analysed = rank_analysis.analyse_ranks(run, own, thresholds, ranks)
-        comm = rank_analysis.job_collectives(analysed)
-        findings = rank_analysis.findings_across_ranks(run, analysed)
+        analyzed = rank_analysis.analyze_ranks(run, own, thresholds, ranks)
+        comm = rank_analysis.job_collectives(analyzed)
+        findings = rank_analysis.findings_across_ranks(run, analyzed)
         for across in (
             rank_analysis.straggler_finding(per_rank, comm),
             rank_analysis.idle_rank_finding(per_rank),

@@ -203,7 +203,7 @@ class RankAnalysis:
     collectives: pd.DataFrame
 
 
-def analyse_rank(
+def analyze_rank(
     record: Run | None, trace: Trace, rank: int, world: int, thresholds: Thresholds | None = None
 ) -> RankAnalysis:
     """``RankAnalysis`` of one rank: ``record`` its own record (None: no findings), ``trace``
@@ -218,15 +218,15 @@ def analyse_rank(
     return RankAnalysis(rank, found, shares, collectives(trace, world, rank))
 
 
-def analyse_ranks(
+def analyze_ranks(
     run: Run,
     rank0: RankAnalysis,
     thresholds: Thresholds | None = None,
     given: dict[int, RankAnalysis] | None = None,
 ) -> dict[int, RankAnalysis]:
-    """Every rank's ``RankAnalysis`` in a job folder: ``rank0`` the analysed rank's own
+    """Every rank's ``RankAnalysis`` in a job folder: ``rank0`` the analyzed rank's own
     (the job's view), ``given`` those made already (the importer's, with default
-    thresholds); each other rank's trace is read once, analysed and let go before the
+    thresholds); each other rank's trace is read once, analyzed and let go before the
     next, so memory does not grow with the ranks."""
     world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
     records = rank_records(run)
@@ -238,24 +238,24 @@ def analyse_ranks(
             out[rank] = given[rank]
             continue
         trace = load_trace_file(path)
-        out[rank] = analyse_rank(records.get(rank), trace, rank, world, thresholds)
+        out[rank] = analyze_rank(records.get(rank), trace, rank, world, thresholds)
         del trace
     return dict(sorted(out.items()))
 
 
-def job_collectives(analysed: dict[int, RankAnalysis]) -> pd.DataFrame:
+def job_collectives(analyzed: dict[int, RankAnalysis]) -> pd.DataFrame:
     """Every rank's collectives, one table (``comm.COLUMNS``)."""
-    frames = [a.collectives for a in analysed.values() if not a.collectives.empty]
+    frames = [a.collectives for a in analyzed.values() if not a.collectives.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
 
 
-def findings_across_ranks(run: Run, analysed: dict[int, RankAnalysis]) -> list[Finding]:
+def findings_across_ranks(run: Run, analyzed: dict[int, RankAnalysis]) -> list[Finding]:
     """The ranks' findings merged by rule id: each says on which ranks it holds
     (``evidence["ranks"]`` and a title suffix), the lowest rank's numbers kept; a rule
     about a share of the step also gets every rank's share (``evidence["per_rank_pct"]``)
     and says how high it is where the rule does not fire."""
     world = int(run.context.get("world_size") or len(run.ranks))  # a job imported in part has fewer rows
-    by_rank = {r: a.findings for r, a in analysed.items() if a.findings is not None}
+    by_rank = {r: a.findings for r, a in analyzed.items() if a.findings is not None}
     merged: dict[str, tuple[Finding, list[int]]] = {}
     for rank in sorted(by_rank):
         for f in by_rank[rank]:
@@ -270,7 +270,7 @@ def findings_across_ranks(run: Run, analysed: dict[int, RankAnalysis]) -> list[F
         if f.id in SHARE_OF_STEP:
             pct = {
                 r: round(100.0 * by_share[f.id], 1)
-                for r, a in analysed.items()
+                for r, a in analyzed.items()
                 if f.id in (by_share := a.shares)
             }
             extra["per_rank_pct"] = {str(r): v for r, v in sorted(pct.items())}
@@ -280,7 +280,7 @@ def findings_across_ranks(run: Run, analysed: dict[int, RankAnalysis]) -> list[F
         elif others:
             where += f"; not on {fmt_ranks(others, world)}"
         if unread:
-            where += f"; {fmt_ranks(unread, world)} not analysed (no record in this folder)"
+            where += f"; {fmt_ranks(unread, world)} not analyzed (no record in this folder)"
         out.append(replace(f, title=f"{f.title} ({where})", evidence={**f.evidence, **extra}))
     return out
 

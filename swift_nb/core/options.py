@@ -39,7 +39,7 @@ class ProfileOptions:
     interval_ms: resource sampling period. label: a name for the run. out_dir: folder of
     run folders (default ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``). keep: runs retained
     there (default ``$SWIFT_NB_KEEP`` or 20). run_id: the run folder's name inside
-    ``out_dir`` (default: made from the time and the label). report: analyse the run and
+    ``out_dir`` (default: made from the time and the label). report: analyze the run and
     write ``report.html`` when it ends (off: save the record only; ``swift-nb report`` later).
     price_per_hour, price_per_kwh: USD per device-hour and per kWh for the run's cost
     (``swift_nb.analysis.cost``). log_to: trackers the finished run is sent to
@@ -71,7 +71,7 @@ class ProfileOptions:
     report: bool = _opt(
         True,
         "--no-report",
-        "save the run without analysing it or writing report.html (faster; swift-nb report RUN_DIR later)",
+        "save the run without analyzing it or writing report.html (faster; swift-nb report RUN_DIR later)",
     )
     gather_timeout_s: float | None = _opt(
         None, "--gather-timeout", "torchrun jobs: seconds rank 0 waits for the other ranks (default 25)"

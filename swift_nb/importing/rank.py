@@ -4,20 +4,22 @@ with what a trace cannot say recorded as absent."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
-from swift_nb.analysis.trace.tables import Trace
+from swift_nb.analysis.ranks import RankAnalysis, analyze_rank
+from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES
+from swift_nb.analysis.trace.tables import Trace, save_tables
 from swift_nb.core import trace_names as tn
-from swift_nb.record import SAMPLE_COLUMNS, STEP_COLUMNS, Run, summarize, utc_now_iso
-
-if TYPE_CHECKING:
-    from swift_nb.importing.assembly import RankTrace
+from swift_nb.importing.files import RankTrace, copy_gzipped, read_trace_file
+from swift_nb.record import SAMPLE_COLUMNS, STEP_COLUMNS, Run, summarize, tables_path, utc_now_iso
 
 #: steps.csv's ``trigger`` of an imported step: the profiler's own ``ProfilerStep#N`` span
 TRIGGER = "trace"
@@ -153,3 +155,30 @@ def _collective_summary(trace: Trace) -> tuple[float, float]:
     if per_step.empty:
         return float("nan"), float("nan")
     return float(per_step["collective_s"].mean()), comm_shares(per_step)[0]
+
+
+@dataclass
+class RankRecord:
+    """What is kept of one rank's trace once it is reduced: its record (a Run with its
+    steps and summary) and where its trace and tables were written."""
+
+    path: Path
+    rank: int
+    world_size: int
+    record: Run
+    staged: Path
+    analysis: RankAnalysis | None = None  # made while the tables were held, for a job's report
+
+
+def reduce_rank(
+    path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES, analyze: bool = False
+) -> RankRecord:
+    """Read one rank's trace, copy it (gzipped) to ``staged`` with its tables beside it,
+    and keep only its record (and, ``analyze``, its ``RankAnalysis``): the events and
+    tables are dropped when this returns. Runs in a worker process for a job's ranks."""
+    rt = read_trace_file(path, max_bytes)
+    copy_gzipped(rt.path, staged)
+    save_tables(rt.trace, tables_path(staged), source=staged)
+    record = rank_record(rt)
+    analysis = analyze_rank(record, rt.trace, rt.rank, rt.world_size) if analyze else None
+    return RankRecord(rt.path, rt.rank, rt.world_size, record, staged, analysis)

@@ -245,7 +245,7 @@ class LivePanel:
         if total:
             eta = (total - step) / rate if rate and step < total else None
             stats.append(f"<span>ETA {escape(fmt_duration(eta))}</span>")
-        phase = "saving and analysing…" if saving else self._phase_text(step)
+        phase = "saving and analyzing…" if saving else self._phase_text(step)
         stats.append(f"<span>profiler: {escape(phase)}</span>")
         alerts = getattr(self._session, "alerts", None)
         if alerts:

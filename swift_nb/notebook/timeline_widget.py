@@ -148,7 +148,7 @@ def timeline(
     """The zoomable timeline of ``run`` (a Run or its folder); ``rank``: one rank of a
     job's folder. ``other``: a second run drawn below the first, both zoomed to profiler
     step ``step`` (the diff view). ``findings``: the advisor's, for "show on timeline"
-    (by default the run is analysed for them)."""
+    (by default the run is analyzed for them)."""
     run = run if isinstance(run, Run) else load_run(run)
     if other is None:
         return _with_places(TimelineWidget(run, rank=rank), findings, step)

@@ -44,7 +44,7 @@ __all__ = [
 
 def report_sections(run: Run, figures: FigureCache | None = None, **analyses: Any) -> list[Section]:
     """The report's sections in order (the notebook shows the same ones). ``analyses``:
-    the fields of ``ReportInputs`` (the analyses' outputs and ``not_analysed``); a missing
+    the fields of ``ReportInputs`` (the analyses' outputs and ``not_analyzed``); a missing
     or empty one makes its section say so, or leaves it out. ``figures``: PNGs drawn
     earlier, which the sections' figures take instead of being drawn again."""
     inputs = ReportInputs(run, **analyses)

@@ -31,7 +31,7 @@ class ReportInputs:
     time and by memory, throughput, the advisor's verdict and findings, for a job of several
     ranks ``analysis.ranks.per_rank`` and the collectives, for a trace with device work
     ``analysis.device``'s summary, per-step table, kernel kinds and idle causes, and the
-    forecasts). Any may be missing; ``not_analysed``: why the analysis could not run
+    forecasts). Any may be missing; ``not_analyzed``: why the analysis could not run
     (``trace.json.gz is damaged (…): the analysis could not run``), which each section
     without its analysis then says."""
 
@@ -52,7 +52,7 @@ class ReportInputs:
     idle_causes: pd.DataFrame | None = None
     forecasts: Sequence[Any] | None = None
     forecast_problem: str | None = None
-    not_analysed: str | None = None
+    not_analyzed: str | None = None
 
 
 @dataclass
@@ -148,7 +148,7 @@ def has_rows(df: pd.DataFrame | None) -> bool:
     return df is not None and not df.empty
 
 
-def not_analysed(what: str, reason: str | None, otherwise: str) -> str:
+def not_analyzed(what: str, reason: str | None, otherwise: str) -> str:
     """The empty note of a section without its analysis: why the analysis could not run
     when it could not (``reason``), else ``otherwise`` (it ran, and found nothing)."""
     return empty(f"{what} — {reason}." if reason is not None else f"{what}: {otherwise}")

@@ -6,7 +6,7 @@ from html import escape
 
 from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.render.html import empty, evidence_html
-from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
+from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analyzed
 
 SEVERITIES = ("info", "warning", "critical")
 
@@ -36,7 +36,7 @@ def finding_html(f: Finding) -> str:
 def build(inputs: ReportInputs) -> list[Part]:
     findings = inputs.findings
     if findings is None:
-        return [not_analysed("No findings", inputs.not_analysed, "the run was not analysed.")]
+        return [not_analyzed("No findings", inputs.not_analyzed, "the run was not analyzed.")]
     if not findings:
         return [empty("No findings: no rule's threshold was crossed.")]
     return ["".join(finding_html(f) for f in findings)]

@@ -13,7 +13,7 @@ def build(inputs: ReportInputs) -> list[Part] | None:
         return None
     problem, forecasts = inputs.forecast_problem, inputs.forecasts
     if problem is not None or not forecasts:
-        return [empty(f"No forecast — {problem or 'the run was not analysed'}.")]
+        return [empty(f"No forecast — {problem or 'the run was not analyzed'}.")]
     return [forecast_section(forecasts)]
 
 

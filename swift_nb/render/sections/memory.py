@@ -6,12 +6,12 @@ from __future__ import annotations
 from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import memory_figure
 from swift_nb.render.html import empty, frame_table
-from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows, not_analysed
+from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows, not_analyzed
 from swift_nb.render.tables import is_imported
 
 
 def build(inputs: ReportInputs) -> list[Part]:
-    timeline, footprint, why = inputs.timeline, inputs.footprint, inputs.not_analysed
+    timeline, footprint, why = inputs.timeline, inputs.footprint, inputs.not_analyzed
     parts: list[Part] = []
     if timeline is not None and has_rows(timeline):
         parts.append(
@@ -33,7 +33,7 @@ def build(inputs: ReportInputs) -> list[Part]:
         )
     if not parts:
         parts.append(
-            not_analysed(
+            not_analyzed(
                 "No memory categories",
                 why,
                 "they are recorded only for steps the profiler recorded with memory profiling on.",

@@ -11,7 +11,7 @@ from swift_nb.record import Run
 from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import operators_figure
 from swift_nb.render.html import empty, frame_table
-from swift_nb.render.sections.base import FigurePart, Part, has_rows, not_analysed
+from swift_nb.render.sections.base import FigurePart, Part, has_rows, not_analyzed
 from swift_nb.render.tables import is_imported
 
 ALLOCATIONS_NOT_RECORDED = (
@@ -58,7 +58,7 @@ def operator_parts(
     table) by ``metric``, a column of it; ``run``: the run they come from, when known (an
     imported trace may not have recorded allocations)."""
     if operators is None or not has_rows(operators):
-        return [not_analysed("No operators", why, "the profiler recorded no step (no trace).")]
+        return [not_analyzed("No operators", why, "the profiler recorded no step (no trace).")]
     if run is not None and _allocations_absent(run, operators):
         if metric == "alloc_bytes":
             return [empty(ALLOCATIONS_NOT_RECORDED)]

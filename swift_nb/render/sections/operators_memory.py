@@ -11,7 +11,7 @@ CAPTION = "Bytes each operator allocated over the profiled steps."
 
 
 def build(inputs: ReportInputs) -> list[Part]:
-    return operator_parts(TITLE, inputs.operators_memory, METRIC, CAPTION, inputs.not_analysed, inputs.run)
+    return operator_parts(TITLE, inputs.operators_memory, METRIC, CAPTION, inputs.not_analyzed, inputs.run)
 
 
 SECTION = SectionKind(TITLE, tab="Operators", build=build)

@@ -11,7 +11,7 @@ CAPTION = "Time spent in each operator itself, children excluded, over the profi
 
 
 def build(inputs: ReportInputs) -> list[Part]:
-    return operator_parts(TITLE, inputs.operators_time, METRIC, CAPTION, inputs.not_analysed, inputs.run)
+    return operator_parts(TITLE, inputs.operators_time, METRIC, CAPTION, inputs.not_analyzed, inputs.run)
 
 
 SECTION = SectionKind(TITLE, tab="Operators", build=build)

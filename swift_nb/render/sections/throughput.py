@@ -5,13 +5,13 @@ from __future__ import annotations
 from swift_nb.core.units import fmt_rate
 from swift_nb.render.html import fmt_si, is_missing, text_table
 from swift_nb.render.labels import label
-from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
+from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analyzed
 
 
 def build(inputs: ReportInputs) -> list[Part]:
     throughput = inputs.throughput
     if throughput is None:
-        return [not_analysed("Throughput was not computed", inputs.not_analysed, "no analysis ran.")]
+        return [not_analyzed("Throughput was not computed", inputs.not_analyzed, "no analysis ran.")]
 
     def get(name: str):
         return getattr(throughput, name, None)

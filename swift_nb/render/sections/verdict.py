@@ -8,7 +8,7 @@ from typing import Any
 
 from swift_nb.analysis.advisor.findings import Verdict
 from swift_nb.render.html import evidence_html
-from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analysed
+from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analyzed
 
 #: for each verdict, the evidence that decides it, in the order the reasoning reads it
 #: (``analysis.advisor.verdict``: the host's shares on a CPU run, the GPU's window on a GPU
@@ -44,7 +44,7 @@ def ordered(verdict: Verdict) -> dict[str, Any]:
 def build(inputs: ReportInputs) -> list[Part]:
     verdict = inputs.verdict
     if verdict is None:
-        return [not_analysed("No verdict", inputs.not_analysed, "the run was not analysed.")]
+        return [not_analyzed("No verdict", inputs.not_analyzed, "the run was not analyzed.")]
     return [
         # The dash separates kind and reason in the text itself, not only the pill's CSS:
         # nbconvert's HTML, feed readers and copied text show no styles.
