@@ -23,10 +23,10 @@ from swift_nb.analysis import analyze
 from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.api import ReportAhead, report
 from swift_nb.capture.session import Session
-from swift_nb.core.options import ProfileOptions
 from swift_nb.demo import GPT, GPTConfig
 from swift_nb.record import tables_path
 from swift_nb.render.document import analysis_fields, report_html
+from swift_nb.vocabulary.options import ProfileOptions
 
 
 def main() -> None:

@@ -37,9 +37,9 @@ import torch
 from swift_nb.api import ReportAhead, _draw_elsewhere, finish, report
 from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.capture.session import Session
-from swift_nb.core.options import ProfileOptions
 from swift_nb.demo import GPT, GPTConfig
 from swift_nb.record import REPORT_FILE, load_run, tables_path
+from swift_nb.vocabulary.options import ProfileOptions
 
 HERE = Path(__file__).resolve().parent
 SCHEDULE_STEPS = 6  # wait 1 + warmup 2 + active 3: the steps after these are not recorded

@@ -24,8 +24,8 @@ import torch
 
 from swift_nb.api import ReportAhead, report
 from swift_nb.capture.session import Session
-from swift_nb.core.options import ProfileOptions
 from swift_nb.demo import GPT, GPTConfig
+from swift_nb.vocabulary.options import ProfileOptions
 
 
 def cell(model, opt, batches) -> list[float]:

@@ -675,8 +675,8 @@ def check_cost_ratio(ctx: Ctx) -> None:
     profiler's window (wait + warmup + active steps); bare rounds before and after it."""
     import torch
 
-    from swift_nb.core.options import ProfileOptions
     from swift_nb.demo import GPT, GPTConfig
+    from swift_nb.vocabulary.options import ProfileOptions
 
     n = ctx.sizes.cost_steps
     torch.manual_seed(0)

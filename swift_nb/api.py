@@ -19,7 +19,6 @@ from swift_nb.capture.helper import Helper
 from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
 from swift_nb.core.errors import RecordWriteWarning
-from swift_nb.core.options import ProfileOptions
 from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead
 from swift_nb.render.figure_cache import FigureCache
@@ -28,6 +27,7 @@ from swift_nb.render.figure_cache import FigureCache
 # reruns compose it with capture
 from swift_nb.reporting import Reported, compare, findings_of, report  # noqa: F401
 from swift_nb.toggles import Toggle, ToggleReport, build
+from swift_nb.vocabulary.options import ProfileOptions
 
 #: what the helper draws of a finished run (``_draw_elsewhere``)
 DRAW_RUN_AHEAD = f"{draw_run_ahead.__module__}:{draw_run_ahead.__name__}"

@@ -22,7 +22,8 @@ from swift_nb.render.comparison.run_diff import SHOWN_ROWS, diff_text
 from swift_nb.render.oom import oom_text
 from swift_nb.render.tables import runs_text, summary_text
 from swift_nb.reporting import compare, report
-from swift_nb.trackers import TARGETS, export
+from swift_nb.trackers import export
+from swift_nb.vocabulary.options import TARGETS
 
 EPILOG = """\
 exit status:

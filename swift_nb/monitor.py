@@ -11,9 +11,9 @@ from typing import Any
 from swift_nb.api import exit_status, finish
 from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
-from swift_nb.core.options import ProfileOptions
 from swift_nb.record import Run
 from swift_nb.render.tables import summary_text
+from swift_nb.vocabulary.options import ProfileOptions
 
 
 @dataclass

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.comparison.variants import compare_runs
-from swift_nb.analysis.cost import check_price, price
+from swift_nb.analysis.cost import price
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.ranks import RankAnalysis
 from swift_nb.analysis.trace.tables import Trace, parse_events, save_tables, tables_fresh
+from swift_nb.core.devices import check_price
 from swift_nb.core.errors import RecordError
 from swift_nb.record import (
     COMPARE_FILE,

@@ -20,8 +20,6 @@ optional extra (``pip install 'swift_nb[mlflow]'``); without it, ``MissingDepend
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import shutil
 import time
@@ -32,12 +30,11 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb.core.errors import ConfigError, MissingDependencyError
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import MEMORY_CATEGORIES, REPORT_FILE, Run, load_run
 from swift_nb.record.write import step_energy_j
+from swift_nb.vocabulary.options import parse_log_to, require_tracker
 
-#: tracker → the module it needs (the extra is named alike)
-TARGETS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
 #: the summary's scalars a tracker gets, when the run has them
 SCALARS = [
     "steps",
@@ -64,34 +61,6 @@ DEFAULT_MAX_POINTS = 10_000
 #: MLflow's most entities (metrics, params and tags together) in one log_batch
 BATCH = 1000
 PREFIX = "swift_nb/"
-
-
-def parse_log_to(spec: str, check_installed: bool = False) -> tuple[str, dict[str, str]]:
-    """``"tensorboard:log_dir=runs"`` → ``("tensorboard", {"log_dir": "runs"})``; a tracker
-    not in ``TARGETS`` is a ``ConfigError``, and (``check_installed``) one whose library is
-    missing a ``MissingDependencyError`` (an ``ImportError``) naming its extra."""
-    name, _, args = spec.strip().partition(":")
-    name = name.strip().lower()
-    if name not in TARGETS:
-        raise ConfigError("log_to", f"must be one of {', '.join(TARGETS)} (with ':key=value,...')", spec)
-    kwargs: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in args.split(","))):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError("log_to", f"arguments are key=value pairs, as '{name}:log_dir=runs'", spec)
-        kwargs[key.strip()] = value.strip()
-    if check_installed:
-        _require(name, find_only=True)
-    return name, kwargs
-
-
-def _require(name: str, find_only: bool = False) -> Any:
-    module = TARGETS[name]
-    if importlib.util.find_spec(module) is None:
-        raise MissingDependencyError(
-            f"exporting to {name} needs the {module} package: pip install 'swift_nb[{name}]'"
-        )
-    return None if find_only else importlib.import_module(module)
 
 
 @dataclass
@@ -192,7 +161,7 @@ def export(run: Run | Path | str, to: str, *, max_points: int = DEFAULT_MAX_POIN
     ``"tensorboard"``); returns where it went (the MLflow run id, the W&B run's path, the
     TensorBoard log folder). See the module's docstring for what is sent and the arguments."""
     name, spec_kwargs = parse_log_to(to)
-    lib = _require(name)  # before any work: a missing extra is said at once
+    lib = require_tracker(name)  # before any work: a missing extra is said at once
     if not isinstance(max_points, int) or isinstance(max_points, bool) or max_points < 2:
         raise ConfigError("max_points", "must be a whole number of steps, at least 2", max_points)
     run = run if isinstance(run, Run) else load_run(run)

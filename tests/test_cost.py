@@ -15,10 +15,10 @@ import pytest
 from swift_nb.analysis import cost
 from swift_nb.core import devices
 from swift_nb.core.errors import ConfigError
-from swift_nb.core.options import ProfileOptions
 from swift_nb.importing.assembly import import_trace
 from swift_nb.record import STEP_COLUMNS, Run, load_run, summarize
 from swift_nb.reporting import report
+from swift_nb.vocabulary.options import ProfileOptions
 
 DATA = Path(__file__).parent / "data" / "gpu"
 

@@ -152,9 +152,9 @@ def test_work_done_while_the_cell_runs_matches_the_work_after_it(tmp_path):
     from swift_nb.analysis.trace.tables import parse_events, read_trace_document, save_tables
     from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
-    from swift_nb.core.options import ProfileOptions
     from swift_nb.demo import make_model
     from swift_nb.render.figures import figure_png
+    from swift_nb.vocabulary.options import ProfileOptions
 
     torch.manual_seed(0)
     model = make_model(seq_len=32, n_layer=2, d_model=64, n_head=2, vocab_size=128)
@@ -263,9 +263,9 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
 
     from swift_nb.api import ReportAhead
     from swift_nb.capture.session import Session
-    from swift_nb.core.options import ProfileOptions
     from swift_nb.demo import make_model
     from swift_nb.render.figures import figure_png
+    from swift_nb.vocabulary.options import ProfileOptions
 
     def user_png() -> bytes:
         import io

@@ -26,7 +26,8 @@ from swift_nb.record import (
     save,
     summarize,
 )
-from swift_nb.trackers import export, parse_log_to, payload
+from swift_nb.trackers import export, payload
+from swift_nb.vocabulary.options import parse_log_to
 
 export_module = importlib.import_module("swift_nb.trackers")  # `swift_nb.export` is the function
 
@@ -105,7 +106,7 @@ def test_a_missing_extra_is_named_before_any_work(run, monkeypatch):
     monkeypatch.setitem(export_module.TARGETS, "wandb", "wandb_not_installed_here")
     with pytest.raises(MissingDependencyError, match=r"pip install 'swift_nb\[wandb\]'"):
         export(run, to="wandb")
-    from swift_nb.core.options import ProfileOptions
+    from swift_nb.vocabulary.options import ProfileOptions
 
     with pytest.raises(ImportError, match=r"swift_nb\[wandb\]"):
         ProfileOptions(log_to=("wandb",))
@@ -302,7 +303,7 @@ def test_cli_export(run, tmp_path, capsys):
 
 def test_swift_nb_export_is_the_function(run, tmp_path):
     import swift_nb
-    from swift_nb.core.options import ProfileOptions
+    from swift_nb.vocabulary.options import ProfileOptions
 
     ProfileOptions(log_to=("tensorboard",))  # imports the module swift_nb.export, again
     assert callable(swift_nb.export) and swift_nb.export is export

@@ -23,8 +23,9 @@ from swift_nb.render.comparison.page import (
     prediction_text,
 )
 from swift_nb.render.html import CELL_CHARS, evidence_html, frame_table
-from swift_nb.render.labels import LABELS, label, unit, value_text
+from swift_nb.render.labels import LABELS, label, unit
 from swift_nb.render.sections.verdict import ordered
+from swift_nb.render.value_text import value_text
 
 ADVISOR = Path(__file__).resolve().parents[1] / "swift_nb" / "analysis" / "advisor"
 IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)+$")

@@ -10,8 +10,8 @@ import pytest
 
 import swift_nb
 from swift_nb.core.errors import ConfigError
-from swift_nb.core.options import ProfileOptions, flag_of
 from swift_nb.notebook.magic import SwiftMagics, parse_line
+from swift_nb.vocabulary.options import ProfileOptions, flag_of
 
 NON_DEFAULT = ProfileOptions(
     wait=0,

@@ -13,7 +13,7 @@ from conftest import train
 
 import swift_nb
 from swift_nb.capture.session import Session
-from swift_nb.core.options import ProfileOptions
+from swift_nb.vocabulary.options import ProfileOptions
 
 pytestmark = pytest.mark.slow  # profiles real training loops
 

@@ -25,10 +25,10 @@ from swift_nb.analysis.ranks import per_rank, rank_step_metrics, slowest_ranks
 from swift_nb.importing import assembly, pool
 from swift_nb.importing.pool import RanksNotReadError
 from swift_nb.importing.rank import reduce_rank
-from swift_nb.render.labels import pct_text
 from swift_nb.render.rank_figures import rank_step_heatmap
 from swift_nb.render.sections import ranks as ranks_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs
+from swift_nb.render.value_text import pct_text
 
 GPU = Path(__file__).parent / "data" / "gpu"
 SOURCES = [GPU / "gpu_128ranks_rank0.json.gz", GPU / "gpu_128ranks_rank1.json.gz"]

@@ -15,10 +15,10 @@ import pytest
 
 import swift_nb
 from swift_nb.core.errors import ConfigError
-from swift_nb.core.options import ProfileOptions
 from swift_nb.rerun import RerunBusyError, parse_variants, run_variants
 from swift_nb.rerun.history import prepare
 from swift_nb.rerun.launcher import Worker
+from swift_nb.vocabulary.options import ProfileOptions
 
 pytestmark = pytest.mark.slow  # rerun worker processes and a kernel
 

@@ -22,7 +22,7 @@ from swift_nb.analysis.timeline.query import ITEM_COLUMNS, Timeline
 from swift_nb.analysis.timeline.ranks import STATES, rank_overview, states_per_rank
 from swift_nb.analysis.timeline.tracks import depths
 from swift_nb.analysis.trace.tables import load_trace_file, parse_events, read_trace
-from swift_nb.core import trace_names as tn
+from swift_nb.core import intervals
 from swift_nb.core.errors import ConfigError
 
 TRACES = Path(__file__).parent / "data" / "gpu"  # the shared real traces (README.md there)
@@ -192,9 +192,11 @@ def test_the_128_rank_pair_opens_each_rank_and_an_overview(tmp_path):
     assert set(overview.all_items()["name"]) <= set(STATES)
     per_rank = states_per_rank(overview).set_index("track")
     for rank, path in job.rank_trace_paths().items():
-        steps = tn.union(*load_trace_file(path).steps[["start_us", "end_us"]].to_numpy().T)
+        steps = intervals.union(*load_trace_file(path).steps[["start_us", "end_us"]].to_numpy().T)
         # the states tile the rank's steps: every instant of a step is exactly one of them
-        assert per_rank.loc[f"rank:{rank}", list(STATES)].sum() == pytest.approx(tn.length(steps), rel=1e-9)
+        assert per_rank.loc[f"rank:{rank}", list(STATES)].sum() == pytest.approx(
+            intervals.length(steps), rel=1e-9
+        )
         assert per_rank.loc[f"rank:{rank}", "communicating"] > 0
 
 

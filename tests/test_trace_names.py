@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
 # A real GPU trace (see tests/data/gpu/README.md).
@@ -191,31 +192,31 @@ def test_intervals_agree_with_a_plain_loop():
         a = rng.integers(0, 60, (rng.integers(0, 9), 2)).astype(float)
         b = rng.integers(0, 60, (rng.integers(0, 9), 2)).astype(float)
         a, b = np.sort(a, axis=1), np.sort(b, axis=1)
-        ua, ub = tn.union(a[:, 0], a[:, 1]), tn.union(b[:, 0], b[:, 1])
+        ua, ub = intervals.union(a[:, 0], a[:, 1]), intervals.union(b[:, 0], b[:, 1])
         # on a grid of half-unit cells, a point is in a union iff some interval holds it
         grid = np.arange(0, 60, 0.5) + 0.25
         in_a = ((grid[:, None] >= a[:, 0]) & (grid[:, None] < a[:, 1])).any(axis=1)
         in_b = ((grid[:, None] >= b[:, 0]) & (grid[:, None] < b[:, 1])).any(axis=1)
-        assert tn.length(ua) == in_a.sum() / 2
-        assert tn.length(tn.subtract(ua, ub)) == (in_a & ~in_b).sum() / 2
-        assert tn.length(tn.intersect(ua, ub)) == (in_a & in_b).sum() / 2
+        assert intervals.length(ua) == in_a.sum() / 2
+        assert intervals.length(intervals.subtract(ua, ub)) == (in_a & ~in_b).sum() / 2
+        assert intervals.length(intervals.intersect(ua, ub)) == (in_a & in_b).sum() / 2
         spans = np.sort(rng.integers(0, 60, (4, 2)), axis=1)
         inside = (grid[None, :] >= spans[:, :1]) & (grid[None, :] < spans[:, 1:])
-        assert tn.covered(spans, ua).tolist() == ((inside & in_a).sum(axis=1) / 2).tolist()
-    assert tn.intersect(np.empty((0, 2)), tn.union([0], [1])).shape == (0, 2)
+        assert intervals.covered(spans, ua).tolist() == ((inside & in_a).sum(axis=1) / 2).tolist()
+    assert intervals.intersect(np.empty((0, 2)), intervals.union([0], [1])).shape == (0, 2)
 
 
 def test_union_length_clip_subtract():
-    u = tn.union([5, 0, 2, 20], [7, 3, 4, 25])
+    u = intervals.union([5, 0, 2, 20], [7, 3, 4, 25])
     assert u.tolist() == [[0, 4], [5, 7], [20, 25]]
-    assert tn.length(u) == 11
-    assert tn.union([], []).shape == (0, 2) and tn.length(np.empty((0, 2))) == 0.0
-    assert tn.clip(u, 3, 22).tolist() == [[3, 4], [5, 7], [20, 22]]
-    assert tn.clip(u, 8, 19).shape == (0, 2)
-    hole = tn.union([1, 6, 21], [2, 21, 22])
-    assert tn.subtract(u, hole).tolist() == [[0, 1], [2, 4], [5, 6], [22, 25]]
-    assert tn.subtract(u, np.empty((0, 2))) is u
-    assert tn.covered([[0, 6], [6, 100], [40, 50]], u).tolist() == [5, 6, 0]
+    assert intervals.length(u) == 11
+    assert intervals.union([], []).shape == (0, 2) and intervals.length(np.empty((0, 2))) == 0.0
+    assert intervals.clip(u, 3, 22).tolist() == [[3, 4], [5, 7], [20, 22]]
+    assert intervals.clip(u, 8, 19).shape == (0, 2)
+    hole = intervals.union([1, 6, 21], [2, 21, 22])
+    assert intervals.subtract(u, hole).tolist() == [[0, 1], [2, 4], [5, 6], [22, 25]]
+    assert intervals.subtract(u, np.empty((0, 2))) is u
+    assert intervals.covered([[0, 6], [6, 100], [40, 50]], u).tolist() == [5, 6, 0]
 
 
 def test_collective_and_exposed_time_per_step():
@@ -223,11 +224,11 @@ def test_collective_and_exposed_time_per_step():
     # two overlapping collectives in step 1 count once; one crosses into step 2
     collectives = [[10, 30], [20, 40], [90, 120]]
     compute = [[25, 35], [110, 200]]
-    assert tn.collective_us(steps, collectives).tolist() == [40, 20]
-    assert tn.exposed_comm_us(steps, collectives, compute).tolist() == [30, 10]
-    assert tn.exposed_comm_us(steps, collectives, []).tolist() == [40, 20]  # CPU: nothing hides it
-    assert tn.collective_us(steps, []).tolist() == [0, 0]
-    assert tn.collective_us([], collectives).shape == (0,)
+    assert intervals.collective_us(steps, collectives).tolist() == [40, 20]
+    assert intervals.exposed_comm_us(steps, collectives, compute).tolist() == [30, 10]
+    assert intervals.exposed_comm_us(steps, collectives, []).tolist() == [40, 20]  # CPU: nothing hides it
+    assert intervals.collective_us(steps, []).tolist() == [0, 0]
+    assert intervals.collective_us([], collectives).shape == (0,)
 
 
 def test_kinds_of_a_real_nccl_trace():

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_name
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
 
@@ -72,7 +73,7 @@ def _one_step(ev: pd.DataFrame, flags: pd.DataFrame, start: float, end: float, t
     ts, te = ev["ts_us"].to_numpy(), ev["end_us"].to_numpy()
 
     def sel(mask):
-        return tn.clip(tn.union(ts[mask], te[mask]), start, end)
+        return intervals.clip(intervals.union(ts[mask], te[mask]), start, end)
 
     own = sel(is_own)
     ordered = [
@@ -89,14 +90,14 @@ def _one_step(ev: pd.DataFrame, flags: pd.DataFrame, start: float, end: float, t
     row = dict.fromkeys(PARTS, 0.0)
     covered = np.empty((0, 2))
     for name, part in ordered:
-        exclusive = tn.subtract(part, covered)
+        exclusive = intervals.subtract(part, covered)
         if name != "own":
-            row["comm_s" if name == "comm_bg" else name] += tn.length(exclusive) / 1e6
-        covered = tn.union(
+            row["comm_s" if name == "comm_bg" else name] += intervals.length(exclusive) / 1e6
+        covered = intervals.union(
             np.concatenate([covered[:, 0], part[:, 0]]), np.concatenate([covered[:, 1], part[:, 1]])
         )
-    span = (end - start - tn.length(own)) / 1e6
-    row["untraced_s"] = max(0.0, span - (tn.length(covered) - tn.length(own)) / 1e6)
+    span = (end - start - intervals.length(own)) / 1e6
+    row["untraced_s"] = max(0.0, span - (intervals.length(covered) - intervals.length(own)) / 1e6)
     return {"step": step, "step_s": span, **row}
 
 
@@ -112,7 +113,10 @@ def device_busy(run: Run, trace: Trace | None = None) -> pd.DataFrame:
         span = (end - start) / 1e6
         for stream, g in in_step.groupby("tid"):
             busy = (
-                tn.length(tn.clip(tn.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)) / 1e6
+                intervals.length(
+                    intervals.clip(intervals.union(g["ts_us"].to_numpy(), g["end_us"].to_numpy()), start, end)
+                )
+                / 1e6
             )
             rows.append(
                 {

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.trace.tables import Trace, derived, per_name, per_value
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
 DTYPE_BYTES = {
@@ -196,8 +197,8 @@ def _comm_per_step(trace: Trace) -> pd.DataFrame:
         {
             "step": steps["step"].to_numpy(),
             "step_s": steps["dur_us"].to_numpy(dtype=float) / 1e6,
-            "collective_s": tn.collective_us(step_spans, coll) / 1e6,
-            "exposed_comm_s": tn.exposed_comm_us(step_spans, coll, compute) / 1e6,
+            "collective_s": intervals.collective_us(step_spans, coll) / 1e6,
+            "exposed_comm_s": intervals.exposed_comm_us(step_spans, coll, compute) / 1e6,
         },
         columns=PER_STEP_COLUMNS,
     )
@@ -254,9 +255,9 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
         issued["t0_us"] = issued["ts_us"]
         source = "issuing op"
     optim = rows(per_name(trace, lambda n: bool(tn.OPTIMIZER_STEP.match(n))))
-    optim_iv = tn.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
+    optim_iv = intervals.union(optim["ts_us"].to_numpy(), optim["end_us"].to_numpy())
     computing = np.flatnonzero(tn.compute_mask(per_name(trace, tn.is_collective), cats) & in_steps)
-    compute_iv = tn.union(ev["ts_us"].to_numpy()[computing], ev["end_us"].to_numpy()[computing])
+    compute_iv = intervals.union(ev["ts_us"].to_numpy()[computing], ev["end_us"].to_numpy()[computing])
     issued["bytes"] = [
         _payload_bytes(n, k, d, t, world)
         for n, k, d, t in issued[["name", "kind", "input_dims", "input_types"]].itertuples(index=False)
@@ -270,8 +271,8 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
         time_s = float(g["time_us"].sum()) / 1e6 / n_steps
         nbytes = float(g["bytes"].sum(min_count=1)) / n_steps  # NaN when no size is known
         wire = nbytes * _wire_factor(str(kind), int(g["group"].max()))
-        spans = tn.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
-        total_us = tn.length(spans)
+        spans = intervals.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
+        total_us = intervals.length(spans)
         rows.append(
             {
                 "rank": rank,
@@ -294,4 +295,4 @@ def _inside(spans: np.ndarray, other: np.ndarray, total_us: float) -> float:
     """Part of ``spans``' length covered by ``other`` (0..1)."""
     if total_us <= 0:
         return float("nan")
-    return (total_us - tn.length(tn.subtract(spans, other))) / total_us
+    return (total_us - intervals.length(intervals.subtract(spans, other))) / total_us

@@ -23,8 +23,7 @@ import math
 import os
 from typing import Any
 
-from swift_nb.core.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH, price_of
-from swift_nb.core.errors import ConfigError
+from swift_nb.core.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH, check_price, price_of
 from swift_nb.record import Run
 
 J_PER_KWH = 3.6e6
@@ -72,25 +71,6 @@ def idle_cost_per_1k_steps_usd(per_1k_steps_usd: float, idle_pct: float) -> floa
 def energy_cost_usd(energy_j: float, price_per_kwh: float) -> float:
     """USD of ``energy_j`` joules at ``price_per_kwh``."""
     return energy_j / J_PER_KWH * price_per_kwh
-
-
-def check_price(name: str, value: Any) -> float | None:
-    """``value`` as a price (a number ≥ 0), or None; a ``ConfigError`` naming ``name``
-    otherwise. Raised at the edge, before any work."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(name, "must be a price in USD, a number such as 2.5", value) from None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (value >= 0 and math.isfinite(value))
-    ):
-        raise ConfigError(name, "must be a price in USD, a number ≥ 0 such as 2.5", value)
-    return float(value)
 
 
 def devices_of(run: Run) -> int:

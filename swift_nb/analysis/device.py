@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.trace.tables import Trace, derived, per_name, steps_of
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
 SHARES = ["idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct"]
@@ -127,18 +128,18 @@ def _in_window(work: pd.DataFrame, trace: Trace, include_last_step: bool) -> pd.
 
 def _union(work: pd.DataFrame, mask=None) -> np.ndarray:
     w = work if mask is None else work[mask]
-    return tn.union(w["ts_us"].to_numpy(), w["end_us"].to_numpy())
+    return intervals.union(w["ts_us"].to_numpy(), w["end_us"].to_numpy())
 
 
 def _shares(windows: np.ndarray, work: pd.DataFrame) -> pd.DataFrame:
     """HTA's shares of each window (rows of (start, end), µs) from ``work``."""
     span = windows[:, 1] - windows[:, 0]
-    busy = tn.covered(windows, _union(work))
+    busy = intervals.covered(windows, _union(work))
     compute_iv = _union(work, work["compute"].to_numpy())
     comm_iv = _union(work, work["comm"].to_numpy())
-    compute = tn.covered(windows, compute_iv)
-    comm = tn.covered(windows, comm_iv)
-    both = tn.covered(windows, tn.intersect(comm_iv, compute_iv))
+    compute = intervals.covered(windows, compute_iv)
+    comm = intervals.covered(windows, comm_iv)
+    both = intervals.covered(windows, intervals.intersect(comm_iv, compute_iv))
     with np.errstate(invalid="ignore", divide="ignore"):
         pct = np.where(span > 0, 100.0 / span, np.nan)
         return pd.DataFrame(
@@ -268,7 +269,7 @@ def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
     steps = trace.steps  # the profiler's ProfilerStep#N spans, kept apart from the events
     step_ts, step_te = steps["start_us"].to_numpy() - origin, steps["end_us"].to_numpy() - origin
     return {
-        "comm": tn.union(ts[comm], te[comm]),
+        "comm": intervals.union(ts[comm], te[comm]),
         "sync": _until_next_launch(
             ev["tid"].to_numpy()[host],
             ts,
@@ -276,9 +277,9 @@ def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
             sync,
             runtime & named(lambda n: tn.LAUNCH.match(n) is not None),
         ),
-        "copy": tn.union(ts[copy], te[copy]),
-        "data": tn.union(ts[data], te[data]),
-        "work": tn.union(np.concatenate([ts[work], step_ts]), np.concatenate([te[work], step_te])),
+        "copy": intervals.union(ts[copy], te[copy]),
+        "data": intervals.union(ts[data], te[data]),
+        "work": intervals.union(np.concatenate([ts[work], step_ts]), np.concatenate([te[work], step_te])),
     }
 
 
@@ -299,7 +300,7 @@ def _until_next_launch(
         ends.append(np.maximum(after, e))
     if not starts:
         return np.empty((0, 2))
-    return tn.union(np.concatenate(starts), np.concatenate(ends))
+    return intervals.union(np.concatenate(starts), np.concatenate(ends))
 
 
 def _idle_causes(trace: Trace, work: pd.DataFrame, windows: np.ndarray, busy=None) -> pd.DataFrame:
@@ -307,21 +308,24 @@ def _idle_causes(trace: Trace, work: pd.DataFrame, windows: np.ndarray, busy=Non
     all of ``work``)."""
     busy = _union(work) if busy is None else busy
     hull = np.array([[windows[:, 0].min(), windows[:, 1].max()]])
-    rest = tn.subtract(hull, busy)
+    rest = intervals.subtract(hull, busy)
     spans = _host_spans(trace)
     # a collective launched and not yet running also holds the device
     queued = work[work["comm"].to_numpy() & (work["launch_us"] < work["ts_us"]).to_numpy()]
-    comm = tn.union(
+    comm = intervals.union(
         np.concatenate([spans["comm"][:, 0], queued["launch_us"].to_numpy()]),
         np.concatenate([spans["comm"][:, 1], queued["ts_us"].to_numpy()]),
     )
-    out = {"window_s": (windows[:, 1] - windows[:, 0]) / 1e6, "idle_s": tn.covered(windows, rest) / 1e6}
+    out = {
+        "window_s": (windows[:, 1] - windows[:, 0]) / 1e6,
+        "idle_s": intervals.covered(windows, rest) / 1e6,
+    }
     for cause, held in zip(
         CAUSES[:-1], (comm, spans["sync"], spans["copy"], spans["data"], spans["work"]), strict=True
     ):
-        out[cause] = tn.covered(windows, tn.intersect(rest, held)) / 1e6
-        rest = tn.subtract(rest, held)
-    out["other_s"] = tn.covered(windows, rest) / 1e6
+        out[cause] = intervals.covered(windows, intervals.intersect(rest, held)) / 1e6
+        rest = intervals.subtract(rest, held)
+    out["other_s"] = intervals.covered(windows, rest) / 1e6
     return pd.DataFrame(out)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.capture.dist import RankInfo
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.core.units import fmt_ranks
 from swift_nb.record import RUN_FILE, Run, load_run, rank_folder, rank_trace_file
@@ -85,7 +86,7 @@ def collective_summary(events: list[dict]) -> tuple[float, float]:
     is_coll = tn.collective_mask(
         np.array([named[n] for n in names], dtype=bool), [e.get("cat", "") for e in xs]
     )
-    coll_us = tn.collective_us(steps, spans[is_coll])
+    coll_us = intervals.collective_us(steps, spans[is_coll])
     total_us = float((steps[:, 1] - steps[:, 0]).sum())
     share = float(coll_us.sum()) / total_us if total_us > 0 else float("nan")
     return float(coll_us.mean()) / 1e6, share

@@ -39,7 +39,6 @@ from swift_nb.capture.steps import StepWatcher
 from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecorder, TraceResult
 from swift_nb.core import trace_names
 from swift_nb.core.errors import ConfigError, RunDirError
-from swift_nb.core.options import ProfileOptions
 from swift_nb.record import (
     FINETUNE_KEY,
     STEP_COLUMNS,
@@ -56,6 +55,7 @@ from swift_nb.record import (
     summarize,
     utc_now_iso,
 )
+from swift_nb.vocabulary.options import ProfileOptions
 
 
 class Session:

@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity
 
 from swift_nb.capture.digest import DigestJob, DigestResult, digest
 from swift_nb.capture.helper import Helper, Pending
-from swift_nb.core.options import ProfileOptions, check_schedule
 from swift_nb.record import TRACE_FILE
+from swift_nb.vocabulary.options import ProfileOptions, check_schedule
 
 
 @dataclass

@@ -11,8 +11,9 @@ throughput, the forecast form), so that none of them imports another to learn a 
 
 from __future__ import annotations
 
+import math
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from swift_nb.core.errors import ConfigError
 from swift_nb.core.units import fmt_bytes
@@ -196,3 +197,22 @@ def price_of(device_name: str) -> Price | None:
         if re.search(pattern, device_name):
             return price
     return None
+
+
+def check_price(name: str, value: Any) -> float | None:
+    """``value`` as a price (a number ≥ 0), or None; a ``ConfigError`` naming ``name``
+    otherwise. Raised at the edge, before any work."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(name, "must be a price in USD, a number such as 2.5", value) from None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= 0 and math.isfinite(value))
+    ):
+        raise ConfigError(name, "must be a price in USD, a number ≥ 0 such as 2.5", value)
+    return float(value)

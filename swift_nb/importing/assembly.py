@@ -27,10 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from swift_nb.analysis.cost import check_price, price
+from swift_nb.analysis.cost import price
 from swift_nb.analysis.ranks import RankAnalysis
 from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES
 from swift_nb.capture.job import RANK_COLUMNS
+from swift_nb.core.devices import check_price
 from swift_nb.core.errors import ConfigError
 from swift_nb.core.units import fmt_span
 from swift_nb.importing.files import trace_files

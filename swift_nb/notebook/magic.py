@@ -24,11 +24,11 @@ from swift_nb.api import ReportAhead, apply_toggles, finish, report, undo_toggle
 from swift_nb.capture import helper
 from swift_nb.capture.session import Session, cell_source
 from swift_nb.core.errors import ConfigError, MissingDependencyError, RunDirError
-from swift_nb.core.options import ProfileOptions, argparse_specs, flag_of
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_run
 from swift_nb.record import Run, load_run, runs
 from swift_nb.render.tables import runs_html, runs_text
+from swift_nb.vocabulary.options import ProfileOptions, argparse_specs, flag_of
 
 
 class ProfiledCellError(Exception):

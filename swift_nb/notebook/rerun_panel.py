@@ -22,10 +22,10 @@ import ipywidgets as widgets
 
 from swift_nb import vocabulary
 from swift_nb.analysis.advisor.findings import Finding
-from swift_nb.core.options import ProfileOptions
 from swift_nb.render.comparison.page import compare_figures, compare_table_html
 from swift_nb.rerun import Compared, RerunBusyError, Variant, compare_cell
 from swift_nb.toggles import get
+from swift_nb.vocabulary.options import ProfileOptions
 
 
 def offered() -> list[str]:

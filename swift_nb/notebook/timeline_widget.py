@@ -21,9 +21,8 @@ import ipywidgets as widgets
 import traitlets
 
 from swift_nb.analysis.advisor.findings import Finding
-from swift_nb.analysis.timeline.query import STEPS_TRACK, Timeline
+from swift_nb.analysis.timeline.query import Timeline, step_window
 from swift_nb.analysis.timeline.ranks import rank_overview
-from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run, load_run
 from swift_nb.render.sections.timeline import own_rank, place_list
 from swift_nb.render.timeline.view import viewer_js
@@ -193,14 +192,3 @@ def _with_places(
         window = step_window(widget.timeline, step)
         widget.show(*window)
     return widget
-
-
-def step_window(tl: Timeline, step: int) -> tuple[float, float]:
-    """Profiler step ``step``'s span on the timeline's step band (µs)."""
-    hits = tl.search("ProfilerStep#")
-    hits = hits[hits["track"] == STEPS_TRACK]
-    match = hits[hits["name"] == f"ProfilerStep#{step}"]
-    if match.empty:
-        recorded = ", ".join(n.removeprefix("ProfilerStep#") for n in hits["name"]) or "none"
-        raise ConfigError("step", f"must be a profiler step of the trace (recorded: {recorded})", step)
-    return float(match["start_us"].iloc[0]), float(match["end_us"].iloc[0])

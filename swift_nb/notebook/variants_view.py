@@ -9,7 +9,6 @@ from typing import Any
 
 from IPython.display import display
 
-from swift_nb.core.options import ProfileOptions
 from swift_nb.render.comparison.page import (
     CAPTIONS,
     compare_figures,
@@ -21,6 +20,7 @@ from swift_nb.render.comparison.page import (
 from swift_nb.render.sections.base import figure_outputs
 from swift_nb.rerun import Compared, compare_cell
 from swift_nb.rerun.launcher import Variant
+from swift_nb.vocabulary.options import ProfileOptions
 
 
 class Progress:

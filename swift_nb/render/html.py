@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from swift_nb.render.labels import is_missing, label, value_text
+from swift_nb.render.labels import label
+from swift_nb.render.value_text import is_missing, value_text
 
 #: the most characters a table cell shows: longer text is prose, and goes under the table
 CELL_CHARS = 80

@@ -10,7 +10,8 @@ import pandas as pd
 from swift_nb.core.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
 from swift_nb.record import FINETUNE_KEY, Run, finetune_label
 from swift_nb.render.html import cell
-from swift_nb.render.labels import is_missing, label, value_text
+from swift_nb.render.labels import label
+from swift_nb.render.value_text import is_missing, value_text
 
 #: what the run's energy and cost come to, where its summary records them
 ENERGY_KEYS = (

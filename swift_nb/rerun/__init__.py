@@ -18,11 +18,11 @@ import pandas as pd
 
 from swift_nb.analysis.comparison.variants import compare_runs
 from swift_nb.api import findings_of
-from swift_nb.core.options import ProfileOptions
 from swift_nb.record import COMPARE_FILE, Run, default_root, load_run
 from swift_nb.render.comparison.page import write_compare
 from swift_nb.rerun.history import SKIP_MARK, install, replay_cells
 from swift_nb.rerun.launcher import Outcome, RerunBusyError, Variant, Worker, parse_variants, run_variants
+from swift_nb.vocabulary.options import ProfileOptions
 
 __all__ = [
     "SKIP_MARK",

@@ -34,10 +34,10 @@ from typing import Any
 import psutil
 
 from swift_nb import vocabulary
-from swift_nb.core.options import ProfileOptions
 from swift_nb.record import RUN_FILE, load_run, new_run_id, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
 from swift_nb.toggles import Toggle, get
+from swift_nb.vocabulary.options import ProfileOptions
 
 WORKER_ENV = "SWIFT_NB_RERUN_WORKER"  # set inside workers: a replayed cell never starts reruns
 DEFAULT_TIMEOUT_S = float(os.environ.get("SWIFT_NB_RERUN_TIMEOUT_S", 3600))

@@ -26,6 +26,7 @@ from swift_nb.analysis.operators import compiling_steps
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
 from swift_nb.analysis.trace.tables import Trace, per_name, per_value
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.record import FINETUNE_KEY, Run
 
@@ -447,7 +448,9 @@ def _loader(trace: Trace, bd: pd.DataFrame, ops: pd.DataFrame, run: Run, traced_
     samples = []
     for tid, start, end, step in spans[["tid", "ts_us", "end_us", "step"]].itertuples(index=False):
         inside = ops[(ops["tid"] == tid) & (ops["ts_us"] >= start) & (ops["end_us"] <= end)]
-        ops_s[step] = ops_s.get(step, 0.0) + tn.length(tn.union(inside["ts_us"], inside["end_us"])) / 1e6
+        ops_s[step] = (
+            ops_s.get(step, 0.0) + intervals.length(intervals.union(inside["ts_us"], inside["end_us"])) / 1e6
+        )
         stacks = inside[
             (inside["name"] == tn.COLLATE_STACK) & inside["input_types"].str.startswith("['TensorList'")
         ]

@@ -40,8 +40,8 @@ from swift_nb.analysis.effects import OPTIMIZERS
 from swift_nb.analysis.forecast.measure import PARTS, Measured, ScoreBytes, measure
 from swift_nb.analysis.forecast.predict import forecast
 from swift_nb.analysis.forecast.result import Forecast
-from swift_nb.analysis.forecast.spec import parse_forecast_spec, parse_toggles
 from swift_nb.core.devices import DEVICES, resolve_device
+from swift_nb.vocabulary.forecast_spec import parse_forecast_spec, parse_toggles
 
 __all__ = [
     "DEVICES",

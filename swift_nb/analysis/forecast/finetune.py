@@ -22,9 +22,9 @@ from typing import Any
 from swift_nb.analysis import effects
 from swift_nb.analysis.effects import LoRA
 from swift_nb.analysis.forecast.measure import Measured
-from swift_nb.analysis.forecast.spec import DTYPE_BYTES
 from swift_nb.core.errors import ConfigError
 from swift_nb.core.units import fmt_bytes
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
 
 Layers = dict[tuple[int, int], int]  # (out, in) → how many
 

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.forecast.spec import DTYPE_BYTES, dtype_name
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.scores import SDPA, ScoreTimeline, eager_attention, first_backward_us
 from swift_nb.analysis.throughput import batch_and_seq
@@ -23,6 +22,7 @@ from swift_nb.analysis.trace.shapes import input_dims
 from swift_nb.analysis.trace.tables import Trace, load_trace, parse_events
 from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES, dtype_name
 
 
 @dataclass

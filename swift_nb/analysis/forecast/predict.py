@@ -19,11 +19,11 @@ from swift_nb.analysis.forecast.growth import growth
 from swift_nb.analysis.forecast.measure import Measured, measure
 from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
-from swift_nb.analysis.forecast.spec import dtype_name, parse_toggles, toggle_label
 from swift_nb.core.devices import DEFAULT_DEVICE, ENV_PRICE_PER_HOUR, Device, price_of, resolve_device
 from swift_nb.core.errors import ConfigError
 from swift_nb.core.units import fmt_bytes, fmt_seconds
 from swift_nb.record import Run, finetune_label
+from swift_nb.vocabulary.forecast_spec import dtype_name, parse_toggles, toggle_label
 
 #: How far off the total is expected to be (± %). Forecasts of another batch, sequence,
 #: dtype or optimizer came within 0.5 % of the measured peak in benchmarks/forecast.py

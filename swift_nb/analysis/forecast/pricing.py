@@ -21,10 +21,10 @@ from swift_nb.analysis.forecast.finetune import Adapters
 from swift_nb.analysis.forecast.growth import Growth
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.result import Config, Peak
-from swift_nb.analysis.forecast.spec import DTYPE_BYTES
 from swift_nb.core.errors import ConfigError
 from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
 
 
 def _n(x: float) -> str:

@@ -15,6 +15,7 @@ import pandas as pd
 from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.device import device_work
 from swift_nb.analysis.trace.tables import Trace, load_trace, per_name
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
 #: allocations an OOM's place shows, the last ones before the failure
@@ -48,7 +49,7 @@ def launch_gap(trace: Trace) -> tuple[float, float] | None:
     work = work[work["step"] >= 0]
     if len(work) < 2:
         return None
-    busy = tn.union(work["ts_us"].to_numpy(), work["end_us"].to_numpy())
+    busy = intervals.union(work["ts_us"].to_numpy(), work["end_us"].to_numpy())
     gaps = busy[1:, 0] - busy[:-1, 1]
     if not len(gaps):
         return None

@@ -473,3 +473,16 @@ def _ranks(n: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["ITEM_COLUMNS", "STEPS_TRACK", "Timeline"]
+
+
+def step_window(tl: Timeline, step: int) -> tuple[float, float]:
+    """Profiler step ``step``'s span on the timeline's step band (µs); a ``ConfigError``
+    naming the recorded steps when the trace has no such step."""
+    hits = tl.search(tn.STEP_PREFIX)
+    hits = hits[hits["track"] == STEPS_TRACK]
+    steps = hits["name"].map(tn.step_of)
+    match = hits[steps == step]
+    if match.empty:
+        recorded = ", ".join(str(s) for s in steps.dropna().astype(int)) or "none"
+        raise ConfigError("step", f"must be a profiler step of the trace (recorded: {recorded})", step)
+    return float(match["start_us"].iloc[0]), float(match["end_us"].iloc[0])

@@ -16,6 +16,7 @@ import pandas as pd
 from swift_nb.analysis.device import device_work
 from swift_nb.analysis.timeline.query import Timeline
 from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events, per_name
+from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.core.errors import RecordError
 from swift_nb.record import Run
@@ -30,24 +31,24 @@ def rank_states(trace: Trace) -> list[tuple[str, np.ndarray]]:
     profiler steps."""
     if trace.steps.empty:
         return []
-    steps = tn.union(trace.steps["start_us"].to_numpy(), trace.steps["end_us"].to_numpy())
+    steps = intervals.union(trace.steps["start_us"].to_numpy(), trace.steps["end_us"].to_numpy())
     work = device_work(trace)
     if len(work):
         origin = float(trace.events["ts_us"].min())
         comm_mask = work["comm"].to_numpy(dtype=bool)
         t0, t1 = work["ts_us"].to_numpy() + origin, work["end_us"].to_numpy() + origin
-        busy = tn.union(t0[~comm_mask], t1[~comm_mask])
-        comm = tn.union(t0[comm_mask], t1[comm_mask])
+        busy = intervals.union(t0[~comm_mask], t1[~comm_mask])
+        comm = intervals.union(t0[comm_mask], t1[comm_mask])
     else:
         ev = trace.events
         loop = ev["tid"].astype(str).to_numpy() == str(trace.steps["tid"].iloc[0])
         is_comm = per_name(trace, tn.is_collective) & loop
         ops = (ev["cat"] == "cpu_op").to_numpy() & loop & ~is_comm
-        busy = tn.union(ev["ts_us"].to_numpy()[ops], ev["end_us"].to_numpy()[ops])
-        comm = tn.union(ev["ts_us"].to_numpy()[is_comm], ev["end_us"].to_numpy()[is_comm])
-    busy = tn.intersect(busy, steps)
-    comm = tn.subtract(tn.intersect(comm, steps), busy)
-    idle = tn.subtract(tn.subtract(steps, busy), comm)
+        busy = intervals.union(ev["ts_us"].to_numpy()[ops], ev["end_us"].to_numpy()[ops])
+        comm = intervals.union(ev["ts_us"].to_numpy()[is_comm], ev["end_us"].to_numpy()[is_comm])
+    busy = intervals.intersect(busy, steps)
+    comm = intervals.subtract(intervals.intersect(comm, steps), busy)
+    idle = intervals.subtract(intervals.subtract(steps, busy), comm)
     return [("busy", busy), ("communicating", comm), ("idle", idle)]
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swift_nb.core.trace_names import AUTOGRAD_PREFIX, step_of, union
+from swift_nb.core.intervals import union
+from swift_nb.core.trace_names import AUTOGRAD_PREFIX, step_of
 from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
 
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}

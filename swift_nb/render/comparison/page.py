@@ -22,7 +22,8 @@ from swift_nb.render.comparison.run_diff import diff_html
 from swift_nb.render.figures import figure_png, new_figure
 from swift_nb.render.fonts import shown
 from swift_nb.render.html import CSP, STYLE, cell, empty, figure_html, is_missing
-from swift_nb.render.labels import label, value_text
+from swift_nb.render.labels import label
+from swift_nb.render.value_text import value_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

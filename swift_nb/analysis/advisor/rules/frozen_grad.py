@@ -26,8 +26,8 @@ from typing import Any
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds, finetune
 from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.words import pct
-from swift_nb.analysis.forecast.spec import DTYPE_BYTES
 from swift_nb.core.units import fmt_bytes
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
 
 #: parameters requiring grad that no optimizer holds, as a share of those requiring grad
 UNTRAINED_SHARE = 0.05

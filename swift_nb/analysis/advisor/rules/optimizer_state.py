@@ -28,8 +28,8 @@ from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.rules import activations
 from swift_nb.analysis.advisor.words import pct
 from swift_nb.analysis.forecast.finetune import adapted_layers
-from swift_nb.analysis.forecast.spec import DTYPE_BYTES
 from swift_nb.core.units import fmt_bytes
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
 
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:

@@ -9,6 +9,8 @@ the capture session is built from it alone. A new option is one field here.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import math
 import os
 import re
@@ -17,7 +19,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from os import PathLike
 from typing import Any, NoReturn
 
-from swift_nb.core.errors import ConfigError
+from swift_nb.core.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH, check_price
+from swift_nb.core.errors import ConfigError, MissingDependencyError
+from swift_nb.vocabulary.forecast_spec import parse_forecast_spec
 
 
 def _opt(default: Any, flag: str, help: str, metavar: str | None = None) -> Any:
@@ -137,15 +141,11 @@ class ProfileOptions:
             raise ConfigError("forecast", "must be configurations as text, one string each", self.forecast)
         object.__setattr__(self, "forecast", tuple(specs))
         # Only the grammar of each line is read here (a pure function, no analysis runs).
-        from swift_nb.analysis.forecast import parse_forecast_spec
 
         for spec in self.forecast:
             parse_forecast_spec(spec)
 
     def _check_money(self) -> None:
-        from swift_nb.analysis.cost import check_price
-        from swift_nb.core.devices import ENV_PRICE_PER_HOUR, ENV_PRICE_PER_KWH
-        from swift_nb.trackers import parse_log_to
 
         for name in ("price_per_hour", "price_per_kwh"):
             object.__setattr__(self, name, check_price(name, getattr(self, name)))
@@ -273,3 +273,37 @@ def _whole(name: str, value: Any, low: int) -> None:
 
 def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
+
+
+# -- where a finished run is sent (--log-to) ----------------------------------------------
+
+#: the trackers a run can be sent to → the module each needs
+TARGETS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
+
+
+def parse_log_to(spec: str, check_installed: bool = False) -> tuple[str, dict[str, str]]:
+    """``"tensorboard:log_dir=runs"`` → ``("tensorboard", {"log_dir": "runs"})``; a tracker
+    not in ``TARGETS`` is a ``ConfigError``, and (``check_installed``) one whose library is
+    missing a ``MissingDependencyError`` (an ``ImportError``) naming its extra."""
+    name, _, args = spec.strip().partition(":")
+    name = name.strip().lower()
+    if name not in TARGETS:
+        raise ConfigError("log_to", f"must be one of {', '.join(TARGETS)} (with ':key=value,...')", spec)
+    kwargs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in args.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError("log_to", f"arguments are key=value pairs, as '{name}:log_dir=runs'", spec)
+        kwargs[key.strip()] = value.strip()
+    if check_installed:
+        require_tracker(name, find_only=True)
+    return name, kwargs
+
+
+def require_tracker(name: str, find_only: bool = False) -> Any:
+    module = TARGETS[name]
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(
+            f"exporting to {name} needs the {module} package: pip install 'swift_nb[{name}]'"
+        )
+    return None if find_only else importlib.import_module(module)

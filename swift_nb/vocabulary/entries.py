@@ -1,0 +1,275 @@
+"""Every toggle's entry (``TOGGLES``), in the order menus and help list them, and the
+look-ups everything that names a toggle uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from swift_nb.core.errors import ConfigError
+from swift_nb.vocabulary.schema import Entry, Param, at_least, between, between_float, positive, valid_regex
+
+_GALORE_PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
+_LORA_PARAMS = (
+    Param("r", int, 8, "rank of the adapters", at_least(1), aliases=("rank",)),
+    Param("alpha", float, 16.0, "scaling numerator (the update is scaled by alpha / r)", positive),
+    Param(
+        "targets",
+        str,
+        "auto",
+        "modules to adapt: auto (the attention and MLP linear layers) or names, '|'-separated",
+        aliases=("target_modules",),
+    ),
+    Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
+)
+
+#: Every toggle, in the order menus and help list them. A new toggle is one entry here
+#: and, when it can be applied, its file under ``swift_nb/toggles/``.
+TOGGLES: dict[str, Entry] = {
+    e.id: e
+    for e in (
+        Entry(
+            "flash_attention",
+            "FlashAttention",
+            flag="flash-attn",
+            help="route attention to fused (flash) kernels for this run",
+            implementation="swift_nb.toggles.flash_attention:FlashAttention",
+            forecast_error_pct=5.0,  # benchmark: −4.1 % and −6.6 % (the fused kernel's own buffers)
+        ),
+        Entry(
+            "grad_checkpointing",
+            "gradient checkpointing",
+            (Param("every_n", int, 1, "checkpoint every n-th block", at_least(1), aliases=("n",)),),
+            flag="grad-ckpt",
+            help="activation checkpointing on the repeated blocks for this run",
+            metavar="every_n=N",
+            implementation="swift_nb.toggles.grad_checkpointing:GradCheckpointing",
+            forecast_error_pct=5.0,  # benchmark: +5.9 % and +5.8 % (blocks taken as equal)
+        ),
+        Entry(
+            "lora",
+            "LoRA",
+            _LORA_PARAMS,
+            flag="lora",
+            help="LoRA adapters (peft) on the cell's model for this run; the optimizers train only them",
+            metavar="r=8,alpha=16,targets=auto,dropout=0",
+            implementation="swift_nb.toggles.lora:LoRA",
+            forecast_error_pct=5.0,  # the adapters' own activations (x @ A) are estimated
+            label_params=("r",),
+        ),
+        Entry(
+            "qlora",
+            "QLoRA",
+            _LORA_PARAMS,
+            flag="qlora",
+            help="4-bit NF4 base (bitsandbytes, CUDA only) plus LoRA adapters for this run",
+            metavar="r=8,alpha=16,targets=auto,dropout=0",
+            implementation="swift_nb.toggles.lora:QLoRA",
+            forecast_error_pct=10.0,  # dequantized weight copies in forward and backward
+            label_params=("r",),
+        ),
+        Entry(
+            "galore",
+            "GaLore",
+            (
+                Param("rank", int, 128, "rank of the gradient projection", at_least(1), aliases=("r",)),
+                Param(
+                    "update_proj_gap",
+                    int,
+                    200,
+                    "steps between projection updates",
+                    at_least(1),
+                    aliases=("gap",),
+                ),
+                Param("scale", float, 0.25, "scale of the projected update", positive),
+                Param(
+                    "proj_type", str, "std", "projection side", aliases=("proj",), choices=_GALORE_PROJ_TYPES
+                ),
+                Param(
+                    "target", str, None, "regex on module paths of the Linear layers to project", valid_regex
+                ),
+            ),
+            flag="galore",
+            help="GaLore AdamW in place of Adam/AdamW for this run (needs galore-torch)",
+            metavar="rank=R,gap=G,scale=S,proj_type=std,target=REGEX",
+            implementation="swift_nb.toggles.galore:GaLore",
+            label_params=("rank",),
+        ),
+        Entry(
+            "sequence_parallel",
+            "Sequence parallelism",
+            (
+                Param(
+                    "sp_size",
+                    int,
+                    2,
+                    "ranks the sequence is split over (= worker processes)",
+                    at_least(2),
+                    aliases=("sp",),
+                ),
+                Param(
+                    "sp_mode",
+                    str,
+                    "ulysses",
+                    "ulysses (all-to-all of heads; heads divisible by sp_size) or ring (K/V passed around)",
+                    aliases=("mode",),
+                    choices=("ulysses", "ring"),
+                ),
+                Param(
+                    "ring_chunk_size",
+                    int,
+                    None,
+                    "tokens per ring-attention tile (default: the whole shard)",
+                    at_least(1),
+                    aliases=("chunk_size",),
+                ),
+            ),
+            flag="sequence-parallel",
+            help="split the sequence over sp_size ranks (only inside a multi-process rerun: use it in --compare)",
+            metavar="sp_size=2,sp_mode=ulysses|ring,ring_chunk_size=N",
+            implementation="swift_nb.toggles.sequence_parallel:SequenceParallel",
+            processes="sp_size",
+            label_params=("sp_size",),
+            forecast_error_pct=10.0,  # communication buffers and the attention's own layout
+        ),
+        Entry(
+            "bf16_autocast",
+            "bf16 autocast",
+            flag="bf16",
+            help="autocast the cell to bfloat16 (CPU and CUDA) for this run",
+            implementation="swift_nb.toggles.bf16_autocast:BF16Autocast",
+            forecast_error_pct=15.0,  # which ops autocast keeps in fp32 differs by model and device
+        ),
+        Entry(
+            "zero",
+            "ZeRO",
+            (
+                Param(
+                    "stage",
+                    int,
+                    1,
+                    "1: optimizer state, 2: + gradients, 3: + parameters sharded",
+                    between(1, 3),
+                ),
+            ),
+            forecast_error_pct=5.0,  # gathered and bucketed copies
+            label_params=("stage",),
+        ),
+        Entry(
+            "torch_compile",
+            "torch.compile",
+            (
+                Param(
+                    "mode",
+                    str,
+                    "default",
+                    "torch.compile's mode",
+                    choices=("default", "reduce-overhead", "max-autotune"),
+                ),
+                Param(
+                    "dynamic",
+                    bool,
+                    None,
+                    "true: compile for dynamic shapes from the start; false: one graph per shape; "
+                    "unset: torch decides after the first size change",
+                ),
+                Param(
+                    "backend",
+                    str,
+                    "inductor",
+                    "inductor (generated kernels; needs a C++ compiler on CPU), aot_eager or eager "
+                    "(graphs only, no code generation)",
+                    choices=("inductor", "aot_eager", "eager"),
+                ),
+            ),
+            flag="compile",
+            help="torch.compile the models the cell uses for this run (restored after)",
+            metavar="mode=default|reduce-overhead|max-autotune,dynamic=true|false",
+            implementation="swift_nb.toggles.torch_compile:TorchCompile",
+            forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
+        ),
+        Entry(
+            "fsdp",
+            "FSDP",
+            (
+                Param(
+                    "world_size",
+                    int,
+                    2,
+                    "ranks the model is sharded over (= worker processes)",
+                    at_least(2),
+                    aliases=("ws",),
+                ),
+            ),
+            help="FSDP2 fully_shard on the repeated blocks and the root, over world_size ranks (in --compare)",
+            metavar="world_size=2",
+            implementation="swift_nb.toggles.fsdp:FSDP",
+            processes="world_size",
+            forecast_error_pct=10.0,  # gathered blocks, padding of the shards
+        ),
+        Entry(
+            "ddp",
+            "DDP",
+            (
+                Param(
+                    "world_size",
+                    int,
+                    2,
+                    "ranks the model is replicated on (= worker processes)",
+                    at_least(2),
+                    aliases=("ws",),
+                ),
+            ),
+            help="DistributedDataParallel on world_size ranks (in --compare)",
+            metavar="world_size=2",
+            implementation="swift_nb.toggles.ddp:DDP",
+            processes="world_size",
+            forecast_error_pct=5.0,  # the gradient buckets
+        ),
+    )
+}
+
+
+def register(entry: Entry) -> Entry:
+    """Add ``entry`` to the vocabulary (a new toggle, or one a test defines)."""
+    if entry.id in TOGGLES:
+        raise ValueError(f"a toggle named {entry.id!r} exists already")
+    TOGGLES[entry.id] = entry
+    return entry
+
+
+def unregister(toggle_id: str) -> None:
+    TOGGLES.pop(toggle_id, None)
+
+
+def entry(toggle_id: str, runnable: bool = False) -> Entry:
+    """The entry of ``toggle_id``; ConfigError for an unknown one (or, with ``runnable``,
+    one that only the forecast understands)."""
+    known = runnable_ids() if runnable else list(TOGGLES)
+    found = TOGGLES.get(str(toggle_id).strip())
+    if found is None or found.id not in known:
+        raise ConfigError("toggle", f"must be one of {', '.join(known)}", toggle_id)
+    return found
+
+
+def runnable_ids() -> list[str]:
+    """The toggles that can be applied to a run (not only forecast)."""
+    return [e.id for e in TOGGLES.values() if e.runnable]
+
+
+def flagged() -> list[Entry]:
+    """The entries with a magic flag, in order."""
+    return [e for e in TOGGLES.values() if e.flag is not None]
+
+
+def flag_of(toggle_id: str) -> str | None:
+    """``galore`` → ``--galore``; None when the toggle has no flag."""
+    e = TOGGLES.get(toggle_id)
+    return None if e is None or e.flag is None else "--" + e.flag
+
+
+def param_flag(param: str, otherwise: Callable[[str], str]) -> str:
+    """A toggle parameter as the magic spells it in an error (``galore rank`` →
+    ``--galore rank``); other names through ``otherwise``."""
+    tid, _, rest = param.partition(" ")
+    flag = flag_of(tid)
+    return f"{flag} {rest}".strip() if flag is not None else otherwise(param)

@@ -1,0 +1,137 @@
+"""What a toggle's entry says (``Entry``), its parameters (``Param``: kind, default, help,
+check, aliases, choices) and the checks parameters share."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from swift_nb.core.errors import ConfigError
+
+_KIND = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One toggle parameter: ``kind`` converts the text of a spec (``rank=64``), ``check``
+    returns an error requirement or None; ``aliases`` are short spellings (``gap``);
+    ``choices``: the values it takes, where they are few (menus offer them)."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+    aliases: tuple[str, ...] = ()
+    choices: tuple[Any, ...] = ()
+
+    def convert(self, value: Any) -> Any:
+        if isinstance(value, str) and self.kind is not str:
+            text = value.strip()
+            try:
+                if self.kind is bool:
+                    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                        raise ValueError(text)
+                    value = text.lower() in ("1", "true", "yes")
+                else:
+                    value = self.kind(text)
+            except ValueError:
+                raise ConfigError(self.name, f"must be {_KIND[self.kind]}", value) from None
+        elif self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif value is not None and not isinstance(value, self.kind):
+            raise ConfigError(self.name, f"must be {_KIND[self.kind]}", value)
+        if value is not None and self.choices and value not in self.choices:
+            raise ConfigError(self.name, f"must be one of {', '.join(map(str, self.choices))}", value)
+        if value is not None and self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise ConfigError(self.name, problem, value)
+        return value
+
+
+def at_least(n: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be ≥ {n}"
+
+
+def between(lo: int, hi: int) -> Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
+
+
+def between_float(lo: float, hi: float) -> Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo:g} and {hi:g}"
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def valid_regex(v: str) -> str | None:
+    try:
+        re.compile(v)
+    except re.error as e:
+        return f"must be a regular expression ({e})"
+    return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A toggle's words. ``flag``: the magic's flag without dashes (``flash-attn``; None:
+    no flag); ``help`` and ``metavar``: its help; ``implementation``: ``module:Class`` of the
+    toggle that applies it (None: the forecast alone knows it); ``forecast_error_pct``: how
+    far off (± %) a forecast with this toggle may be beyond the base error; ``processes``:
+    the parameter that sets how many worker processes a rerun with it launches (one per
+    rank), when it needs several; ``process_choices``: the counts a menu offers;
+    ``label_params``: parameters a forecast's label names even at their default."""
+
+    id: str
+    title: str
+    params: tuple[Param, ...] = ()
+    flag: str | None = None
+    help: str = ""
+    metavar: str = ""
+    implementation: str | None = None
+    forecast_error_pct: float = 0.0
+    processes: str | None = None
+    label_params: tuple[str, ...] = ()
+    process_choices: tuple[int, ...] = (2, 4, 8)
+
+    @property
+    def dest(self) -> str | None:
+        """The magic's argparse destination of ``flag`` (``flash_attn``)."""
+        return None if self.flag is None else self.flag.replace("-", "_")
+
+    @property
+    def runnable(self) -> bool:
+        return self.implementation is not None
+
+    def param(self, key: str) -> Param | None:
+        """The parameter named ``key`` or one of its aliases."""
+        return next((p for p in self.params if key == p.name or key in p.aliases), None)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Full parameter values from ``values`` (names or aliases; text or typed); a
+        ConfigError names the first bad one."""
+        out = self.defaults()
+        for key, value in values.items():
+            p = self.param(key)
+            if p is None:
+                known = ", ".join(p.name for p in self.params) or "none"
+                raise ConfigError(
+                    f"{self.id} {key}", f"is not a parameter of {self.id} (known: {known})", value
+                )
+            try:
+                out[p.name] = p.convert(value)
+            except ConfigError as e:
+                raise ConfigError(f"{self.id} {key}", e.requirement, e.value) from None
+        return out
+
+    def changed(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The values that differ from their defaults (None values left out)."""
+        defaults = self.defaults()
+        return {k: v for k, v in values.items() if v is not None and v != defaults.get(k)}
