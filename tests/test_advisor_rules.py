@@ -206,6 +206,21 @@ def test_a_new_rule_is_one_file_and_one_line(monkeypatch):
     assert [f.id for f in advisor.findings(_evidence(), TH, {})] == ["slow_step"]
 
 
+def test_every_rule_file_is_registered_itself_or_as_the_rule_another_replaces():
+    """One rule = one file + one line: a file under rules/ is in RULES, or named by the
+    ``replaces=`` of a rule that is; a rule whose file is not is a rumour."""
+    import pkgutil
+
+    from swift_nb.analysis.advisor import rules
+
+    files = {f"{rules.__name__}.{m.name}" for m in pkgutil.iter_modules(rules.__path__)}
+    assert files and files == registry.registered_modules()
+    replaced = {r.replaces.__module__ for r in registry.RULES if getattr(r, "replaces", None) is not None}
+    assert replaced == {f"{rules.__name__}.overhead", f"{rules.__name__}.activations"}
+    # a replaced rule is not run again beside the rule that replaces it
+    assert not replaced & {r.rule.__module__ for r in registry.RULES}
+
+
 @pytest.mark.parametrize("kind_share", [0.0, 0.25])
 def test_verdict_reasons_quote_their_own_numbers(kind_share):
     ev = _evidence(shares={"data": kind_share}, loader=Loader(data_s=kind_share * 0.1, in_workers=False))
