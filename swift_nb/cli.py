@@ -43,83 +43,9 @@ OK, FAILED, USAGE = 0, 1, 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="swift-nb",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_list = sub.add_parser("list", help="recent runs, newest first")
-    p_list.add_argument(
-        "root",
-        nargs="?",
-        default=None,
-        help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)",
-    )
-    p_list.add_argument("-n", type=int, default=20, help="how many runs (default 20)")
-    p_show = sub.add_parser("show", help="summary of one run (and the traceback of a failed one)")
-    p_show.add_argument("run_dir")
-    p_report = sub.add_parser("report", help="analyze a run folder and write its report.html")
-    p_report.add_argument("run_dir")
-    _price_flags(p_report)
-    p_cmp = sub.add_parser("compare", help="compare runs side by side (the first is the baseline)")
-    p_cmp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p_cmp.add_argument(
-        "-o", "--out", default=None, help=f"where to write the page (default RUN_DIR/{COMPARE_FILE})"
-    )
-    p_diff = sub.add_parser(
-        "diff",
-        help="what changed from run A to run B: environment, step time, memory, kernels and operators "
-        "per step; with limits, a gate for CI",
-    )
-    p_diff.add_argument("run_a", metavar="A", help="the reference run's folder")
-    p_diff.add_argument("run_b", metavar="B", help="the run checked against it")
-    for what in ("step", "memory"):
-        p_diff.add_argument(
-            f"--max-{what}-regression-pct",
-            type=_limit,
-            default=None,
-            metavar="PCT",
-            help=f"exit 1 when B's {'median step time' if what == 'step' else 'peak tensor memory'} "
-            f"is more than PCT %% above A's",
-        )
-    p_diff.add_argument(
-        "--rows", type=_rows, default=SHOWN_ROWS, help=f"changes shown, largest first (default {SHOWN_ROWS})"
-    )
-    p_import = sub.add_parser(
-        "import",
-        help="turn torch.profiler traces (.json/.json.gz, one per rank, or folders of them) into a run",
-    )
-    p_import.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders of them")
-    p_import.add_argument(
-        "-o", "--out", default=None, help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)"
-    )
-    p_import.add_argument("--label", default=None, help="a name for the run")
-    p_import.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="a Dask scheduler (tcp://HOST:8786) whose workers read the ranks; they must see the traces "
-        "and the output folder at the same paths (pip install 'swift_nb[cluster]')",
-    )
-    _price_flags(p_import)
-    p_export = sub.add_parser(
-        "export",
-        help="send a run to an experiment tracker: summary, per-step series, findings, report and trace",
-    )
-    p_export.add_argument("run_dir")
-    p_export.add_argument("--to", required=True, choices=sorted(TARGETS), help="the tracker")
-    p_export.add_argument(
-        "--tracking-uri", default=None, help="mlflow: the tracking URI (sqlite:///mlflow.db, http://…)"
-    )
-    p_export.add_argument("--experiment-name", default=None, help="mlflow: the experiment (made if missing)")
-    p_export.add_argument("--dir", default=None, help="wandb: the folder of its local files")
-    p_export.add_argument("--project", default=None, help="wandb: the project (default swift_nb)")
-    p_export.add_argument(
-        "--log-dir", default=None, help="tensorboard: the event folder (default runs/RUN_ID)"
-    )
-    args = parser.parse_args(argv)
+    """``swift-nb COMMAND ...``: the exit status (0 ok, 1 a gate failed or a run could not be
+    read, 2 bad usage)."""
+    args = _parser().parse_args(argv)
     if args.command == "import":
         return _import(args.traces, args.out, args.label, args.scheduler, _prices(args))
     if args.command == "list":
@@ -145,6 +71,98 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return _export(loaded[0], args)
     return _show(loaded[0])
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swift-nb",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="recent runs, newest first")
+    p_list.add_argument(
+        "root",
+        nargs="?",
+        default=None,
+        help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)",
+    )
+    p_list.add_argument("-n", type=int, default=20, help="how many runs (default 20)")
+    p_show = sub.add_parser("show", help="summary of one run (and the traceback of a failed one)")
+    p_show.add_argument("run_dir")
+    p_report = sub.add_parser("report", help="analyze a run folder and write its report.html")
+    p_report.add_argument("run_dir")
+    _price_flags(p_report)
+    p_cmp = sub.add_parser("compare", help="compare runs side by side (the first is the baseline)")
+    p_cmp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p_cmp.add_argument(
+        "-o", "--out", default=None, help=f"where to write the page (default RUN_DIR/{COMPARE_FILE})"
+    )
+    _add_diff(sub)
+    _add_import(sub)
+    _add_export(sub)
+    return parser
+
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    p_diff = sub.add_parser(
+        "diff",
+        help="what changed from run A to run B: environment, step time, memory, kernels and operators "
+        "per step; with limits, a gate for CI",
+    )
+    p_diff.add_argument("run_a", metavar="A", help="the reference run's folder")
+    p_diff.add_argument("run_b", metavar="B", help="the run checked against it")
+    for what in ("step", "memory"):
+        p_diff.add_argument(
+            f"--max-{what}-regression-pct",
+            type=_limit,
+            default=None,
+            metavar="PCT",
+            help=f"exit 1 when B's {'median step time' if what == 'step' else 'peak tensor memory'} "
+            f"is more than PCT %% above A's",
+        )
+    p_diff.add_argument(
+        "--rows", type=_rows, default=SHOWN_ROWS, help=f"changes shown, largest first (default {SHOWN_ROWS})"
+    )
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p_import = sub.add_parser(
+        "import",
+        help="turn torch.profiler traces (.json/.json.gz, one per rank, or folders of them) into a run",
+    )
+    p_import.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders of them")
+    p_import.add_argument(
+        "-o", "--out", default=None, help="folder of run folders (default $SWIFT_NB_DIR or ./swift_nb_runs)"
+    )
+    p_import.add_argument("--label", default=None, help="a name for the run")
+    p_import.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="a Dask scheduler (tcp://HOST:8786) whose workers read the ranks; they must see the traces "
+        "and the output folder at the same paths (pip install 'swift_nb[cluster]')",
+    )
+    _price_flags(p_import)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p_export = sub.add_parser(
+        "export",
+        help="send a run to an experiment tracker: summary, per-step series, findings, report and trace",
+    )
+    p_export.add_argument("run_dir")
+    p_export.add_argument("--to", required=True, choices=sorted(TARGETS), help="the tracker")
+    p_export.add_argument(
+        "--tracking-uri", default=None, help="mlflow: the tracking URI (sqlite:///mlflow.db, http://…)"
+    )
+    p_export.add_argument("--experiment-name", default=None, help="mlflow: the experiment (made if missing)")
+    p_export.add_argument("--dir", default=None, help="wandb: the folder of its local files")
+    p_export.add_argument("--project", default=None, help="wandb: the project (default swift_nb)")
+    p_export.add_argument(
+        "--log-dir", default=None, help="tensorboard: the event folder (default runs/RUN_ID)"
+    )
 
 
 def _price_flags(parser: argparse.ArgumentParser) -> None:

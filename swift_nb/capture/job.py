@@ -288,8 +288,31 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
     job_run.notes.extend(_group_notes(others, run0.notes))
     job_run.notes.extend(notes)
     missing = [r for r in range(world) if r not in parts]
-    # "crashed": a running record whose process is gone (record.status_as_found)
     never_done = [r for r, p in parts.items() if p["row"]["status"] in ("running", "crashed")]
+    _note_absent_ranks(job_run, parts, missing, never_done)
+    statuses = [p["row"]["status"] for p in parts.values()]
+    job_run.status = _worst(statuses + (["failed"] if never_done else []))
+    nodes = sorted({(p["row"]["node_rank"], p["row"]["host"]) for p in parts.values()})
+    job_run.context.update(
+        world_size=world,
+        nnodes=len({n for n, _ in nodes}) or 1,
+        nodes=[{"node_rank": n, "host": h} for n, h in nodes],
+        ranks_reported=sorted(parts),
+        missing_ranks=missing,
+    )
+    layouts = [p["layout"] for _, p in sorted(parts.items()) if p.get("layout")]
+    if layouts:
+        job_run.context["layout"] = layouts[0]
+    job_run.summary["world_size"] = world
+    return job_run
+
+
+def _note_absent_ranks(
+    job_run: Run, parts: dict[int, dict[str, Any]], missing: list[int], never_done: list[int]
+) -> None:
+    """Notes on the ranks that never arrived, those that did not finish (a running record
+    whose process is gone is "crashed": ``record.status_as_found``), and those that ran out
+    of memory, whose first post-mortem becomes the job's."""
     if missing:
         job_run.notes.append(
             f"{fmt_ranks(missing)} never arrived: no data from "
@@ -309,21 +332,6 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
         job_run.notes.append(
             f"{fmt_ranks(oom_ranks)} ran out of memory; the post-mortem shown is rank {oom_ranks[0]}'s"
         )
-    statuses = [p["row"]["status"] for p in parts.values()]
-    job_run.status = _worst(statuses + (["failed"] if never_done else []))
-    nodes = sorted({(p["row"]["node_rank"], p["row"]["host"]) for p in parts.values()})
-    job_run.context.update(
-        world_size=world,
-        nnodes=len({n for n, _ in nodes}) or 1,
-        nodes=[{"node_rank": n, "host": h} for n, h in nodes],
-        ranks_reported=sorted(parts),
-        missing_ranks=missing,
-    )
-    layouts = [p["layout"] for _, p in sorted(parts.items()) if p.get("layout")]
-    if layouts:
-        job_run.context["layout"] = layouts[0]
-    job_run.summary["world_size"] = world
-    return job_run
 
 
 def describe_error(error: BaseException | None) -> str:
