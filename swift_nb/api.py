@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ from swift_nb.render.figure_cache import FigureCache
 from swift_nb.reporting import Reported, compare, findings_of, report  # noqa: F401
 from swift_nb.toggles import Toggle, ToggleReport, build
 from swift_nb.vocabulary.options import ProfileOptions
+
+#: the options ``profile`` takes as keywords: every field of ``ProfileOptions``
+OPTION_NAMES = frozenset(f.name for f in fields(ProfileOptions))
 
 #: what the helper draws of a finished run (``_draw_elsewhere``)
 DRAW_RUN_AHEAD = f"{draw_run_ahead.__module__}:{draw_run_ahead.__name__}"
@@ -182,48 +186,100 @@ def exit_status(exc_type: type[BaseException] | None) -> str:
     return "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
 
 
+class _Default:
+    """A keyword of ``profile`` left out: the option keeps its value in ``options`` (or
+    ``ProfileOptions``'s default)."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+#: the value of an option keyword that was not given
+DEFAULT: Any = _Default()
+
+
 class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as run:`
     """Profile the enclosed code; ``as run`` gives the Run record, complete after the block
     (its folder then also holds ``report.html``; ``self.analysis`` the analyses).
 
-    Options are the fields of ``ProfileOptions``, given as keywords (``wait``, ``warmup``,
-    ``active``, ``repeat``, ``record_shapes``, ``profile_memory``, ``with_stack``,
-    ``count_flops``, ``interval_ms``, ``label``, ``out_dir``, ``keep``, ``run_id``,
-    ``report``, ``gather_timeout_s``, ``price_per_hour``, ``price_per_kwh``, ``log_to``) or as an ``options`` object (keywords override it);
-    the notebook magic's flags are the same options.
-    context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
-    toggles: optimizations applied for the block and undone after it — ids
-    (``"flash_attention"``, ``"galore:rank=64"``), ``{id: params}`` or toggle objects; they
-    act on the models and optimizers in ``namespace`` (default: the caller's variables) and
-    on those constructed inside the block. Their reports go to ``run.context["toggles"]``.
-    price_per_hour, price_per_kwh: USD per device-hour and per kWh, for the summary's money
-    keys (``cost_usd``, ``cost_per_1k_steps_usd``, ``idle_cost_per_1k_steps_usd``,
-    ``energy_cost_usd``: ``swift_nb.analysis.cost``). log_to: trackers the finished run is
-    sent to (``"mlflow"``, ``"wandb"``, ``"tensorboard"``: ``swift_nb.export``).
-    on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` while the block runs (a
-    step-time regression: steps 25 % slower than before, for half of 50 steps), on a
-    thread of swift_nb's own; alerts are also in ``run.notes`` and ``run.summary["alerts"]``.
+    Every option is a keyword below (the notebook magic's flags are the same options,
+    ``ProfileOptions``); a keyword left out keeps its value from ``options``, else its default.
+
+    Args:
+        options: a ``ProfileOptions`` to start from (keywords override it).
+        wait: steps skipped before profiling (default 1). A step ends at each
+            ``optimizer.step()`` or ``swift_nb.step()``.
+        warmup: steps traced then discarded (default 2).
+        active: steps recorded per profiling cycle (default 3).
+        repeat: profiling cycles; 0 cycles until the block ends (default 1).
+        record_shapes: record operators' input shapes (default True).
+        profile_memory: record tensor allocations, for memory by category (default True).
+        with_stack: record Python stacks (slower; default False).
+        count_flops: count one step's FLOPs for FLOP/s and MFU (that step runs slower).
+        interval_ms: resource sampling period in ms (default 100).
+        label: a name for the run.
+        out_dir: the folder of run folders (default ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``).
+        keep: runs kept in that folder (default ``$SWIFT_NB_KEEP`` or 20).
+        run_id: the run folder's name (default: from the time and the label).
+        report: analyze the run and write ``report.html`` when it ends (default True).
+        gather_timeout_s: in a torchrun job, the longest rank 0 waits for the other ranks, in
+            seconds (default ``$SWIFT_NB_GATHER_TIMEOUT_S`` or 25).
+        price_per_hour: USD per device-hour, for the summary's money keys (``cost_usd``,
+            ``cost_per_1k_steps_usd``, ``idle_cost_per_1k_steps_usd``: ``swift_nb.analysis.cost``).
+        price_per_kwh: USD per kWh, for ``energy_cost_usd``.
+        log_to: trackers the finished run is sent to (``"mlflow"``, ``"wandb"``,
+            ``"tensorboard"``, with arguments as ``"tensorboard:log_dir=runs"``: ``swift_nb.export``).
+        forecast: "will it fit?" configurations for the report, e.g.
+            ``"H100-80GB batch=32 seq=4096 dtype=bf16 toggles=grad_checkpointing"``.
+        context: facts to store with the run (e.g. ``{"seq_len": 2048}``).
+        source: where the profiled code came from (the magic gives the cell).
+        toggles: optimizations applied for the block and undone after it: ids
+            (``"flash_attention"``, ``"galore:rank=64"``), ``{id: params}`` or toggle objects;
+            they act on the models and optimizers in ``namespace`` (default: the caller's
+            variables) and on those constructed inside the block. Their reports go to
+            ``run.context["toggles"]``.
+        namespace: where toggles look for models and optimizers.
+        on_alert: called with each ``swift_nb.Alert`` while the block runs (a step-time
+            regression: steps 25 % slower than before, for half of 50 steps), on a thread of
+            swift_nb's own; alerts are also in ``run.notes`` and ``run.summary["alerts"]``.
+
+    Raises:
+        ConfigError: an option out of range, before anything runs.
     """
 
     def __init__(
         self,
         options: ProfileOptions | None = None,
         *,
+        wait: int = DEFAULT,
+        warmup: int = DEFAULT,
+        active: int = DEFAULT,
+        repeat: int = DEFAULT,
+        record_shapes: bool = DEFAULT,
+        profile_memory: bool = DEFAULT,
+        with_stack: bool = DEFAULT,
+        count_flops: bool = DEFAULT,
+        interval_ms: float = DEFAULT,
+        label: str | None = DEFAULT,
+        out_dir: str | PathLike[str] | None = DEFAULT,
+        keep: int | None = DEFAULT,
+        run_id: str | None = DEFAULT,
+        report: bool = DEFAULT,
+        gather_timeout_s: float | None = DEFAULT,
+        price_per_hour: float | None = DEFAULT,
+        price_per_kwh: float | None = DEFAULT,
+        log_to: tuple[str, ...] = DEFAULT,
+        forecast: tuple[str, ...] = DEFAULT,
         context: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
         toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None = None,
         namespace: Mapping[str, Any] | None = None,
         on_alert: Callable[[Alert], None] | None = None,
-        **option_fields: Any,
     ) -> None:
-        known = {f.name for f in fields(ProfileOptions)}
-        unknown = sorted(set(option_fields) - known)
-        if unknown:
-            raise TypeError(
-                f"profile() got unknown option(s) {', '.join(unknown)}; options are: {', '.join(sorted(known))}"
-            )
-        opts = (options or ProfileOptions()).replace(**option_fields) if option_fields else options
-        self.options = opts if opts is not None else ProfileOptions()
+        given = {k: v for k, v in locals().items() if k in OPTION_NAMES and v is not DEFAULT}
+        self.options = (
+            (options or ProfileOptions()).replace(**given) if given else (options or ProfileOptions())
+        )
         self.toggles = build(toggles)
         self.namespace = namespace
         self.session = Session(

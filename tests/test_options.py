@@ -3,6 +3,7 @@ rerun worker's command line map to and from it without loss."""
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from dataclasses import fields
 
@@ -60,8 +61,24 @@ def test_the_magic_parses_every_option_into_the_same_object():
 def test_profile_takes_the_same_options_by_keyword(tmp_path):
     p = swift_nb.profile(out_dir=tmp_path, active=2, count_flops=True, report=False)
     assert p.options == ProfileOptions(out_dir=str(tmp_path), active=2, count_flops=True, report=False)
-    with pytest.raises(TypeError, match=r"unknown option.*actve"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'actve'"):
         swift_nb.profile(actve=2)
+    # a keyword left out keeps the options object's value; one given overrides it
+    base = ProfileOptions(wait=5, label="base", report=False)
+    assert swift_nb.profile(base, active=2).options == base.replace(active=2)
+    assert swift_nb.profile(base, label=None).options == base.replace(label=None)
+
+
+def test_profile_signature_names_every_option_as_a_typed_keyword():
+    """IDEs and help() see each option: one keyword-only parameter per field of
+    ProfileOptions, with the field's type, and no **kwargs."""
+    params = inspect.signature(swift_nb.profile).parameters
+    assert not [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    for f in fields(ProfileOptions):
+        assert f.name in params, f.name
+        assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[f.name].annotation == f.type, f.name
+        assert f"{f.name}:" in swift_nb.profile.__doc__  # its Args: entry
 
 
 @pytest.mark.parametrize(
