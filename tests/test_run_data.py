@@ -23,7 +23,7 @@ from swift_nb.analysis.operators import op_self_times_us
 from swift_nb.analysis.run_data import run_data
 from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace.tables import load_trace, load_trace_file, parse_events, per_name, per_value
-from swift_nb.analysis.trace.tables import tables as trace_module
+from swift_nb.analysis.trace import tables as trace_module
 from swift_nb.core import trace_names as tn
 from swift_nb.record import Run, load_run
 

@@ -16,7 +16,7 @@ import pytest
 
 import swift_nb
 from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES, MAX_STRETCH, read_json_bytes
-from swift_nb.analysis.trace.tables import decode as trace_decode
+from swift_nb.analysis.trace import decode as trace_decode
 from swift_nb.analysis.trace.tables import (
     load_trace_file,
     parse_document,
