@@ -2,7 +2,7 @@
 # Every CUDA path of swift_nb on one GPU, unattended, in under 8 minutes: writes
 # OUT_DIR/gpu_check.json (what held, with its numbers), OUT_DIR/gpu_check.log (this output),
 # OUT_DIR/logs/ (each check's output) and OUT_DIR/runs/ (the run folders the checks made).
-# scripts/gpu_check.py says what each check does.
+# scripts/gpu_check/checks/ says what each check does (one file each; registry.py lists them).
 #   bash scripts/gpu_check.sh [OUT_DIR]               on a machine with an NVIDIA GPU
 #   bash scripts/gpu_check.sh --cpu-smoke OUT_DIR     the script's own test, on the CPU
 #   bash scripts/gpu_check.sh --only=lora,cuda_oom    those checks alone

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up with the test extra, lint, type-check the public API, and run the whole test suite.
-# --fast runs only the tests not marked slow (no kernel, notebook, subprocess, process group,
-# browser or profiled training loop; see tests/README.md). Other arguments go to pytest:
-#   bash scripts/test.sh --fast tests/test_forecast.py -k spec
+# Set up with the test extra, lint, type-check, run the viewer's JavaScript unit tests (node
+# --test) and the whole test suite, tier by tier (tests/README.md).
+# --fast runs the unit tier only (tests/unit: no kernel, notebook, subprocess, process group,
+# browser or profiled training loop). Other arguments go to pytest:
+#   bash scripts/test.sh --fast -k spec
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
@@ -21,10 +22,20 @@ if [ "$fast" = 0 ] && ! command -v chromium >/dev/null 2>&1; then
     exit 1
   fi
 fi
-.venv/bin/ruff check swift_nb tests benchmarks
-# the public API's type hints (files listed in pyproject.toml's [tool.mypy])
+# The viewer's pure functions are unit-tested with Node's own test runner (Debian's nodejs).
+if ! command -v node >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null
+  else
+    echo "node is missing: install it (Debian/Ubuntu: sudo apt-get install -y nodejs), then rerun" >&2
+    exit 1
+  fi
+fi
+.venv/bin/ruff check swift_nb tests benchmarks scripts
+# type hints (the files and folders listed in pyproject.toml's [tool.mypy])
 .venv/bin/mypy
-if [ "$fast" = 1 ]; then args=(-m "not slow" ${args[@]+"${args[@]}"}); fi
+node --test tests/js/
+if [ "$fast" = 1 ]; then args=(tests/unit ${args[@]+"${args[@]}"}); fi
 set +e
 .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
 rc=$?

@@ -17,6 +17,9 @@ neither the collective time nor the exposed communication (``swift_nb.analysis.c
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -52,15 +55,18 @@ def _trace_breakdown(trace: Trace) -> pd.DataFrame:
         "bwd": tn.BACKWARD,
         "own": tn.OWN,
     }
-    flags = pd.DataFrame(
-        {k: per_name(trace, lambda n, rx=rx: rx.search(n) is not None) for k, rx in kinds.items()}
-    )
+    flags = pd.DataFrame({k: per_name(trace, _found_by(rx)) for k, rx in kinds.items()})
     flags["host"] = ~ev["cat"].isin(tn.DEVICE_CATEGORIES)
     rows = []
     for step, start, end, tid in trace.steps[["step", "start_us", "end_us", "tid"]].itertuples(index=False):
         in_step = (ev["step"] == step).to_numpy()
         rows.append(_one_step(ev[in_step], flags[in_step], start, end, tid, step))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _found_by(rx: re.Pattern[str]) -> Callable[[str], bool]:
+    """``per_name``'s predicate: whether ``rx`` is found in a name."""
+    return lambda n: rx.search(n) is not None
 
 
 def _one_step(ev: pd.DataFrame, flags: pd.DataFrame, start: float, end: float, tid, step: int) -> dict:

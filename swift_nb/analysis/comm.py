@@ -266,14 +266,14 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
     issued["bytes"] = issued["bytes"].fillna(pd.Series(recorded, index=issued.index))
     issued["group"] = np.where(np.isnan(group), world, group)
     step_s = float(trace.steps["dur_us"].mean()) / 1e6
-    rows = []
+    out_rows = []
     for kind, g in issued.groupby("kind", sort=True):
         time_s = float(g["time_us"].sum()) / 1e6 / n_steps
         nbytes = float(g["bytes"].sum(min_count=1)) / n_steps  # NaN when no size is known
         wire = nbytes * _wire_factor(str(kind), int(g["group"].max()))
         spans = intervals.union(g["t0_us"].to_numpy(), (g["t0_us"] + g["time_us"]).to_numpy())
         total_us = intervals.length(spans)
-        rows.append(
+        out_rows.append(
             {
                 "rank": rank,
                 "kind": kind,
@@ -288,7 +288,7 @@ def _collectives(trace: Trace, world: int, rank: int) -> pd.DataFrame:
                 "time_source": source,
             }
         )
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(out_rows, columns=COLUMNS)
 
 
 def _inside(spans: np.ndarray, other: np.ndarray, total_us: float) -> float:

@@ -168,7 +168,9 @@ def device_summary(trace: Trace, include_last_step: bool = False, work: pd.DataF
     if work.empty:
         return dict.fromkeys(SUMMARY_KEYS)
     row = _shares(_whole_window(work), work).iloc[0]
-    out = {f"device_{k}": float(row[k]) for k in ("idle_pct", "compute_pct", "non_compute_pct")}
+    out: dict[str, float | bool | None] = {
+        f"device_{k}": float(row[k]) for k in ("idle_pct", "compute_pct", "non_compute_pct")
+    }
     overlap = row["comm_compute_overlap_pct"]
     out["comm_compute_overlap_pct"] = None if np.isnan(overlap) else float(overlap)
     out["window_s"] = float(row["window_s"])

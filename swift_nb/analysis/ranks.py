@@ -264,7 +264,7 @@ def findings_across_ranks(run: Run, analyzed: dict[int, RankAnalysis]) -> list[F
     unread = [int(r) for r in run.ranks["rank"] if int(r) not in by_rank and statuses.get(r) != "missing"]
     out = []
     for f, holds in merged.values():
-        extra = {"ranks": holds}
+        extra: dict[str, list[int] | dict[str, float]] = {"ranks": holds}
         others = [r for r in sorted(by_rank) if r not in holds]
         where = fmt_ranks(holds, world)
         if f.id in SHARE_OF_STEP:

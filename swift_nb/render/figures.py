@@ -13,6 +13,8 @@ from swift_nb.record import MEMORY_CATEGORIES, Run
 from swift_nb.render.fonts import fit_text, shown
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from matplotlib.figure import Figure
 
 PHASE_COLORS = {"warmup": "#f3e3b5", "active": "#c6dbef"}
@@ -151,7 +153,7 @@ def timeline_figure(run: Run, width_in: float = 10.0) -> Figure:
     ax_mem.set_xlabel("time since start (s)")
 
     for phase, start, end in phase_spans(steps):
-        label = f"profiler {phase}"
+        label: str | None = f"profiler {phase}"
         for ax in (ax_util, ax_mem):
             ax.axvspan(
                 start, end, color=PHASE_COLORS[phase], alpha=0.6, lw=0, label=label if ax is ax_util else None
@@ -196,7 +198,7 @@ def _empty_note(text: str, width_in: float) -> Figure:
 
 def _stacked_steps(
     x: pd.Series,
-    bars: list[tuple[str, str | None, pd.Series]],
+    bars: Sequence[tuple[str, str | None, pd.Series]],
     unit: str,
     scale: float,
     what: str,

@@ -79,6 +79,7 @@ def fmt_si(value: float | None, unit: str) -> str:
     """``value`` with an SI prefix: ``fmt_si(3.2e12, "FLOP/s")`` → ``3.20 TFLOP/s``."""
     if is_missing(value):
         return "–"
+    assert value is not None  # is_missing: None is missing
     value = float(value)
     for factor, prefix in SI_PREFIXES:
         if abs(value) >= factor:

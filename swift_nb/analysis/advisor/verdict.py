@@ -45,11 +45,11 @@ def bottleneck(ev: Evidence, th: Thresholds | None = None) -> Verdict:
         return Verdict("overhead-bound", why, loading)
     near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
     if near or ev.attention_seq >= th.attention_seq:
-        why = (
-            f"peak tensor memory {fmt_bytes(ev.peak_bytes)} is {pct(ev.peak_bytes / ev.limit_bytes)} % of the device"
-            if near
-            else f"explicit attention materialises {ev.attention_seq}×{ev.attention_seq} score matrices"
-        )
+        if near:
+            assert ev.limit_bytes is not None  # near: the limit is known (and not 0)
+            why = f"peak tensor memory {fmt_bytes(ev.peak_bytes)} is {pct(ev.peak_bytes / ev.limit_bytes)} % of the device"
+        else:
+            why = f"explicit attention materialises {ev.attention_seq}×{ev.attention_seq} score matrices"
         return Verdict(
             "memory-bound", why, {**base, "peak_mem_bytes": ev.peak_bytes, "attention_seq": ev.attention_seq}
         )
@@ -161,6 +161,7 @@ def device_verdict(ev: Evidence, th: Thresholds) -> Verdict:
         return Verdict(kind, why, evidence)
     near = ev.limit_bytes and ev.peak_bytes >= th.near_limit * ev.limit_bytes
     if near:
+        assert ev.limit_bytes is not None  # near: the limit is known (and not 0)
         why = f"peak tensor memory {fmt_bytes(ev.peak_bytes)} is {pct(ev.peak_bytes / ev.limit_bytes)} % of the device"
         return Verdict("memory-bound", why, {**evidence, "peak_mem_bytes": ev.peak_bytes})
     kinds = _kinds_text(d)

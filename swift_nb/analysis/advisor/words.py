@@ -24,10 +24,14 @@ def loader_evidence(ev: Evidence) -> dict:
         "data_in_python_s_per_step": round(ld.python_s, 6),
     }
     if ld.samples:
+        assert ld.s_per_sample is not None  # None only without samples
         out["samples_per_batch"] = ld.samples
         out["data_s_per_sample"] = round(ld.s_per_sample, 7)
     return {**out, "loaded_by": ld.where(), "step_s": round(ev.step_s, 6)}
 
 
 def per_sample(ld: Loader) -> str:
-    return f" ({ms(ld.s_per_sample)} per sample over {ld.samples})" if ld.samples else ""
+    if not ld.samples:
+        return ""
+    assert ld.s_per_sample is not None  # None only without samples
+    return f" ({ms(ld.s_per_sample)} per sample over {ld.samples})"

@@ -177,7 +177,8 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         batch = batch if batch is not None else found_batch
         seq = seq if seq is not None else found_seq
     dtype, element_bytes, params = _parameters(ctx, categories["parameters"], notes)
-    finetune = ctx.get(FINETUNE_KEY) if isinstance(ctx.get(FINETUNE_KEY), dict) else {}
+    recorded_finetune = ctx.get(FINETUNE_KEY)
+    finetune = recorded_finetune if isinstance(recorded_finetune, dict) else {}
     frozen_dtype, frozen_params = _frozen(finetune, dtype, categories["frozen_parameters"])
     ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
     blocks, blocks_from = _blocks(ops, trace, ctx)

@@ -71,6 +71,8 @@ class Timeline:
     ``start_us``/``end_us``: the trace's bounds. ``names``: every event name, by code.
     """
 
+    tracks: pd.DataFrame
+
     def __init__(self, trace: Trace, counters: pd.DataFrame | None = None):
         self._events = trace.events
         self._build(trace)
@@ -100,15 +102,15 @@ class Timeline:
         new = extra["name"][extra_codes < 0].unique()
         names += list(new)
         extra_codes = pd.Index(names).get_indexer(extra["name"])
-        code = np.concatenate([codes, extra_codes]).astype(np.int32)
-        source = np.concatenate([np.arange(len(ev)), extra["source"].to_numpy()]).astype(np.int64)
-        track = np.concatenate([track_of, extra["track"].to_numpy()]).astype(np.int32)
+        code: np.ndarray = np.concatenate([codes, extra_codes]).astype(np.int32)
+        source: np.ndarray = np.concatenate([np.arange(len(ev)), extra["source"].to_numpy()]).astype(np.int64)
+        track: np.ndarray = np.concatenate([track_of, extra["track"].to_numpy()]).astype(np.int32)
         keep = track >= 0
         start, end, code, source, track = (a[keep] for a in (start, end, code, source, track))
         order = np.lexsort((-end, start, track))
         start, end, code, source, track = (a[order] for a in (start, end, code, source, track))
         bounds = np.searchsorted(track, np.arange(len(self.tracks) + 1))
-        depth = np.zeros(len(start), dtype=np.int32)
+        depth: np.ndarray = np.zeros(len(start), dtype=np.int32)
         for t in range(len(self.tracks)):
             depth[bounds[t] : bounds[t + 1]] = depths(
                 start[bounds[t] : bounds[t + 1]], end[bounds[t] : bounds[t + 1]]

@@ -60,6 +60,7 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     cpu = firsts[~firsts["gpu"]]
     main_pid = _main_pid(cpu, keys, loop_tid)
     labelled = []
+    sort: tuple[int, str, tuple[int | str, ...]]  # (kind's place, process, place in the process)
     for g, key in firsts.iterrows():
         if key["gpu"]:
             sort, kind, label = (

@@ -169,7 +169,9 @@ def split_document(path: Path, data: bytearray) -> tuple[dict[str, Any], list[ms
     """A trace's top-level keys but ``traceEvents`` decoded (``distributedInfo``, …), and
     the byte ranges of its events; ``RecordError`` for a file that is not a Chrome trace
     (the object or the bare array form)."""
-    start = _LEADING_SPACE.match(data).end()
+    leading = _LEADING_SPACE.match(data)
+    assert leading is not None  # \s* matches every input, the empty one included
+    start = leading.end()
     if start == len(data):
         raise RecordError(path, "the file is empty")
     try:
@@ -242,10 +244,10 @@ class ColumnBuilder:
         self.ext_missing += ext.count(None)
         c["ext_id"].append(np.array(ext, dtype=float))  # None → NaN
         c["correlation"].append(np.array(corr, dtype=np.int64))
-        n_in, n_out = np.array(n_in, dtype=float), np.array(n_out, dtype=float)
+        in_nelems, out_nelems = np.array(n_in, dtype=float), np.array(n_out, dtype=float)
         # the larger of the two, a missing one read as 0; NaN when both are missing
-        nelems = np.fmax(np.nan_to_num(n_in), np.nan_to_num(n_out))
-        c["msg_nelems"].append(np.where(np.isnan(n_in) & np.isnan(n_out), np.nan, nelems))
+        nelems = np.fmax(np.nan_to_num(in_nelems), np.nan_to_num(out_nelems))
+        c["msg_nelems"].append(np.where(np.isnan(in_nelems) & np.isnan(out_nelems), np.nan, nelems))
         c["group_size"].append(np.array(group, dtype=float))
 
     def _add_memory(self, mem: list[_Event]) -> None:

@@ -370,7 +370,8 @@ def save_tables(trace: Trace, path: Path, source: Path | None = None) -> None:
                 arrays[key] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
     tmp = path.with_name(f".{path.name}.tmp.npz")
     try:
-        np.savez(tmp, **arrays)
+        # numpy's stub types savez's **kwds as its allow_pickle: bool, not as the arrays they are
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]
         tmp.replace(path)
     except OSError:
         tmp.unlink(missing_ok=True)

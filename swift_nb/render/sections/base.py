@@ -20,6 +20,8 @@ from swift_nb.render.html import empty, figure_html
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from swift_nb.render.sections.timeline import TimelinePart
+
 #: The results panel's tabs, in order; every section names the one it goes to
 TABS = ("Summary", "Timeline", "Memory", "Operators", "Advice", "Files")
 
@@ -106,7 +108,7 @@ class SectionKind:
 
     title: str
     tab: str | None
-    build: Callable[[ReportInputs], list[Part] | None]
+    build: Callable[[ReportInputs], Sequence[Part | TimelinePart] | None]
     static: bool = True
 
     def __post_init__(self) -> None:
@@ -125,7 +127,7 @@ class Section:
     """A built section: escaped HTML fragments and figures, in order."""
 
     kind: SectionKind
-    parts: list[Part] = field(default_factory=list)
+    parts: Sequence[Part | TimelinePart] = field(default_factory=list)
 
     @property
     def title(self) -> str:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).with_name("static")
 #: the viewer's files, each after the ones it imports from
-SOURCES = ("timeline_data.js", "timeline_draw.js", "timeline.js")
+SOURCES = ("timeline_data.js", "timeline_draw.js", "timeline_state.js", "timeline_input.js", "timeline.js")
 _LOCAL_IMPORT = re.compile(r'^import \{[^}]*\} from "\./timeline_\w+\.js";\n', re.MULTILINE)
 _INLINE_SCRIPT = re.compile(r"<script type=\"module\">(.*?)</script>", re.DOTALL)
 #: the report's viewer: where it mounts and where its data is

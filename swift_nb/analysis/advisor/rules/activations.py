@@ -35,7 +35,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         or applied(context, "grad_checkpointing")
     ):
         return None
-    evidence = {
+    evidence: dict[str, float | str] = {
         "activations_pct": pct(act / ev.peak_bytes),
         "activations_bytes": act,
         "peak_bytes": ev.peak_bytes,

@@ -31,4 +31,5 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
 
 
 def _steps_to_limit(ev: Evidence) -> int:
+    assert ev.limit_bytes is not None  # called only when the limit is known
     return max(0, int((ev.limit_bytes - ev.peak_bytes) / ev.growth_bytes_per_step))

@@ -1,5 +1,6 @@
 // The timeline's drawing on a 2D canvas: the track layout, the time axis, span rows,
-// counter bands and flow lines. Bundled with timeline.js into one module.
+// counter bands and flow lines, and the whole scene of a view (drawScene). Bundled with
+// timeline.js into one module.
 
 import { firstReaching } from "./timeline_data.js";
 
@@ -27,6 +28,11 @@ export function fmtUs(us) {
   return us.toFixed(a >= 10 ? 1 : 2) + " µs";
 }
 
+// ``text`` cut to ``max`` characters, the last one an ellipsis.
+export function ellipsis(text, max) {
+  return text.length > max ? text.slice(0, max - 1) + "…" : text;
+}
+
 // A counter's value in its track's unit (Timeline.tracks' unit: bytes, %, W, or none).
 export function fmtValue(track, v) {
   if (track.unit === "bytes") {
@@ -49,6 +55,12 @@ export function layout(tracks) {
   });
 }
 
+// The canvas's height (CSS pixels) for the boxes of layout(): the axis alone without tracks.
+export function canvasHeight(boxes) {
+  const last = boxes[boxes.length - 1];
+  return last ? last.y + last.h + PAD : AXIS_H;
+}
+
 export function niceStep(span, target) {
   const raw = span / target;
   const p = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -56,13 +68,21 @@ export function niceStep(span, target) {
   return 10 * p;
 }
 
+// The axis's ticks for view ``v`` on a canvas ``width`` wide: times after v.origin, a nice
+// step apart (about one per 110 px of the plot, at least 2 a view), those inside the view.
+export function axisTicks(v, width) {
+  const step = niceStep(v.end - v.start, Math.max(2, (width - GUTTER) / 110));
+  const ticks = [];
+  for (let t = Math.ceil((v.start - v.origin) / step) * step; t + v.origin <= v.end; t += step) ticks.push(t);
+  return ticks;
+}
+
 export function drawAxis(ctx, v, width, x) {
   ctx.fillStyle = "#f6f6f6";
   ctx.fillRect(0, 0, width, AXIS_H);
   ctx.fillStyle = "#555";
   ctx.strokeStyle = "#ccc";
-  const step = niceStep(v.end - v.start, Math.max(2, (width - GUTTER) / 110));
-  for (let t = Math.ceil((v.start - v.origin) / step) * step; t + v.origin <= v.end; t += step) {
+  for (const t of axisTicks(v, width)) {
     const px = x(t + v.origin);
     ctx.beginPath();
     ctx.moveTo(px + 0.5, AXIS_H - 5);
@@ -146,4 +166,43 @@ export function drawFlows(ctx, state, x, boxes) {
     ctx.fillRect(tx - 2, ty - 2, 4, 4);
   }
   ctx.lineWidth = 1;
+}
+
+// One track's band: its stripe, its spans or counter, its label in the gutter; returns the
+// spans drawn.
+export function drawTrack(ctx, box, i, state, x, width) {
+  ctx.fillStyle = i % 2 ? "#fafafa" : "#fff";
+  ctx.fillRect(0, box.y - PAD, width, box.h + 2 * PAD);
+  let max = null;
+  let drawn = 0;
+  if (box.kind === "counter") max = drawCounter(ctx, box, state.data.counters.get(box.track), x, width, state.view);
+  else drawn = drawSpans(ctx, box, state.data.rows, x, width, state);
+  ctx.fillStyle = "#f0f0f0";
+  ctx.fillRect(0, box.y - PAD, GUTTER - 4, box.h + 2 * PAD);
+  ctx.fillStyle = "#333";
+  ctx.fillText(ellipsis(box.label, 24), 4, box.y + 11);
+  if (max !== null) {
+    ctx.fillStyle = "#777";
+    ctx.fillText("max " + fmtValue(box, max), 4, box.y + 25);
+  }
+  return drawn;
+}
+
+// The view's whole scene on a cleared ``ctx`` ``width`` wide (CSS pixels): the axis, each
+// track, the hovered item's outline, the selected item's flows; ``x`` maps a time to a
+// pixel. Returns the number of spans drawn.
+export function drawScene(ctx, state, width, x) {
+  ctx.font = "11px system-ui, sans-serif";
+  drawAxis(ctx, state.view, width, x);
+  let drawn = 0;
+  state.boxes.forEach((box, i) => {
+    drawn += drawTrack(ctx, box, i, state, x, width);
+  });
+  if (state.hover) {
+    const { box, item } = state.hover;
+    ctx.strokeStyle = "#000";
+    ctx.strokeRect(x(item.s), box.y + item.d * ROW_H, Math.max(1, x(item.e) - x(item.s)), ROW_H - 1);
+  }
+  drawFlows(ctx, state, x, state.boxes);
+  return drawn;
 }

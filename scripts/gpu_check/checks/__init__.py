@@ -1,0 +1,1 @@
+"""One module per check, each with ``check(ctx)`` and ``TITLE``; ``registry.CHECKS`` lists them."""

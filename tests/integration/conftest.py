@@ -1,0 +1,11 @@
+"""The integration tier: real profiled loops, subprocesses, process groups over gloo, helper and worker processes. Every test here is marked ``integration``."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(__file__.rsplit("/", 1)[0]):
+            item.add_marker(pytest.mark.integration)

@@ -1,0 +1,134 @@
+"""throughput: rates from real runs, batch and sequence length from traced shapes or the
+run's context, and MFU against the GPU peak table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+from support.common import train
+
+import swift_nb
+from swift_nb.analysis.throughput import peak_flops_per_s, throughput
+from swift_nb.analysis.trace.tables import load_trace
+from swift_nb.demo import make_model
+from swift_nb.record import STEP_COLUMNS, Run
+
+SEQ, BATCH = 24, 3
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory):
+    torch.manual_seed(0)
+    model = make_model(seq_len=SEQ, n_layer=1, d_model=32, n_head=2, vocab_size=128)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 128, (BATCH, SEQ))
+    with swift_nb.profile(out_dir=tmp_path_factory.mktemp("runs"), wait=0, warmup=1, active=1) as run:
+        for _ in range(4):
+            model(x, x).backward()
+            opt.step()
+            opt.zero_grad()
+    return run, load_trace(run)
+
+
+def test_token_model_reveals_batch_and_sequence_length(gpt):
+    run, trace = gpt
+    tp = throughput(run, trace)
+    assert (tp.batch_size, tp.seq_len) == (BATCH, SEQ)
+    steps = run.steps[run.steps["trigger"] != "end"]
+    assert tp.steps_per_s == pytest.approx(1 / steps["duration_s"].median())
+    assert tp.samples_per_s == pytest.approx(tp.steps_per_s * BATCH)
+    assert tp.tokens_per_s == pytest.approx(tp.samples_per_s * SEQ)
+    assert tp.device_name == run.environment["devices"][0]
+
+
+def test_without_a_flop_count_or_a_gpu_there_is_no_flop_rate_or_mfu(gpt):
+    run, trace = gpt
+    assert "flops_per_step" not in run.summary
+    tp = throughput(run, trace)
+    assert tp.flops_per_step is None
+    assert tp.achieved_flops_per_s is None
+    assert tp.peak_flops_per_s is None
+    assert tp.mfu_pct is None
+
+    counted = dataclasses.replace(run, summary={**run.summary, "flops_per_step": 2e9})
+    tp = throughput(counted, trace)
+    assert tp.achieved_flops_per_s == pytest.approx(2e9 * tp.steps_per_s)
+    assert tp.mfu_pct is None  # CPU: no peak to compare with
+
+
+def test_context_wins_over_traced_shapes(gpt):
+    run, trace = gpt
+    both = dataclasses.replace(run, context={**run.context, "batch_size": 8, "seq_len": 16})
+    tp = throughput(both, trace)
+    assert (tp.batch_size, tp.seq_len) == (8, 16)
+    assert tp.tokens_per_s == pytest.approx(tp.steps_per_s * 8 * 16)
+
+    seq_only = dataclasses.replace(run, context={**run.context, "seq_len": 16})
+    assert (throughput(seq_only, trace).batch_size, throughput(seq_only, trace).seq_len) == (BATCH, 16)
+
+
+def test_non_token_model_gives_batch_from_its_first_linear(tmp_path):
+    with swift_nb.profile(out_dir=tmp_path, wait=0, warmup=1, active=1) as run:
+        train(3, batch=5)
+    tp = throughput(run)
+    assert tp.batch_size == 5
+    assert tp.seq_len is None
+    assert tp.samples_per_s == pytest.approx(5 * tp.steps_per_s)
+    assert tp.tokens_per_s is None
+
+
+def _synthetic(device: str, devices: list[str], flops: float | None) -> Run:
+    rows = [
+        (i, i * 0.01, (i + 1) * 0.01, 0.01, "none", "optimizer", 0.0, None, None, None, 0.0) for i in range(3)
+    ]
+    # The trailing "end" row is the tail after the last step, far slower: it must not count.
+    rows.append((3, 0.03, 5.03, 5.0, "none", "end", 0.0, None, None, None, 0.0))
+    return Run(
+        id="synthetic",
+        environment={"device": device, "devices": devices},
+        context={"batch_size": 4, "seq_len": 128},
+        summary={} if flops is None else {"flops_per_step": flops},
+        steps=pd.DataFrame(rows, columns=STEP_COLUMNS),
+    )
+
+
+def test_mfu_against_the_h100_peak():
+    tp = throughput(_synthetic("cuda", ["NVIDIA H100 80GB HBM3"], flops=1e12))
+    assert tp.steps_per_s == pytest.approx(100)
+    assert tp.tokens_per_s == pytest.approx(100 * 4 * 128)
+    assert tp.achieved_flops_per_s == pytest.approx(1e14)
+    assert tp.peak_flops_per_s == 989e12
+    assert tp.mfu_pct == pytest.approx(100 * 1e14 / 989e12)
+    assert tp.device_name == "NVIDIA H100 80GB HBM3"
+
+    unknown = throughput(_synthetic("cuda", ["Some Future GPU"], flops=1e12))
+    assert unknown.achieved_flops_per_s == pytest.approx(1e14)
+    assert unknown.peak_flops_per_s is None and unknown.mfu_pct is None
+    assert throughput(_synthetic("cuda", ["NVIDIA H100 80GB HBM3"], flops=None)).mfu_pct is None
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40", None),  # not L4, not L40S
+        ("NVIDIA A10G", 125e12),
+        ("NVIDIA A10", 125e12),
+        ("Tesla V100-SXM2-16GB", 125e12),
+        ("Tesla T4", 65e12),
+        ("NVIDIA GeForce RTX 4090", 165e12),
+        ("NVIDIA GeForce RTX 3090", 71e12),
+        ("NVIDIA GeForce RTX 3090 Ti", None),
+    ],
+)
+def test_peak_table_matches_device_names(name, peak):
+    assert peak_flops_per_s(name) == peak

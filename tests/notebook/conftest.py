@@ -1,0 +1,11 @@
+"""The notebook tier: a real IPython kernel, or notebooks executed headless with nbclient. Every test here is marked ``notebook``."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(__file__.rsplit("/", 1)[0]):
+            item.add_marker(pytest.mark.notebook)
