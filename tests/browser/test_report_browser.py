@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support.report import (
+from support.report import (  # noqa: F401 (fixtures)
     EVIL_LABEL,
     EVIL_OP,
+    report_path,
+    run,
 )
 
 from swift_nb.record import Run

@@ -76,7 +76,7 @@ def _index(page, root) -> int:
     return root.evaluate("r => [...document.querySelectorAll('.swift-tl')].indexOf(r)")
 
 
-def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
+def test_report_timeline_paints_offline(browser, tmp_path):
     shutil.copytree(COST_RUN, tmp_path / "run")
     report(tmp_path / "run")
     path = tmp_path / "run" / "report.html"
@@ -139,7 +139,7 @@ def test_report_timeline_paints_offline(browser, tmp_path):  # noqa: F811
     page.close()
 
 
-def test_a_jobs_report_switches_to_its_ranks_overview(browser, tmp_path):  # noqa: F811
+def test_a_jobs_report_switches_to_its_ranks_overview(browser, tmp_path):
     job = swift_nb.import_trace([Path(r) for r in RANKS], tmp_path, report=False)
     report(job)
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -186,7 +186,7 @@ addEventListener('message', (ev) => {
 </script>"""
 
 
-def test_open_in_perfetto_posts_the_trace_after_pong(browser, tmp_path):  # noqa: F811
+def test_open_in_perfetto_posts_the_trace_after_pong(browser, tmp_path):
     shutil.copytree(COST_RUN, tmp_path / "run")
     report(tmp_path / "run")
     context = browser.new_context()
@@ -206,7 +206,7 @@ def test_open_in_perfetto_posts_the_trace_after_pong(browser, tmp_path):  # noqa
     context.close()
 
 
-def test_timeline_in_jupyterlab(lab, browser, tmp_path):  # noqa: F811
+def test_timeline_in_jupyterlab(lab, browser, tmp_path):
     base, token, root_dir = lab
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(c) for c in CELLS],

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.diff import _row
+from support.diff import (
+    _row,
+    gpu_pair,  # noqa: F401 (fixtures)
+)
 
 import swift_nb
 from swift_nb.analysis.comparison.run_diff import (

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.export import run  # noqa: F401 (fixtures)
 
 from swift_nb.record import (
     REPORT_FILE,

@@ -15,7 +15,7 @@ from pathlib import Path
 import dask
 import distributed
 import pytest
-from support.import_cluster import RANKS, _report_text, assert_same_run
+from support.import_cluster import RANKS, _report_text, assert_same_run, job, local_run  # noqa: F401 (fixtures)
 
 import swift_nb
 from swift_nb import cli

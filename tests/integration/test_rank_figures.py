@@ -5,7 +5,6 @@ ranks of the 128-rank GPU job, renumbered; one rank's clock stretched makes a st
 
 from __future__ import annotations
 
-import gzip
 import html
 import os
 import re
@@ -16,9 +15,9 @@ import threading
 from functools import partial
 from pathlib import Path
 
-import orjson
 import psutil
 import pytest
+from support.jobs import write_job
 
 import swift_nb
 from swift_nb.analysis.ranks import per_rank, rank_step_metrics, slowest_ranks
@@ -29,34 +28,6 @@ from swift_nb.render.rank_figures import rank_step_heatmap
 from swift_nb.render.sections import ranks as ranks_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs
 from swift_nb.render.value_text import pct_text
-
-GPU = Path(__file__).parents[1] / "data" / "gpu"
-SOURCES = [GPU / "gpu_128ranks_rank0.json.gz", GPU / "gpu_128ranks_rank1.json.gz"]
-
-
-def write_job(folder: Path, n: int, slow: dict[int, float] | None = None) -> Path:
-    """``n`` rank traces in ``folder``: the two real ranks in turn, renumbered; ``slow``:
-    rank → factor its clock is stretched by (every span that much longer)."""
-    docs = [orjson.loads(gzip.decompress(p.read_bytes())) for p in SOURCES]
-    folder.mkdir(parents=True, exist_ok=True)
-    for r in range(n):
-        doc = dict(docs[r % 2])
-        doc["distributedInfo"] = {**doc["distributedInfo"], "rank": r, "world_size": n}
-        factor = (slow or {}).get(r)
-        if factor:
-            t0 = min(e["ts"] for e in doc["traceEvents"] if "ts" in e)
-            doc["traceEvents"] = [
-                {
-                    **e,
-                    "ts": t0 + (e["ts"] - t0) * factor,
-                    **({"dur": e["dur"] * factor} if "dur" in e else {}),
-                }
-                if "ts" in e
-                else e
-                for e in doc["traceEvents"]
-            ]
-        (folder / f"rank{r}.json.gz").write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1))
-    return folder
 
 
 def _text(fragment: str) -> str:

@@ -7,9 +7,11 @@ import re
 from html.parser import HTMLParser
 
 import pandas as pd
-from support.report import (
+from support.report import (  # noqa: F401 (fixtures)
     GLUED,
     reader_text,
+    report_path,
+    run,
 )
 
 from swift_nb.render.document import REPORT_FILE

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_rank_figures import write_job
 
 import swift_nb
+from support.jobs import write_job
 from swift_nb.record import load_run, rank_folder
 
 RANKS = 4

@@ -6,7 +6,10 @@ eager attention for SDPA."""
 from __future__ import annotations
 
 import pytest
-from support.diff import _row
+from support.diff import (
+    _row,
+    gpu_pair,  # noqa: F401 (fixtures)
+)
 
 import swift_nb
 from swift_nb.analysis.comparison.run_diff import (

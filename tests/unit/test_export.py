@@ -8,7 +8,10 @@ import importlib
 from pathlib import Path
 
 import pytest
-from support.export import _saved_run
+from support.export import (
+    _saved_run,
+    run,  # noqa: F401 (fixtures)
+)
 
 from swift_nb.cli import main as cli
 from swift_nb.core.errors import ConfigError, MissingDependencyError
@@ -20,7 +23,8 @@ from swift_nb.record import (
 from swift_nb.trackers import export, payload
 from swift_nb.vocabulary.options import parse_log_to
 
-export_module = importlib.import_module("swift_nb.trackers")  # `swift_nb.export` is the function
+export_module = importlib.import_module("swift_nb.trackers")
+options_module = importlib.import_module("swift_nb.vocabulary.options")  # `swift_nb.export` is the function
 
 
 def test_the_payload(run):
@@ -48,7 +52,7 @@ def test_targets_and_their_arguments():
 
 
 def test_a_missing_extra_is_named_before_any_work(run, monkeypatch):
-    monkeypatch.setitem(export_module.TARGETS, "wandb", "wandb_not_installed_here")
+    monkeypatch.setitem(options_module.TARGETS, "wandb", "wandb_not_installed_here")
     with pytest.raises(MissingDependencyError, match=r"pip install 'swift_nb\[wandb\]'"):
         export(run, to="wandb")
     from swift_nb.vocabulary.options import ProfileOptions

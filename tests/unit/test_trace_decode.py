@@ -11,7 +11,10 @@ from pathlib import Path
 import orjson
 import pandas as pd
 import pytest
-from support.trace_decode import write_bomb
+from support.trace_decode import (
+    bomb,  # noqa: F401 (fixtures)
+    write_bomb,
+)
 
 import swift_nb
 from swift_nb.analysis.trace import decode as trace_decode
