@@ -17,12 +17,28 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 
-if TYPE_CHECKING:
-    from swift_nb.render.sections.base import FigurePart, Section
+
+class FigurePart(Protocol):
+    """A figure a section shows (``sections.base.FigurePart``): its key, and its PNG drawn
+    on demand or handed out from a cache."""
+
+    key: str | None
+    drawn: bytes | None
+
+    @property
+    def png(self) -> bytes: ...
+
+
+class Section(Protocol):
+    """A report section (``sections.base.Section``): its parts, text or figures."""
+
+    @property
+    def parts(self) -> Sequence[Any]: ...
+
 
 _KEYED_IMG = re.compile(
     r"<img [^>]*?data-figure='([0-9a-f]{40})' src='data:image/png;base64,([A-Za-z0-9+/=]+)'"
