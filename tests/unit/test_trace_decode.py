@@ -5,6 +5,7 @@ any decoder's recursion, gzip bombs) are one RecordError naming the file."""
 from __future__ import annotations
 
 import gzip
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -167,17 +168,38 @@ def test_json_nested_past_any_recursion_is_one_record_error(tmp_path, where, gzi
         assert info.value.path == path and str(info.value).startswith(f"{path}: ")
 
 
-def test_args_orjson_decodes_but_str_cannot_is_one_record_error(tmp_path):
-    """orjson decodes 1024 levels, more than the str() of an event's shapes recurses."""
+@pytest.mark.parametrize("limit", [1000, 2000, 5000])
+@pytest.mark.parametrize("depth", [33, 1020])
+def test_args_nested_past_the_limit_are_one_record_error_at_any_recursion_limit(tmp_path, limit, depth):
+    """orjson decodes 1024 levels, more than the str() of an event's shapes recurses at
+    Python's default limit; past ``MAX_NESTING`` the trace is refused the same way whatever
+    the interpreter's limit (Inductor raises it to 2000 for the rest of a process)."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
     path = tmp_path / "t.json"
-    dims = b"[" * 1020 + b"]" * 1020
+    dims = b"[" * depth + b"]" * depth
     path.write_bytes(
         b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "args": {"Input Dims": ' + dims + b"}}]}"
     )
-    with pytest.raises(RecordError, match="nested too deeply"):
-        parse_document(path, read_trace_document(path))
-    with pytest.raises(RecordError, match="nested too deeply"):
-        read_trace(path)
+    try:
+        with pytest.raises(RecordError, match="nested too deeply"):
+            parse_document(path, read_trace_document(path))
+        with pytest.raises(RecordError, match="nested too deeply"):
+            read_trace(path)
+    finally:
+        sys.setrecursionlimit(before)
+
+
+def test_args_at_the_nesting_limit_are_read(tmp_path):
+    path = tmp_path / "t.json"
+    dims = b"[" * trace_decode.MAX_NESTING + b"]" * trace_decode.MAX_NESTING
+    path.write_bytes(
+        b'{"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 1, "dur": 5, "args": {"Input Dims": '
+        + dims
+        + b"}}]}"
+    )
+    cols = parse_document(path, read_trace_document(path))
+    assert cols is not None
 
 
 def test_the_import_refuses_deep_nesting_naming_the_file(tmp_path):

@@ -160,6 +160,38 @@ def _too_large(path: Path, max_bytes: int) -> RecordError:
     )
 
 
+#: the deepest nesting an event's argument may have: a tensor's shapes are two levels deep,
+#: a list of tensors' three. Past it the trace is refused as nested too deeply, whatever
+#: the interpreter's recursion limit (a process that compiled with Inductor raises it)
+MAX_NESTING = 32
+
+
+def _too_nested(text: str) -> bool:
+    """Whether the text of an argument (``str`` of its JSON value) nests lists or objects
+    deeper than ``MAX_NESTING``; a scan only when it has that many brackets at all."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return False
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest > MAX_NESTING
+
+
+def check_nesting(texts: list[str]) -> list[str]:
+    """``texts``, or ``RecursionError`` (read as ``too_deep``) when one of them nests too
+    deeply."""
+    # nesting past MAX_NESTING takes twice as many characters: most texts are shorter
+    if max(map(len, texts), default=0) > 2 * MAX_NESTING and any(
+        _too_nested(s) for s in texts if len(s) > 2 * MAX_NESTING
+    ):
+        raise RecursionError("an event's arguments are nested past MAX_NESTING")
+    return texts
+
+
 def too_deep(path: Path) -> RecordError:
     """The error for JSON nested deeper than the decoders recurse (``RecursionError``)."""
     return RecordError(path, "not JSON: nested too deeply (maximum recursion depth exceeded)")
@@ -233,10 +265,14 @@ class ColumnBuilder:
         ids = self._ids  # one object per distinct pid and tid: a new int per event would outlive its batch
         t["pid"] += [ids.setdefault(v, v) for v in pid]
         t["tid"] += [ids.setdefault(v, v) for v in tid]
-        t["input_dims"] += _interned([str(d) if d else "" for d in dims])
-        t["input_types"] += _interned(
-            [str(k) if k and d is not msgspec.UNSET else "" for k, d in zip(types, dims, strict=True)]
-        )
+        dims_text = [str(d) if d else "" for d in dims]
+        types_text = [
+            str(k) if k and d is not msgspec.UNSET else "" for k, d in zip(types, dims, strict=True)
+        ]
+        check_nesting(dims_text)
+        check_nesting(types_text)
+        t["input_dims"] += _interned(dims_text)
+        t["input_types"] += _interned(types_text)
         t["msg_dtype"] += _interned([d or "" for d in dtype])
         c = self.num
         c["ts"].append(np.array(ts, dtype=float))

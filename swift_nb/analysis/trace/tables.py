@@ -20,6 +20,7 @@ import pandas as pd
 
 from swift_nb.analysis.trace.decode import (
     DEFAULT_MAX_BYTES,
+    check_nesting,
     decode_events,
     give_back_freed_memory,
     read_json_bytes,
@@ -125,8 +126,10 @@ def _parse_events(raw: list[dict]) -> Trace:
         "dur": dur,
         "pid": [e.get("pid") for e in xs],
         "tid": [e.get("tid") for e in xs],
-        "input_dims": [_shapes(a) for a in args],
-        "input_types": [str(t) if (t := a.get("Input type")) and "Input Dims" in a else "" for a in args],
+        "input_dims": check_nesting([_shapes(a) for a in args]),
+        "input_types": check_nesting(
+            [str(t) if (t := a.get("Input type")) and "Input Dims" in a else "" for a in args]
+        ),
         "ext_id": [a.get("External id") for a in args],
         "correlation": [a.get("correlation", -1) for a in args],
         "msg_nelems": [_msg_nelems(a) for a in args],
