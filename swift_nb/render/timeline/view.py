@@ -2,9 +2,10 @@
 widget's and report.html's), the report's embedded viewer, and the static PNG that an
 executed notebook keeps of a timeline.
 
-The viewer's source is three files under ``static/`` (data, drawing, the viewer), joined
-here in that order with their relative imports taken out: one module, no bundler, no
-network.
+The viewer's source is five files under ``static/`` (data, drawing, the view's state, its
+input, the viewer that composes them), joined here in that order (``SOURCES``) with their
+relative imports taken out: one module, no bundler, no network. ``tests/js`` tests their
+pure functions under ``node --test``.
 """
 
 from __future__ import annotations
