@@ -16,7 +16,17 @@ FRONT = ("api", "cli", "monitor", "reporting", "trackers", "demo", "notebook", "
 
 #: package → the swift_nb packages it must not import (anything above it)
 FORBIDDEN = {
-    "core": ("vocabulary", "record", "capture", "analysis", "render", "importing", "toggles", "parallel", *FRONT),
+    "core": (
+        "vocabulary",
+        "record",
+        "capture",
+        "analysis",
+        "render",
+        "importing",
+        "toggles",
+        "parallel",
+        *FRONT,
+    ),
     "vocabulary": ("record", "capture", "analysis", "render", "importing", "toggles", "parallel", *FRONT),
     "record": ("capture", "analysis", "render", "importing", "toggles", *FRONT),
     "capture": ("analysis", "render", "importing", "toggles", *FRONT),

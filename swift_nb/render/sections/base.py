@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
@@ -20,7 +20,6 @@ from swift_nb.render.html import empty, figure_html
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from swift_nb.render.sections.timeline import TimelinePart
 
 #: The results panel's tabs, in order; every section names the one it goes to
 TABS = ("Summary", "Timeline", "Memory", "Operators", "Advice", "Files")
@@ -99,6 +98,19 @@ def figure_outputs(png: bytes, alt: str, caption: str) -> list[dict[str, str]]:
 Part = str | FigurePart
 
 
+class EmbeddedPart(Protocol):
+    """A part that is neither text nor a figure of the cache, and renders itself: the
+    timeline's viewer (``sections.timeline.TimelinePart``)."""
+
+    alt: str
+    caption: str
+
+    @property
+    def key(self) -> str | None: ...
+
+    def html(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class SectionKind:
     """One section of the report: its ``title``, the results panel's ``tab`` it goes to
@@ -108,7 +120,7 @@ class SectionKind:
 
     title: str
     tab: str | None
-    build: Callable[[ReportInputs], Sequence[Part | TimelinePart] | None]
+    build: Callable[[ReportInputs], Sequence[Part | EmbeddedPart] | None]
     static: bool = True
 
     def __post_init__(self) -> None:
@@ -127,7 +139,7 @@ class Section:
     """A built section: escaped HTML fragments and figures, in order."""
 
     kind: SectionKind
-    parts: Sequence[Part | TimelinePart] = field(default_factory=list)
+    parts: Sequence[Part | EmbeddedPart] = field(default_factory=list)
 
     @property
     def title(self) -> str:
