@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import random
 import time
+import types
 
 import pytest
 
 import swift_nb
+from swift_nb.capture import session as session_module
 from swift_nb.capture.resources.alerts import StepTimeWatch
 from swift_nb.record import load_run
 
@@ -61,17 +63,35 @@ def test_traced_and_compiling_steps_are_not_steady_steps():
     assert StepTimeWatch().feed(rows) == []
 
 
-def _sleepy_loop(steps: int, slow_from: int | None = None) -> None:
+class StepClock:
+    """The session's clock, moved by the loop: steps last exactly what the test says,
+    whatever else the machine is doing (a burst of load would otherwise be a slowdown)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> StepClock:
+    c = StepClock()
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=c.perf_counter))
+    return c
+
+
+def _timed_loop(clock: StepClock, steps: int, slow_from: int | None = None) -> None:
     for k in range(steps):
-        time.sleep(0.010 if slow_from is not None and k >= slow_from else 0.004)
+        clock.now += 0.010 if slow_from is not None and k >= slow_from else 0.004
         swift_nb.step()
 
 
-def test_an_injected_slowdown_alerts_the_run_the_callback_and_the_panel(runs_dir):
+def test_an_injected_slowdown_alerts_the_run_the_callback_and_the_panel(runs_dir, clock):
     got = []
     p = swift_nb.profile(out_dir=runs_dir, on_alert=got.append, report=False)
     with p as run:
-        _sleepy_loop(400, slow_from=300)  # a sleep from step 300 on
+        _timed_loop(clock, 400, slow_from=300)  # 10 ms steps from step 300 on, 4 ms before
     assert len(got) == 1 and got[0].step >= 300
     assert got[0].message in run.notes
     saved = json.loads((run.path / "run.json").read_text())
@@ -86,22 +106,22 @@ def test_an_injected_slowdown_alerts_the_run_the_callback_and_the_panel(runs_dir
     assert "swift-nb-alert" in panel.text.value
 
 
-def test_a_steady_monitored_run_raises_nothing(runs_dir):
+def test_a_steady_monitored_run_raises_nothing(runs_dir, clock):
     got = []
     mon = swift_nb.ResourceMonitor(interval=10, log_dir=runs_dir, on_alert=got.append)
     for k in range(400):
         mon.step_begin(k)
-        time.sleep(0.004)
+        clock.now += 0.004
         mon.step_end(k)
     run = mon.generate_report().run
     assert got == [] and "alerts" not in run.summary
 
 
-def test_a_failing_callback_is_noted_and_the_run_goes_on(runs_dir):
+def test_a_failing_callback_is_noted_and_the_run_goes_on(runs_dir, clock):
     def boom(alert):
         raise RuntimeError("pager down")
 
     with swift_nb.profile(out_dir=runs_dir, on_alert=boom, report=False) as run:
-        _sleepy_loop(400, slow_from=300)
+        _timed_loop(clock, 400, slow_from=300)
     assert run.status == "ok"
     assert any("on_alert failed (RuntimeError: pager down)" in n for n in run.notes)

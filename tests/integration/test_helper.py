@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import psutil
@@ -190,7 +189,9 @@ def test_interrupted_again_while_the_digest_runs(tmp_path, monkeypatch):
 
     def interrupted_while_waiting(self):
         waiting["unanswered"] = not self._done.is_set()
-        threading.Timer(0.2, _thread.interrupt_main).start()  # the user's second Ctrl-C
+        # the user's second Ctrl-C, while the digest is awaited: SIGINT's handler runs now,
+        # in this (the main) thread, before the wait below, whatever the machine's load
+        _thread.interrupt_main()
         return result(self)
 
     monkeypatch.setattr(helper.Pending, "result", interrupted_while_waiting)

@@ -51,7 +51,10 @@ def test_nvml_failing_mid_run_is_noted_and_sampling_continues(monkeypatch):
     notes = []
     s = Sampler(0.005, lambda: 0, note=notes.append)
     s.start()
-    time.sleep(0.1)
+    # rows from a thread at the lowest priority: wait for them, not for a fixed time
+    deadline = time.monotonic() + 30
+    while len(s.rows()) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
     s.stop()
     rows = s.rows()
     nvml = [n for n in notes if "NVML" in n]

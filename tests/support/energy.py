@@ -12,16 +12,17 @@ class _NotSupportedError(Exception):
     pass
 
 
-def fake_pynvml(counter: bool = True, devices: int = 1) -> types.ModuleType:
+def fake_pynvml(counter: bool = True, devices: int = 1, clock=time.perf_counter) -> types.ModuleType:
     """NVML for ``devices`` GPUs each drawing ``WATTS``: the total energy counter (mJ since
-    "driver load", 1 000 J before the run) where ``counter``, else NotSupported."""
+    "driver load", 1 000 J before the run) where ``counter``, else NotSupported; its time is
+    ``clock``'s (a test's own clock makes the joules exact)."""
     nv = types.ModuleType("pynvml")
-    t0 = time.perf_counter()
+    t0 = clock()
 
     def energy_mj(h):
         if not counter:
             raise _NotSupportedError("Not Supported")
-        return 1e6 + WATTS * (time.perf_counter() - t0) * 1000.0
+        return 1e6 + WATTS * (clock() - t0) * 1000.0
 
     nv.nvmlInit = lambda: None
     nv.nvmlShutdown = lambda: None
@@ -35,3 +36,13 @@ def fake_pynvml(counter: bool = True, devices: int = 1) -> types.ModuleType:
     nv.nvmlDeviceGetPowerUsage = lambda h: int(WATTS * 1000)
     nv.nvmlDeviceGetTotalEnergyConsumption = energy_mj
     return nv
+
+
+def wait_for_rows(sampler, n: int, at_least_s: float = 0.0, limit_s: float = 30.0) -> None:
+    """Until ``sampler`` holds ``n`` rows and ``at_least_s`` has passed: its thread runs at
+    the lowest priority, so a loaded machine gives it no fixed number of rows per second."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        if len(sampler.rows()) >= n and time.monotonic() - start >= at_least_s:
+            return
+        time.sleep(0.005)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
-from support.energy import WATTS, fake_pynvml
+from support.energy import WATTS, fake_pynvml, wait_for_rows
 
 from swift_nb.capture.resources.energy import GpuEnergy, Rapl
 from swift_nb.capture.resources.sampler import Sampler
@@ -24,12 +23,13 @@ from swift_nb.record.write import energy_summary, step_energy_j, summarize
 
 
 def test_the_counter_gives_joules_since_the_first_read():
-    nv = fake_pynvml()
+    now = [100.0]
+    nv = fake_pynvml(clock=lambda: now[0])
     e = GpuEnergy(nv, {0: 0, 1: 1})
     assert e.integrated == [] and e.note() is None
-    time.sleep(0.02)
+    now[0] += 0.02
     row = e.read(0.0, {})
-    assert row["gpu0_energy_j"] == pytest.approx(WATTS * 0.02, rel=0.5)  # ≥ 20 ms slept, not 1 000 J
+    assert row["gpu0_energy_j"] == pytest.approx(WATTS * 0.02, rel=1e-9)  # 20 ms of 300 W, not 1 000 J
     assert row["gpu0_energy_j"] < 1000.0 and set(row) == {"gpu0_energy_j", "gpu1_energy_j"}
 
 
@@ -109,7 +109,7 @@ def test_the_sampler_records_cumulative_energy(monkeypatch):
     s = Sampler(0.005, lambda: 0, note=notes.append, max_samples=8)
     assert not any("NVML" in n for n in notes)
     s.start()
-    time.sleep(0.15)
+    wait_for_rows(s, 4, at_least_s=0.15)
     s.stop()
     rows = pd.DataFrame(s.rows())
     energy = rows["gpu0_energy_j"].to_numpy()
@@ -125,7 +125,7 @@ def test_the_sampler_integrates_power_without_a_counter(monkeypatch):
     notes: list[str] = []
     s = Sampler(0.005, lambda: 0, note=notes.append)
     s.start()
-    time.sleep(0.05)
+    wait_for_rows(s, 3, at_least_s=0.05)
     s.stop()
     rows = pd.DataFrame(s.rows())
     assert any("no total energy counter" in n for n in notes)
