@@ -6,6 +6,7 @@ embedded viewer and its script hash, and the static PNG; on the recorded CPU run
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import re
@@ -121,12 +122,28 @@ def _timeline_part(sections) -> TimelinePart:
     return part
 
 
+#: how much later the diff view's second run starts on its own clock
+SHIFT_US = 5_000.25
+
+
+def _shifted_copy(src: Path, dest: Path, shift_us: float) -> None:
+    """A copy of a run folder whose trace's events all happen ``shift_us`` later."""
+    shutil.copytree(src, dest)
+    doc = json.loads(gzip.decompress((dest / "trace.json.gz").read_bytes()))
+    for e in doc["traceEvents"]:
+        if "ts" in e:
+            e["ts"] = float(e["ts"]) + shift_us
+    (dest / "trace.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    for cached in dest.glob("*.tables.npz"):
+        cached.unlink()
+
+
 def test_swift_nb_timeline_and_the_diff_view(run, tmp_path):
     finding = Finding("data_loading", "Data loading is slow", {}, "more workers")
     single = swift_nb.timeline(run.path, findings=[finding])
     assert isinstance(single, TimelineWidget)
     assert single.places[0]["title"] == "slowest step"
-    shutil.copytree(COST_RUN, tmp_path / "other")
+    _shifted_copy(COST_RUN, tmp_path / "other", SHIFT_US)  # the same steps, later on its clock
     pair = timeline(run, other=tmp_path / "other", step=4, findings=[])
     a, b = [w for w in pair.children if isinstance(w, TimelineWidget)]
     for w in (a, b):
@@ -135,6 +152,7 @@ def test_swift_nb_timeline_and_the_diff_view(run, tmp_path):
     start = step_window(a.timeline, 4)[0]
     a.view = {"start_us": start + 100.0, "end_us": start + 300.0}
     other_start = step_window(b.timeline, 4)[0]
+    assert other_start - start == pytest.approx(SHIFT_US)  # the diff view has an offset to keep
     assert b.goto["exact"] and (b.goto["start_us"], b.goto["end_us"]) == (
         other_start + 100,
         other_start + 300,
