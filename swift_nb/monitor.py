@@ -37,19 +37,24 @@ class Report:
 class ResourceMonitor:
     """Sample utilisation and memory every ``interval`` steps.
 
-    interval: take a sample at every ``interval``-th ``step_end``, right there (10–50 is
-    typical; a sample costs well under a millisecond).
-    log_dir: root folder of run folders (default ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``).
-    monitor_gpu: read NVML and the CUDA allocator when a GPU is present.
-    monitor_memory: also sample every ``interval_ms`` in the background (memory spikes
-    between steps); False samples at step ends only.
-    on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` (a step-time regression)
-    while the loop runs. price_per_hour, price_per_kwh: USD per device-hour and per kWh,
-    for the cost (``swift_nb.analysis.cost``). log_to:
-    trackers the report is sent to (``swift_nb.export``).
-
     Hours of training keep memory bounded: steps stream to steps.csv every second, samples
     are decimated (at most 20 000), alerts keep 250 step times (``benchmarks/monitoring.py``).
+
+    Args:
+        interval: take a sample at every ``interval``-th ``step_end``, right there (10–50 is
+            typical; a sample costs well under a millisecond; default 10).
+        log_dir: root folder of run folders (default ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``).
+        monitor_gpu: read NVML and the CUDA allocator when a GPU is present (default True).
+        monitor_memory: also sample every ``interval_ms`` in the background (memory spikes
+            between steps); False samples at step ends only (default True).
+        interval_ms: the background sampling period in ms (default 1000).
+        label: a name for the run.
+        context: facts to store with the run (``run.context``).
+        on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` (a step-time
+            regression) while the loop runs.
+        price_per_hour: USD per device-hour, for the cost (``swift_nb.analysis.cost``).
+        price_per_kwh: USD per kWh, for the cost.
+        log_to: trackers the report is sent to (``swift_nb.export``).
     """
 
     def __init__(

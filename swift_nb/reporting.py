@@ -56,16 +56,29 @@ def report(
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
     reason is in ``run.problems`` and the report, never raised: what was measured is never
     lost to it. Only run.json is rewritten (the report's name in ``files``), never the
-    tables read. ``trace_events``: the trace's events when the caller holds them already
-    (saves reading the file); ``trace_tables``: their tables, when built already (saves
-    building them); ``figures``: figures drawn already (``ReportAhead.figures``). Figures
-    of the report this one replaces that show the same are not drawn again either.
-    ``ranks``: for a job, its ranks' analyses made already (the importer's workers).
-    ``drawing``: figures being drawn elsewhere while this analyses (``api.finish``): called
-    once the analysis is done, what it returns joins ``figures``; failing, they are drawn here.
-    ``price_per_hour``, ``price_per_kwh``: USD per device-hour and per kWh, kept in the run's
-    context, for its money keys (``swift_nb.analysis.cost``; default: the prices it was
-    captured or imported with, else ``$SWIFT_NB_PRICE_PER_HOUR`` or the GPU's list price)."""
+    tables read. Figures of the report this one replaces that show the same are not drawn
+    again either (nor those given in ``figures``).
+
+    Args:
+        run: the saved Run, or its folder (loaded with ``load_run``).
+        trace_events: the trace's events when the caller holds them already (saves reading
+            the file).
+        trace_tables: their tables, when built already (saves building them).
+        figures: figures drawn already (``ReportAhead.figures``).
+        ranks: for a job, its ranks' analyses made already (the importer's workers).
+        drawing: figures being drawn elsewhere while this analyses (``api.finish``): called
+            once the analysis is done, what it returns joins ``figures``; failing, they are
+            drawn here.
+        price_per_hour: USD per device-hour, kept in the run's context, for its money keys
+            (``swift_nb.analysis.cost``; default: the price it was captured or imported with,
+            else ``$SWIFT_NB_PRICE_PER_HOUR`` or the GPU's list price).
+        price_per_kwh: USD per kWh, kept in the run's context, for its money keys (default:
+            the price it was captured or imported with, else ``$SWIFT_NB_PRICE_PER_KWH``).
+
+    Returns:
+        A ``Reported``: the run, its analyses (``analysis``; None when they could not run)
+        and the report's sections.
+    """
     price_per_hour = check_price("price_per_hour", price_per_hour)
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
@@ -141,10 +154,18 @@ def findings_of(run: Run | None) -> list:
 
 
 def compare(*runs: Run | Path | str, names: Sequence[str] | None = None, html: bool = False):
-    """Compare runs side by side; the first is the baseline. Returns the table (one row
-    per run: step time, throughput, peak memory by category, utilisation, ratios to the
-    baseline, the baseline advisor's prediction for each variant's toggles).
-    ``html=True`` also writes ``compare.html`` into the baseline's folder."""
+    """Compare runs side by side; the first is the baseline.
+
+    Args:
+        *runs: the runs (Runs or their folders), the baseline first.
+        names: what to call them, one per run (default: each run's variant, label or id).
+        html: also write ``compare.html`` into the baseline's folder (default False).
+
+    Returns:
+        The table, one row per run: step time, throughput, peak memory by category,
+        utilisation, ratios to the baseline, the baseline advisor's prediction for each
+        variant's toggles.
+    """
     loaded = [r if isinstance(r, Run) else load_run(r) for r in runs]
     if names is None:
         names = [r.context.get("variant") or r.label or r.id for r in loaded]

@@ -157,9 +157,23 @@ def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyze: bool = True
 
 
 def export(run: Run | Path | str, to: str, *, max_points: int = DEFAULT_MAX_POINTS, **kwargs: Any) -> str:
-    """Send ``run`` (a Run or a run folder) to ``to`` (``"mlflow"``, ``"wandb"`` or
-    ``"tensorboard"``); returns where it went (the MLflow run id, the W&B run's path, the
-    TensorBoard log folder). See the module's docstring for what is sent and the arguments."""
+    """Send ``run`` to a tracker. See the module's docstring for what is sent and the arguments.
+
+    Args:
+        run: a Run or a run folder.
+        to: the tracker: ``"mlflow"``, ``"wandb"`` or ``"tensorboard"``, with arguments as
+            ``"tensorboard:log_dir=runs"``.
+        max_points: the most steps of each per-step series, evenly spread over the run (a whole
+            number, at least 2; default 10 000).
+        **kwargs: the tracker's arguments, over those in ``to``: ``tracking_uri`` (MLflow),
+            ``dir`` (W&B), ``log_dir`` (TensorBoard); any other goes to the library.
+
+    Returns:
+        Where it went: the MLflow run id, the W&B run's path, the TensorBoard log folder.
+
+    Raises:
+        MissingDependencyError: the tracker's optional extra is not installed (an ``ImportError``).
+    """
     name, spec_kwargs = parse_log_to(to)
     lib = require_tracker(name)  # before any work: a missing extra is said at once
     if not isinstance(max_points, int) or isinstance(max_points, bool) or max_points < 2:

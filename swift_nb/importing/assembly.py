@@ -64,27 +64,39 @@ def import_trace(
 ) -> Run:
     """Import torch.profiler traces (one per rank) as a swift_nb run and return it.
 
-    ``paths``: trace files, or folders of them (``.json`` / ``.json.gz``); several ranks of
-    one job make one job record. ``out_dir``: the folder of run folders (default
-    ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``); the run's folder is created in it.
-    ``report``: analyze the run and write its report.html (as ``swift_nb.report``).
-    ``max_bytes``: the most JSON one trace may hold once decompressed (default 16 GiB); a
-    larger file, or a gzip that would inflate past it, is refused as it decompresses.
-    ``workers``: processes that read the ranks' traces at once (default: one per core, at
-    most one per trace; a job of under 16 MB of files is read in this process, as with
-    ``workers=1``); each rank is reduced to its tables and record before the next, so
-    memory does not grow with the number of ranks.
-    ``executor``: any ``concurrent.futures.Executor`` that reads the ranks instead (a Dask
-    client's ``get_executor()``; it is not shut down): every trace is read and reduced
-    where the executor runs it, its copy and tables written into a staging folder beside
-    the run, so its workers must see the traces and ``out_dir`` at the same paths. A rank
-    whose work fails other than on its trace (a worker killed or lost, a file it cannot
-    see) is a ``RanksNotReadError`` naming the traces not read.
-    ``price_per_hour``: USD one GPU costs an hour, for the run's money keys
-    (``swift_nb.analysis.cost``: default ``$SWIFT_NB_PRICE_PER_HOUR``, else the list price of
-    the trace's GPU); ``price_per_kwh``: USD per kWh (a trace records no energy: kept for
-    runs compared with it).
     Imported runs are never pruned by the import: it adds a folder and deletes nothing.
+
+    Args:
+        paths: trace files, or folders of them (``.json`` / ``.json.gz``); several ranks of
+            one job make one job record.
+        out_dir: the folder of run folders (default ``$SWIFT_NB_DIR`` or ``./swift_nb_runs``);
+            the run's folder is created in it.
+        label: a name for the run; its folder's name is made from the time and the label
+            (``"import"`` when none is given).
+        report: analyze the run and write its report.html (as ``swift_nb.report``; default
+            True).
+        max_bytes: the most JSON one trace may hold once decompressed (default 16 GiB); a
+            larger file, or a gzip that would inflate past it, is refused as it decompresses.
+        workers: processes that read the ranks' traces at once (default: one per core, at
+            most one per trace; a job of under 16 MB of files is read in this process, as with
+            ``workers=1``); each rank is reduced to its tables and record before the next, so
+            memory does not grow with the number of ranks.
+        executor: any ``concurrent.futures.Executor`` that reads the ranks instead (a Dask
+            client's ``get_executor()``; it is not shut down): every trace is read and reduced
+            where the executor runs it, its copy and tables written into a staging folder
+            beside the run, so its workers must see the traces and ``out_dir`` at the same
+            paths.
+        price_per_hour: USD one GPU costs an hour, for the run's money keys
+            (``swift_nb.analysis.cost``: default ``$SWIFT_NB_PRICE_PER_HOUR``, else the list
+            price of the trace's GPU).
+        price_per_kwh: USD per kWh (a trace records no energy: kept for runs compared with it).
+
+    Returns:
+        The imported Run, saved in its folder (analyzed, with its report, when ``report``).
+
+    Raises:
+        RanksNotReadError: a rank whose work fails other than on its trace (a worker killed or
+            lost, a file it cannot see), naming the traces not read.
     """
     price_per_hour = check_price("price_per_hour", price_per_hour)
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)

@@ -144,10 +144,22 @@ def timeline(
     step: int | None = None,
     findings: Iterable[Finding] | None = None,
 ) -> widgets.Widget:
-    """The zoomable timeline of ``run`` (a Run or its folder); ``rank``: one rank of a
-    job's folder. ``other``: a second run drawn below the first, both zoomed to profiler
-    step ``step`` (the diff view). ``findings``: the advisor's, for "show on timeline"
-    (by default the run is analyzed for them)."""
+    """The zoomable timeline of ``run``.
+
+    Args:
+        run: a Run or its folder.
+        rank: one rank of a job's folder (default: the run's own rank; past 16 ranks, one
+            summary track per rank).
+        other: a second run (or its folder) drawn below the first, both zoomed to profiler
+            step ``step`` (the diff view).
+        step: the profiler step the timeline opens zoomed to (default: the whole trace).
+        findings: the advisor's, for "show on timeline" (by default the run is analyzed for
+            them).
+
+    Returns:
+        The widget: the timeline, or with ``other`` both runs' timelines, each under its
+        name, the two following each other's zoom.
+    """
     run = run if isinstance(run, Run) else load_run(run)
     if other is None:
         return _with_places(TimelineWidget(run, rank=rank), findings, step)

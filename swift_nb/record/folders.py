@@ -103,16 +103,24 @@ def _runs_row(found: _Found) -> dict[str, Any]:
 
 
 def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFrame:
-    """Recent runs under ``root`` (default ``default_root()``), newest first.
+    """Recent runs under ``root``, newest first.
 
-    Columns: id, label, status, started_at (ISO, UTC), wall_s, steps, step_time_median_s,
-    peak_mem_bytes, device_idle_pct, device_compute_pct, finetune (``LoRA r=8 · 0.9 %``;
-    None when the run recorded none), pinned, path, world_size (ranks of the job; 1 for a single process),
-    problem. A record left ``running`` by a process that no longer exists shows status
-    ``crashed``. A folder whose run.json is damaged is a row too, status ``damaged``
-    (id: the folder's name), with what is wrong in ``problem``: listing it, rather than
-    skipping it with a warning, keeps it in sight in a notebook, where warnings go
-    unseen, and says where it is. ``problem`` also names a missing steps.csv.
+    A record left ``running`` by a process that no longer exists shows status ``crashed``.
+    A folder whose run.json is damaged is a row too, status ``damaged`` (id: the folder's
+    name), with what is wrong in ``problem``: listing it, rather than skipping it with a
+    warning, keeps it in sight in a notebook, where warnings go unseen, and says where it
+    is. ``problem`` also names a missing steps.csv.
+
+    Args:
+        root: the folder of run folders (default ``default_root()``: ``$SWIFT_NB_DIR`` or
+            ``./swift_nb_runs``).
+        limit: the most runs listed, the newest (default: all).
+
+    Returns:
+        A DataFrame, one row per run folder. Columns: id, label, status, started_at (ISO,
+        UTC), wall_s, steps, step_time_median_s, peak_mem_bytes, device_idle_pct,
+        device_compute_pct, finetune (``LoRA r=8 · 0.9 %``; None when the run recorded none),
+        pinned, path, world_size (ranks of the job; 1 for a single process), problem.
     """
     root = Path(root) if root is not None else default_root()
     found = list(reversed(_scan(root)))
@@ -129,7 +137,12 @@ def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFra
 
 
 def pin(run: Run | Path | str, pinned: bool = True) -> None:
-    """Protect a run folder from retention (or lift the protection)."""
+    """Protect a run folder from retention (or lift the protection).
+
+    Args:
+        run: a saved Run, or its folder.
+        pinned: True protects the folder, False lifts the protection (default True).
+    """
     folder = run.path if isinstance(run, Run) else Path(run)
     if folder is None:
         raise ValueError("this run has not been saved yet; there is nothing to pin")
@@ -143,13 +156,22 @@ def pin(run: Run | Path | str, pinned: bool = True) -> None:
 def prune(root: Path | str | None = None, keep: int | None = None, spare: Path | None = None) -> list[Path]:
     """Delete the oldest finished runs beyond the newest ``keep``; return what was deleted.
 
-    ``keep`` counts finished runs (every status but a live ``running``). ``spare`` (the
-    run that has just finished) is one of them whatever its age: a run that ran while a
-    newer one started and ended is kept at its own end, and the other goes. Runs still
-    being written by a live process do not count and are never deleted: their own end,
-    or any later prune, brings the folder back to ``keep``. Pinned runs do not count and
-    are never deleted, nor are damaged folders (``runs()`` lists them: look before
-    deleting what cannot be read).
+    Runs still being written by a live process do not count and are never deleted: their
+    own end, or any later prune, brings the folder back to ``keep``. Pinned runs do not
+    count and are never deleted, nor are damaged folders (``runs()`` lists them: look
+    before deleting what cannot be read).
+
+    Args:
+        root: the folder of run folders (default ``default_root()``: ``$SWIFT_NB_DIR`` or
+            ``./swift_nb_runs``).
+        keep: the finished runs kept (every status but a live ``running``), at least 1
+            (default ``$SWIFT_NB_KEEP`` or 20).
+        spare: the run folder that has just finished: one of those kept whatever its age,
+            so a run that ran while a newer one started and ended is kept at its own end,
+            and the other goes.
+
+    Returns:
+        The run folders deleted.
     """
     root = Path(root) if root is not None else default_root()
     keep = default_keep() if keep is None else keep

@@ -261,10 +261,19 @@ def _read_table(
 def load_run(path: Path | str) -> Run:
     """Rebuild a Run from its folder (or from the folder's ``run.json``).
 
-    Every file is checked as it is read: a damaged or foreign one raises ``RecordError``
-    (a ValueError) naming the file and what is wrong; a folder without ``run.json`` raises
-    FileNotFoundError. A missing table, or a last line cut off by a kill, loads: what it
-    means goes to ``run.problems`` and ``run.notes``.
+    Every file is checked as it is read. A missing table, or a last line cut off by a kill,
+    loads: what it means goes to ``run.problems`` and ``run.notes``.
+
+    Args:
+        path: the run's folder, or its ``run.json``.
+
+    Returns:
+        The Run, its tables read and ``run.path`` the folder.
+
+    Raises:
+        RecordError: a damaged or foreign file (a ValueError), naming the file and what is
+            wrong.
+        FileNotFoundError: a folder without ``run.json``.
     """
     folder = Path(path)
     if folder.name == RUN_FILE:

@@ -91,7 +91,15 @@ def atomic_write_csv(path: Path, df: pd.DataFrame) -> None:
 
 
 def save(run: Run, path: Path | str | None = None) -> Path:
-    """Write ``run`` into its folder (``path``, else ``run.path``) and return the folder."""
+    """Write ``run`` into its folder and return the folder.
+
+    Args:
+        run: the Run to write: its tables, then run.json.
+        path: the folder (default ``run.path``); created if missing, and set as ``run.path``.
+
+    Returns:
+        The folder written.
+    """
     folder = Path(path) if path is not None else run.path
     if folder is None:
         raise ValueError("save() needs a folder: pass path=... or set run.path")

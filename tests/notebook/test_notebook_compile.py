@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "04_compile_and_shard.ipynb"
 
 pytestmark = [
-    pytest.mark.slow,  # executes the notebook: a compiled run and three reruns, one of two ranks
+    # executes the notebook: a compiled run and three reruns, one of two ranks
     pytest.mark.skipif(
         cxx_compiler() is None,
         reason="Inductor needs a C++ compiler on CPU and none is installed (g++, c++, clang++)",

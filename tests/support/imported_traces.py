@@ -8,3 +8,4 @@ GPU = Path(__file__).parents[1] / "data" / "gpu"
 
 
 NCCL_RANK0 = GPU / "gpu_nccl_2ranks_rank0.json.gz"
+JOB = [GPU / "gpu_128ranks_rank0.json.gz", GPU / "gpu_128ranks_rank1.json.gz"]

@@ -12,7 +12,7 @@ import shutil
 import pandas as pd
 import pytest
 import torch
-from support.imported_traces import GPU, NCCL_RANK0
+from support.imported_traces import GPU, JOB, NCCL_RANK0
 
 import swift_nb
 from swift_nb.core.errors import ConfigError, RecordError
@@ -20,9 +20,6 @@ from swift_nb.importing.rank import TRIGGER
 from swift_nb.record import load_run, rank_folder, runs
 
 ONE_RANK = GPU / "gpu_1rank_5steps.json.gz"
-
-
-JOB = [GPU / "gpu_128ranks_rank0.json.gz", GPU / "gpu_128ranks_rank1.json.gz"]
 
 
 def _report_text(run) -> str:

@@ -107,8 +107,17 @@ class RunDiff:
 
 
 def diff(run_a: Run | Path | str, run_b: Run | Path | str, names: tuple[str, str] | None = None) -> RunDiff:
-    """What changed from ``run_a`` to ``run_b`` (runs or their folders); ``names``: what to
-    call them (default: each run's variant, label or id)."""
+    """What changed from ``run_a`` to ``run_b``.
+
+    Args:
+        run_a: the run compared from (a Run or its folder).
+        run_b: the run compared to (a Run or its folder).
+        names: what to call them, ``(a, b)`` (default: each run's variant, label or id).
+
+    Returns:
+        A ``RunDiff``: what differs in their environments, step times, peak memories and
+        money, and per step in their kernels and operators, with the changes in words.
+    """
     a, b = (r if isinstance(r, Run) else load_run(r) for r in (run_a, run_b))
     a_name, b_name = names if names is not None else (run_name(a), run_name(b))
     trace_a, trace_b = load_trace(a), load_trace(b)

@@ -50,18 +50,37 @@ def forecast(
 ) -> Forecast:
     """The peak tensor memory of a training step of ``run``'s model at ``batch_size``
     samples (per rank) of ``seq_len`` tokens, parameters in ``dtype``, with ``optimizer``
-    (a class name; default the run's), ``toggles`` (``"grad_checkpointing"``,
-    ``"flash_attention"``, ``"galore:rank=128"``, ``"sequence_parallel:sp_size=4"``,
-    ``"bf16_autocast"``, ``"zero:stage=2"``, ``"fsdp"``, ``"lora(r=16)"``: the model's
-    weights frozen and adapters trained, ``"qlora(r=16)"``: the same on a 4-bit base; on a
-    LoRA run, another rank of its adapters) over ``world_size`` ranks, on
-    ``device`` (a preset of ``DEVICES``, a number of bytes, ``"80GB"`` or ``"24GiB"``).
-    Unset arguments are the run's own. ``calibration``: a run of the same model at another
-    batch size or sequence length, to fit how activations grow instead of reading it from
-    the trace. ``steps``: price that many steps on ``device`` (``Forecast.cost_usd``) at
-    ``price_per_hour`` per device (default ``$SWIFT_NB_PRICE_PER_HOUR``, else the device's
-    list price: ``swift_nb.core.devices.PRICES_PER_HOUR``). Raises ``ConfigError`` for a bad
-    argument or a run without memory categories."""
+    and ``toggles``, over ``world_size`` ranks, on ``device``. Unset arguments are the run's
+    own.
+
+    Args:
+        run: the run whose model is forecast (a Run, or what ``measure`` read of one).
+        device: a preset of ``DEVICES``, a number of bytes, ``"80GB"`` or ``"24GiB"`` (default
+            ``DEFAULT_DEVICE``, ``"A100-80GB"``).
+        batch_size: samples per rank.
+        seq_len: tokens per sample.
+        dtype: the parameters' dtype.
+        toggles: ``"grad_checkpointing"``, ``"flash_attention"``, ``"galore:rank=128"``,
+            ``"sequence_parallel:sp_size=4"``, ``"bf16_autocast"``, ``"zero:stage=2"``,
+            ``"fsdp"``, ``"lora(r=16)"``: the model's weights frozen and adapters trained,
+            ``"qlora(r=16)"``: the same on a 4-bit base; on a LoRA run, another rank of its
+            adapters (a string, a sequence of them, or ``{id: params}``; default none).
+        world_size: the ranks the step is spread over.
+        calibration: a run of the same model at another batch size or sequence length, to fit
+            how activations grow instead of reading it from the trace.
+        optimizer: a class name (default the run's).
+        steps: price that many steps on ``device`` (``Forecast.cost_usd``) at ``price_per_hour``
+            per device.
+        price_per_hour: USD per device-hour (default ``$SWIFT_NB_PRICE_PER_HOUR``, else the
+            device's list price: ``swift_nb.core.devices.PRICES_PER_HOUR``).
+
+    Returns:
+        A ``Forecast``: the peak by category, whether it fits on ``device``, the largest batch
+        and sequence that fit, how far off the total may be, and (``steps``) the cost.
+
+    Raises:
+        ConfigError: a bad argument, or a run without memory categories.
+    """
     dev = resolve_device(device)
     price_per_hour = cost.check_price("price_per_hour", price_per_hour)
     _check_positive(steps=steps)
