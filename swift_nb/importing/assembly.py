@@ -101,11 +101,7 @@ def import_trace(
     price_per_hour = check_price("price_per_hour", price_per_hour)
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     files = trace_files(paths)
-    if not isinstance(max_bytes, int) or max_bytes <= 0:
-        raise ConfigError("max_bytes", "must be a positive number of bytes", max_bytes)
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise ConfigError("workers", "must be a whole number ≥ 1", workers)
-    _check_executor(executor, workers)
+    _check_workers(max_bytes, workers, executor)
     root = ensure_writable(Path(out_dir) if out_dir is not None else default_root())
     folder = root / new_run_id(label or "import")
     folder.mkdir()
@@ -139,8 +135,13 @@ def import_trace(
 IN_PROCESS_BYTES = 16 << 20
 
 
-def _check_executor(executor: Executor | None, workers: int | None) -> None:
-    """``executor`` is an Executor, and not given with ``workers``."""
+def _check_workers(max_bytes: int, workers: int | None, executor: Executor | None) -> None:
+    """``max_bytes`` and ``workers`` are positive whole numbers; ``executor`` is an
+    Executor, and not given with ``workers``."""
+    if not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise ConfigError("max_bytes", "must be a positive number of bytes", max_bytes)
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ConfigError("workers", "must be a whole number ≥ 1", workers)
     if executor is None:
         return
     if not isinstance(executor, Executor):
