@@ -38,3 +38,16 @@ def kernel(tmp_path_factory) -> Kernel:
     assert setup.status == "ok", setup.outputs
     yield k
     k.close()
+
+
+#: the tiers in the order their files are handed out: the longest files first, so that
+#: parallel workers (pytest-xdist, one per core) end together with the unit tier's short ones
+TIER_ORDER = ("notebook", "browser", "integration", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def tier(item: pytest.Item) -> int:
+        parts = item.path.parts
+        return next((i for i, t in enumerate(TIER_ORDER) if t in parts), len(TIER_ORDER))
+
+    items.sort(key=tier)  # stable: the order within a tier and a file is kept
