@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 from support.common import Kernel
+from support.demo_run import profile_demo_gpt
+
+from swift_nb.record import Run
 
 
 @pytest.fixture
@@ -38,6 +41,13 @@ def kernel(tmp_path_factory) -> Kernel:
     assert setup.status == "ok", setup.outputs
     yield k
     k.close()
+
+
+@pytest.fixture(scope="session")
+def demo_gpt(tmp_path_factory) -> Run:
+    """The demo GPT's profiled run that tests whose sizes don't matter share (read it, never
+    change it; a report may be written into its folder): ``support.demo_run``."""
+    return profile_demo_gpt(tmp_path_factory.mktemp("demo_gpt"))
 
 
 #: the tiers in the order their files are handed out: the longest files first, so that

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.demo_run import EVIL_LABEL, EVIL_OP
 from support.report import (  # noqa: F401 (fixtures)
-    EVIL_LABEL,
-    EVIL_OP,
     report_path,
     run,
 )

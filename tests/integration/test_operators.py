@@ -6,31 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
+from support.demo_run import ACTIVE, BATCH, D_MODEL, N_LAYER, SEQ
 
-import swift_nb
 from swift_nb.analysis.operators import COLUMNS, top_operators
 from swift_nb.analysis.trace.tables import load_trace, parse_events
-from swift_nb.demo import make_model
 from swift_nb.record import Run
 
 # Sizes chosen distinct so a shape names its source: hidden 96, seq 24, batch 3 (72 rows).
-N_LAYER, D_MODEL, SEQ, BATCH, ACTIVE = 2, 96, 24, 3, 2
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm"}
 
 
 @pytest.fixture(scope="module")
-def gpt(tmp_path_factory):
-    torch.manual_seed(0)
-    model = make_model(seq_len=SEQ, n_layer=N_LAYER, d_model=D_MODEL, n_head=2, vocab_size=256)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 256, (BATCH, SEQ))
-    with swift_nb.profile(out_dir=tmp_path_factory.mktemp("runs"), wait=0, warmup=1, active=ACTIVE) as run:
-        for _ in range(ACTIVE + 2):
-            model(x, x).backward()
-            opt.step()
-            opt.zero_grad()
-    return run, load_trace(run)
+def gpt(demo_gpt):
+    return demo_gpt, load_trace(demo_gpt)
 
 
 def _flat(dims_text: str) -> list[int]:

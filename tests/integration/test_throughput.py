@@ -7,30 +7,18 @@ import dataclasses
 
 import pandas as pd
 import pytest
-import torch
 from support.common import train
+from support.demo_run import BATCH, SEQ
 
 import swift_nb
 from swift_nb.analysis.throughput import peak_flops_per_s, throughput
 from swift_nb.analysis.trace.tables import load_trace
-from swift_nb.demo import make_model
 from swift_nb.record import STEP_COLUMNS, Run
-
-SEQ, BATCH = 24, 3
 
 
 @pytest.fixture(scope="module")
-def gpt(tmp_path_factory):
-    torch.manual_seed(0)
-    model = make_model(seq_len=SEQ, n_layer=1, d_model=32, n_head=2, vocab_size=128)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 128, (BATCH, SEQ))
-    with swift_nb.profile(out_dir=tmp_path_factory.mktemp("runs"), wait=0, warmup=1, active=1) as run:
-        for _ in range(4):
-            model(x, x).backward()
-            opt.step()
-            opt.zero_grad()
-    return run, load_trace(run)
+def gpt(demo_gpt):
+    return demo_gpt, load_trace(demo_gpt)
 
 
 def test_token_model_reveals_batch_and_sequence_length(gpt):

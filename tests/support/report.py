@@ -9,21 +9,13 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import torch
 
-import swift_nb
+from support.demo_run import EVIL_OP
 from swift_nb.analysis.advisor.findings import VERDICTS, Finding, Verdict
 from swift_nb.analysis.breakdown import step_breakdown
 from swift_nb.analysis.memory import memory_footprint, memory_timeline
-from swift_nb.demo import make_model
 from swift_nb.record import Run
 from swift_nb.render.document import report_html, write_report
-
-EVIL_LABEL = "<script>alert(1)</script>"
-
-
-EVIL_OP = "<img src=x onerror=alert(1)>"
-
 
 OPERATOR_COLUMNS = ["name", "calls", "self_time_s", "total_time_s", "self_pct", "alloc_bytes", "input_shapes"]
 
@@ -54,22 +46,9 @@ def findings() -> list[Finding]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Run:
-    """A real profiled run of the demo GPT: 4 optimizer steps, 2 recorded by the profiler."""
-    torch.manual_seed(0)
-    model = make_model(seq_len=32, n_layer=1, d_model=32, n_head=2, vocab_size=128)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 128, (2, 32))
-    out_dir = tmp_path_factory.mktemp("runs")
-    with swift_nb.profile(
-        out_dir=out_dir, wait=0, warmup=1, active=2, label=EVIL_LABEL, context={"note": EVIL_OP}
-    ) as run:
-        for _ in range(4):
-            model(x, x).backward()
-            opt.step()
-            opt.zero_grad()
-    assert run.status == "ok" and run.trace_path is not None
-    return run
+def run(demo_gpt: Run) -> Run:
+    """A real profiled run of the demo GPT (the suite's shared one: ``support.demo_run``)."""
+    return demo_gpt
 
 
 @pytest.fixture(scope="module")

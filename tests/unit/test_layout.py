@@ -209,7 +209,7 @@ def test_every_test_module_lives_in_a_tier_whose_conftest_marks_it():
 #: profiled block
 HEAVY = re.compile(
     r"subprocess\.(?:run|Popen|check_output|check_call)\(|ProcessPoolExecutor\(|nbclient|"
-    r"with swift_nb\.profile\(|\bprof\.start\(|\bdef \w+\([^)]*\b(?:kernel|browser|page)\b"
+    r"with swift_nb\.profile\(|\bprof\.start\(|\bdef \w+\([^)]*\b(?:kernel|browser|page|demo_gpt)\b"
 )
 
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
+from support.demo_run import EVIL_OP
 from support.report import (
-    EVIL_OP,
     GLUED,
     OPERATOR_COLUMNS,
     operators,
