@@ -259,12 +259,14 @@ class LivePanel:
 
     @staticmethod
     def _send(widget: widgets.Widget, **state: Any) -> None:
-        """Set the traits whose value changed, in one message (none if nothing did)."""
+        """Set the traits whose value changed, in one message (none if nothing did). A
+        bound (``max``, ``min``) is set before ``value``: ipywidgets clamps a value to the
+        bounds in force when it is set (40 of a bar whose ``max`` is still 6 would be 6)."""
         changed = {k: v for k, v in state.items() if getattr(widget, k) != v}
         if changed:
             with widget.hold_sync():
-                for k, v in changed.items():
-                    setattr(widget, k, v)
+                for k in sorted(changed, key=lambda k: k not in ("max", "min")):
+                    setattr(widget, k, changed[k])
 
     def _read_sample(self) -> None:
         row = self._session.latest_sample()
