@@ -51,13 +51,24 @@ def demo_gpt(tmp_path_factory) -> Run:
 
 
 #: the tiers in the order their files are handed out: the longest files first, so that
-#: parallel workers (pytest-xdist, one per core) end together with the unit tier's short ones
+#: parallel workers (pytest-xdist, one per core, a file each) end together with the unit
+#: tier's short ones
 TIER_ORDER = ("notebook", "browser", "integration", "unit")
+#: the files that take minutes (reruns, ranks, DDP jobs), first within their tier
+LONG_FIRST = (
+    "test_rerun.py",
+    "test_ranks.py",
+    "test_advisor.py",
+    "test_data_parallel.py",
+    "test_sequence_parallel.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def tier(item: pytest.Item) -> int:
+    def order(item: pytest.Item) -> tuple[int, int]:
         parts = item.path.parts
-        return next((i for i, t in enumerate(TIER_ORDER) if t in parts), len(TIER_ORDER))
+        tier = next((i for i, t in enumerate(TIER_ORDER) if t in parts), len(TIER_ORDER))
+        long = LONG_FIRST.index(item.path.name) if item.path.name in LONG_FIRST else len(LONG_FIRST)
+        return tier, long
 
-    items.sort(key=tier)  # stable: the order within a tier and a file is kept
+    items.sort(key=order)  # stable: the order within a file is kept

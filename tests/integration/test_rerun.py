@@ -181,13 +181,13 @@ FAULTY = (
     [
         ("raise", "failed", "RuntimeError: boom in the galore variant", None),
         ("abort", "crashed", "killed by SIGABRT", "301.25"),
-        ("hang", "timeout", "no result after 45 s", "302.25"),
+        ("hang", "timeout", "no result after 25 s", "302.25"),
     ],
 )
 def test_a_failing_variant_is_reported_and_the_others_still_run(tmp_path, mode, status, message, marker):
     cells = [SETUP, OPT, f"MODE = {mode!r}"]
     outcomes = run_variants(
-        cells, FAULTY, FLAGS, parse_variants("galore(rank=16),flash_attention"), tmp_path, timeout_s=45
+        cells, FAULTY, FLAGS, parse_variants("galore(rank=16),flash_attention"), tmp_path, timeout_s=25
     )
     by = {o.variant: o for o in outcomes}
     assert by["baseline"].status == "ok" and by["flash_attention"].status == "ok"
