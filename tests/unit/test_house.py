@@ -5,6 +5,7 @@ torch.profiler's spelled in one place."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
@@ -23,63 +24,16 @@ def _sources() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py")) + sorted(SCRIPTS.rglob("*.py"))
 
 
-def _module(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _house():
+    """benchmarks/house.py, the one reading of the package's imports (its table is the
+    benchmark; these tests hold its figures to the limits)."""
+    spec = importlib.util.spec_from_file_location("house", PACKAGE.parent / "benchmarks" / "house.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module → the package's modules it imports anywhere in its file: at the top, under
-    ``TYPE_CHECKING`` or inside a function. ``from pkg import sub`` names the submodule."""
-    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {a.name for a in node.names if a.name in modules}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
-                found |= subs
-                if len(subs) < len(node.names) and node.module in modules:
-                    found.add(node.module)
-        graph[name] = found - {name}
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+house = _house()
 
 
 def test_the_top_holds_only_the_entry_points():
@@ -88,12 +42,12 @@ def test_the_top_holds_only_the_entry_points():
 
 
 def test_no_import_cycle():
-    graph = import_graph()
-    assert graph["swift_nb.importing.rank"] and not cycles(graph), cycles(graph)
+    graph = house.import_graph(PACKAGE)
+    assert graph["swift_nb.importing.rank"] and not house.cycles(graph), house.cycles(graph)
 
 
 def test_the_cycle_check_finds_a_cycle():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert house.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_folder_holds_more_than_twenty_modules():
