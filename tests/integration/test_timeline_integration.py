@@ -35,4 +35,7 @@ def test_a_profiled_cpu_run_draws_its_ops_steps_and_counters(cpu_run):
     inside = counters[(counters["t_us"] >= tl.start_us) & (counters["t_us"] <= tl.end_us)]
     assert len(inside)
     found = places(cpu_run, analyze(cpu_run).findings)
-    assert tl.start_us <= found["slowest_step"][0] + 1e3 and found["slowest_step"][1] <= tl.end_us + 1e5
+    # the slowest step's window is padded by a quarter of the step on each side (a step slowed
+    # by a loaded machine pads far): the step it is centred on lies inside the trace
+    w0, w1 = found["slowest_step"]
+    assert tl.start_us <= (w0 + w1) / 2 <= tl.end_us
