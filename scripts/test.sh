@@ -36,10 +36,11 @@ fi
 .venv/bin/mypy
 node --test tests/js/
 if [ "$fast" = 1 ]; then args=(tests/unit ${args[@]+"${args[@]}"}); fi
-# One worker per core (pytest-xdist), each test file on one worker so that a module's
-# fixtures are made once; the longest tiers are handed out first (tests/conftest.py).
-# SWIFT_NB_TEST_WORKERS=0 runs every test in this process.
-workers="${SWIFT_NB_TEST_WORKERS:-auto}"
+# SWIFT_NB_TEST_WORKERS=auto (or N) runs one worker per core (pytest-xdist), each test file
+# on one worker so that a module's fixtures are made once, the longest tiers handed out first
+# (tests/conftest.py). The default is one process: on 2 cores, two workers overload the
+# machine enough to fail a few load-sensitive tests (tests/README.md).
+workers="${SWIFT_NB_TEST_WORKERS:-0}"
 if [ "$workers" != 0 ]; then args=(-n "$workers" --dist loadfile ${args[@]+"${args[@]}"}); fi
 set +e
 .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
