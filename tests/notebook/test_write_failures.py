@@ -101,9 +101,11 @@ def test_magic_cell_whose_folder_of_runs_is_replaced(kernel, tmp_path):
     root = tmp_path / "runs"
     res = kernel.execute(
         f"%%swift_profile --out {root} --wait 0 --warmup 1 --active 2\n"
-        "import pathlib, shutil\n"
+        "import os, pathlib\n"
         "m = train(6)\n"
-        f"shutil.rmtree({str(root)!r}); pathlib.Path({str(root)!r}).write_text('not a folder')\n"
+        # A rename is atomic: rmtree could race the background writer ("Directory not empty").
+        f"os.rename({str(root)!r}, {str(tmp_path / 'moved')!r}); "
+        f"pathlib.Path({str(root)!r}).write_text('not a folder')\n"
         "print('cell done')"
     )
     assert res.status == "ok", res.outputs
