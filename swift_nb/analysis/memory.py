@@ -11,6 +11,11 @@ from swift_nb.record import MEMORY_CATEGORIES, Run
 FOOTPRINT_COLUMNS = ["category", "at_peak_bytes", "max_bytes", "share_pct"]
 
 
+#: a category added after runs were recorded without it (their logits are among their
+#: activations and other tensors): a table that lacks it is still one with categories
+LATER = "logits_bytes"
+
+
 def memory_footprint(run: Run) -> pd.DataFrame:
     """One row per category: bytes at the recorded steps' peak (median over those steps),
     the category's own maximum, and its share of the peak (%). Empty when the profiler
@@ -22,8 +27,9 @@ def memory_footprint(run: Run) -> pd.DataFrame:
     from before ``frozen_parameters`` existed) is NaN: unknown, not 0."""
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     steps = run.steps
-    if not set(cols) <= set(steps.columns):
+    if not set(cols) - {LATER} <= set(steps.columns):
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
+    steps = steps.reindex(columns=[*steps.columns, *(c for c in cols if c not in steps)])
     recorded = steps.dropna(subset=cols, how="all")
     if recorded.empty:
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
@@ -32,6 +38,7 @@ def memory_footprint(run: Run) -> pd.DataFrame:
         recorded = followers
     at_peak = recorded[cols].median()
     timeline = run.memory[run.memory["step"].isin(recorded["step"])] if len(run.memory) else run.memory
+    timeline = timeline.reindex(columns=[*timeline.columns, *(c for c in cols if c not in timeline)])
     maxima = timeline[cols].max() if len(timeline) else recorded[cols].max()
     total = float(at_peak.sum(min_count=1)) or 1.0
     return pd.DataFrame(

@@ -13,7 +13,7 @@ tensors by their module paths.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -77,6 +77,21 @@ def in_frames(frames: list[FrameType]) -> dict[str, nn.Module]:
         if frameworks.is_trainer(owner) or frameworks.is_lightning_trainer(owner):
             for attr in FRAMEWORK_MODELS:
                 add(f"trainer.{attr}", getattr(owner, attr, None))
+    return roots(found)
+
+
+def in_namespace(namespace: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """The root models among a namespace's variables (one level inside its containers)."""
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        items = [(name, value)]
+        if isinstance(value, (list, tuple)) and len(value) <= 64:
+            items += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        for key, v in items:
+            if isinstance(v, nn.Module) and id(v) not in found:
+                found[id(v)] = (key, v)
     return roots(found)
 
 

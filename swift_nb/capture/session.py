@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pandas as pd
 import torch
 
 from swift_nb.capture import dist, finetune, job, signals
+from swift_nb.capture import models as found_models
 from swift_nb.capture.compile import CompileRecorder
 from swift_nb.capture.digest import DigestResult
 from swift_nb.capture.environment import environment
@@ -36,6 +38,7 @@ from swift_nb.capture.resources.rss import RssReader
 from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
+from swift_nb.capture.tokens import TokenCounter, lm_head, step_columns
 from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecorder, TraceResult
 from swift_nb.core import trace_names
 from swift_nb.core.errors import ConfigError, RunDirError
@@ -116,9 +119,15 @@ class Session:
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
         self._memory = MemoryRecorder(
-            profiler, self._watcher.optimizers.values(), self.note, lambda: self._watcher.models.values()
+            profiler,
+            self._watcher.optimizers.values(),
+            self.note,
+            lambda: self._watcher.models.values(),
+            lambda: self._lm_head,
         )
+        self._lm_head: tuple[int, int] | None = None  # the LM's (vocabulary, hidden): capture.tokens
         self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
+        self._tokens = TokenCounter()  # tokens per step: swift_nb.capture.tokens
         self.trace_tables: Any = None  # what on_trace's build made of the trace (take_trace_tables)
         self._helper: Helper | None = None  # digests the trace off this process (capture.helper)
         self._trace_lost = False  # the trace was recorded, then could not be written
@@ -146,7 +155,10 @@ class Session:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> Run:
+    def start(self, namespace: Mapping[str, Any] | None = None) -> Run:
+        """Begin capturing. ``namespace``: where the cell's objects live when the caller is
+        not the cell's own frame (a notebook's user namespace), so its models' tokens are
+        counted from the first step."""
         self._watcher.install()  # refuses a nested profile before anything is written
         run = self.run
         try:
@@ -167,6 +179,10 @@ class Session:
             if self._job is not None:
                 self._job.started(run)
             self._compile.install()
+            models = found_models.on_stack(sys._getframe(1))
+            if namespace is not None:
+                models.update(found_models.in_namespace(namespace))
+            self._watch_tokens(models)
             self._t0 = time.perf_counter()
             if self._cuda:
                 torch.cuda.reset_peak_memory_stats()
@@ -289,6 +305,7 @@ class Session:
             run.status = status
             return run
         steps = self._steps_table(end_s)
+        self._add_tokens(steps)
         if trace is not None and trace.path is not None:
             self._add_trace(run, steps, trace)
         elif self.profiler_cfg is not None and not self._trace_lost:
@@ -369,6 +386,7 @@ class Session:
         trace, or None."""
         self._watcher.remove()
         self._compile.remove()
+        self._tokens.finish()  # its hooks off the models (the counts stay for _add_tokens)
         if self._journal is not None:
             self._journal.stop()
             if self._journal.failed:
@@ -417,11 +435,47 @@ class Session:
 
     def _bookkeeping(self, k: int, t_in: float, trigger: str) -> None:
         self._rows.append(self._row(k, self._step_start, t_in - self._t0, trigger, self._hook_cost_now))
+        self._tokens.at_boundary(k)
+        if k == 0:  # the models the first boundary found (built inside the cell)
+            self._watch_tokens(self._watcher.models)
         if self._sampler is not None and (k + 1) % self.sample_every == 0:
             self._sampler.on_step(self.sync_samples)
         self._memory.at_boundary(self._step)
         if self._flops is not None:
             self._flops.at_boundary(self._step, self.run.summary)
+
+    def _watch_tokens(self, models: dict[str, torch.nn.Module]) -> None:
+        """Count the tokens the models receive from now on; the language models' vocabulary
+        goes to the context (the logits' size: swift_nb.capture.memory)."""
+        try:
+            self._tokens.watch(models.values())
+            if self._lm_head is None:
+                self._lm_head = lm_head(models.values())
+                if self._lm_head is not None:
+                    self.run.context["vocab_size"] = self._lm_head[0]
+            for m in models.values():  # a Hugging Face model's attention kernel
+                attn = getattr(getattr(m, "config", None), "_attn_implementation", None)
+                if isinstance(attn, str):
+                    self.run.context.setdefault("attn_implementation", attn)
+        except Exception as e:  # an odd model must never break the training loop
+            self.note(f"tokens could not be counted ({type(e).__name__}: {e})")
+
+    def _add_tokens(self, steps: pd.DataFrame) -> None:
+        """steps.csv's ``tokens`` and ``real_tokens``, where the model received token ids."""
+        done = self._tokens.finish()
+        if self._tokens.failed:
+            self.note(f"tokens could not be counted ({self._tokens.failed})")
+        if not done or not len(steps):
+            return
+        for column, values in step_columns(done, steps["step"]).items():
+            steps[column] = values
+        if self._tokens.source is not None:
+            self.run.context["tokens_from"] = self._tokens.source
+        packed = sum(p for _, _, p in done.values())
+        if packed:
+            self.run.summary["packed_restarts"] = packed
+        if self._tokens.separated:
+            self.run.context["packed_separated_by"] = sorted(self._tokens.separated)
 
     def _row(self, k: int, start: float, end: float, trigger: str, overhead: float) -> tuple:
         peak = reserved = math.nan

@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity
 
 from swift_nb.capture.digest import DigestJob, DigestResult, digest
 from swift_nb.capture.helper import Helper, Pending
+from swift_nb.capture.memory.categories import ReplayInput
 from swift_nb.record import TRACE_FILE
 from swift_nb.vocabulary.options import ProfileOptions, check_schedule
 
@@ -180,15 +181,15 @@ class TraceRecorder:
         """Whether the trace's only cycle was exported and not yet given to the helper."""
         return self.cfg.repeat == 1 and bool(self._parts) and self._pending is None
 
-    def digest(self, replay: tuple[dict, int] | None = None) -> None:
+    def digest(self, replay: ReplayInput | None = None) -> None:
         """Give the exported cycles to the helper, to digest while the cell goes on;
         ``replay``: the optimizers' snapshots and device for the memory replay
         (``MemoryRecorder.replay_input``)."""
         if self._pending is not None or not self._parts:
             return
-        snapshots, device = replay if replay is not None else (None, 0)
+        snapshots, device, logits = replay if replay is not None else (None, 0, None)
         job = DigestJob(
-            list(self._parts), self._gz_tmp, self._out, snapshots, device, self._rank, self._build
+            list(self._parts), self._gz_tmp, self._out, snapshots, device, self._rank, self._build, logits
         )
         self._pending = self._helper.submit(DIGEST, job)
 
@@ -200,7 +201,7 @@ class TraceRecorder:
     def _gz_tmp(self) -> Path:
         return self._folder / f".{self._name}.tmp"
 
-    def finish(self, replay: tuple[dict, int] | None = None) -> TraceResult:
+    def finish(self, replay: ReplayInput | None = None) -> TraceResult:
         """The digested trace, complete once it has its name (a trace of several cycles
         is digested now: ``replay`` as for ``digest``)."""
         self.digest(replay)

@@ -214,7 +214,7 @@ class SwiftMagics(Magics):
         except (ConfigError, RuntimeError) as e:  # e.g. sequence_parallel outside a multi-rank rerun
             raise UsageError(str(e)) from None
         try:
-            session.start()
+            session.start(self.shell.user_ns)
         except RuntimeError as e:  # another profile is active (a nested %%swift_profile)
             undo_toggles(session, toggles)
             raise UsageError(str(e)) from None

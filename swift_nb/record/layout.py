@@ -65,7 +65,10 @@ STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "cras
 #     step's start beyond the parameters, frozen weights, gradients and optimizer state (library
 #     workspaces such as cuBLAS's, caches, the batch: made before the recording, never seen made);
 #   compile_s: seconds the step spent in torch.compile's compiling (dynamo, the backend,
-#     a lazy backward compile; swift_nb.capture.compile), 0 when it compiled nothing.
+#     a lazy backward compile; swift_nb.capture.compile), 0 when it compiled nothing;
+#   tokens, real_tokens (written when the run ends; steps whose model received token ids):
+#     positions the model computed (batch × sequence) and those that are not padding
+#     (swift_nb.capture.tokens), summed over the step's forward calls.
 STEP_COLUMNS = [
     "step",
     "start_s",
@@ -112,6 +115,7 @@ MEMORY_CATEGORIES = [
     "gradients",
     "optimizer_state",
     "activations",
+    "logits",
     "other",
 ]
 MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]

@@ -169,7 +169,33 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     out["mean_util_pct"] = float(util.mean()) if len(util) else None
     out["peak_util_pct"] = float(util.max()) if len(util) else None
     out.update(energy_summary(steps, samples))
+    out.update(token_summary(steps))
     return out
+
+
+def token_summary(steps: pd.DataFrame) -> dict[str, Any]:
+    """Tokens of the steps that counted them (steps.csv's ``tokens``, ``real_tokens``):
+    ``tokens_per_step`` and ``real_tokens_per_step`` (medians), ``padding_pct`` (the
+    share of computed tokens that are padding, over those steps) and ``real_tokens_per_s``
+    (real tokens over those steps' time, compiling steps left out as for the step time).
+    Empty when no step counted tokens."""
+    if "tokens" not in steps or "real_tokens" not in steps:
+        return {}
+    table = steps[["tokens", "real_tokens", "duration_s"]].apply(pd.to_numeric, errors="coerce")
+    table = table[(steps["trigger"] != "end") & table["tokens"].gt(0) & table["real_tokens"].notna()]
+    if not len(table):
+        return {}
+    compiling = pd.to_numeric(steps.get("compile_s", pd.Series(dtype=float)), errors="coerce").fillna(0.0) > 0
+    steady = table[~compiling.reindex(table.index, fill_value=False)]
+    steady = steady if len(steady) else table
+    tokens, real = float(table["tokens"].sum()), float(table["real_tokens"].sum())
+    seconds = float(steady["duration_s"].sum())
+    return {
+        "tokens_per_step": float(table["tokens"].median()),
+        "real_tokens_per_step": float(table["real_tokens"].median()),
+        "padding_pct": 100.0 * (1.0 - real / tokens) if tokens > 0 else None,
+        "real_tokens_per_s": float(steady["real_tokens"].sum()) / seconds if seconds > 0 else None,
+    }
 
 
 def _energy_columns(samples: pd.DataFrame) -> list[str]:

@@ -40,6 +40,7 @@ MEMORY_COLORS = {
     "gradients": "#ff7f0e",
     "optimizer_state": "#2ca02c",
     "activations": "#d62728",
+    "logits": "#ff9896",
     "other": "#9467bd",
 }
 # The device's time in a step's window, bottom of the stack first: work, then idle by cause.

@@ -48,7 +48,7 @@ def _saved_run(tmp_path: Path, n: int) -> Run:
     )
     t = np.linspace(0, start[-1] + dur[-1], 50)
     samples = pd.DataFrame({"t_s": t, "kind": "periodic", "step": 0, "rank": 0, "gpu0_energy_j": 250.0 * t})
-    memory = pd.DataFrame([[0.1, 3, 4e7, 0, 4e7, 8e7, 2e8, 1e6]], columns=MEMORY_COLUMNS)
+    memory = pd.DataFrame([[0.1, 3, 4e7, 0, 4e7, 8e7, 2e8, 0, 1e6]], columns=MEMORY_COLUMNS)
     r = Run(id="20261205-export", label="exported", status="ok", wall_s=float(t[-1]) + 0.5)
     r.steps, r.samples, r.memory = steps, samples, memory
     r.environment = {"device": "cuda", "devices": ["NVIDIA H100 80GB HBM3"], "world_size": 1}

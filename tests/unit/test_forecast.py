@@ -40,9 +40,11 @@ def synthetic(
     state: float | None = None,
     dtype: str = "float32",
     points: list[list[float]] | None = None,
+    logits: float = 0.0,
     **context,
 ) -> Run:
-    """A run whose two recorded steps peak at these category bytes (no trace)."""
+    """A run whose two recorded steps peak at these category bytes (no trace); ``points``:
+    rows of the six categories before ``logits`` (its bytes then 0) or of all seven."""
     e = {"float32": 4, "bfloat16": 2}[dtype]
     peak = {
         "parameters": P * e,
@@ -50,6 +52,7 @@ def synthetic(
         "gradients": P * e if gradients is None else gradients,
         "optimizer_state": 2 * P * e if state is None else state,
         "activations": activations,
+        "logits": logits,
         "other": other,
     }
     steps = pd.DataFrame(
@@ -66,7 +69,11 @@ def synthetic(
     columns = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     memory = pd.DataFrame(
         [
-            {"t_s": 0.1 * i, "step": k, **dict(zip(columns, r, strict=True))}
+            {
+                "t_s": 0.1 * i,
+                "step": k,
+                **dict(zip(columns, r if len(r) == len(columns) else [*r[:5], 0.0, *r[5:]], strict=True)),
+            }
             for k in (2, 3)
             for i, r in enumerate(points or [list(peak.values())])
         ]
@@ -154,6 +161,7 @@ def _with_scores(run: Run, **scores) -> object:
             m.categories["other"] - sb.other_per_sample - sb.other_batch_free,
             sb.other_per_sample,
             sb.other_batch_free,
+            m.categories["logits"],
         ]
     )
     return replace(m, scores=sb, timeline=np.array([row]))

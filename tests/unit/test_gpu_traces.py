@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from swift_nb.analysis import analyze, device
+from swift_nb.analysis.advisor.evidence import gather
 from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events
 from swift_nb.importing.assembly import import_trace
@@ -375,6 +376,8 @@ def test_the_verdict_comes_from_the_gpu(traces, tmp_path, name):
     analysis = analyze(run)
     verdict = analysis.verdict
     assert verdict.kind == VERDICTS[name], verdict.reason
+    # the host's parts of the step add up to at most the step (each part counted once)
+    assert sum(gather(run).shares.values()) <= 1.005
     assert verdict.evidence["device_idle_pct"] == pytest.approx(analysis.device["device_idle_pct"], abs=0.05)
     if verdict.kind == "compute-bound":
         assert verdict.reason.startswith("the GPU computes 97.4 % of the window (convolution")

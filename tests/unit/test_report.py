@@ -100,20 +100,20 @@ def test_breakdown_figure_stacks_nonzero_parts_per_step():
     figure_png(fig)
 
 
-def test_memory_figure_stacks_six_categories():
+def test_memory_figure_stacks_every_category():
     mib = 2**20
     tl = pd.DataFrame(
         [
-            (0.10, 1, mib, 4 * mib, 0, 2 * mib, 0, 0),
-            (0.11, 1, mib, 4 * mib, mib, 2 * mib, 3 * mib, 0),
-            (0.20, 2, mib, 4 * mib, mib, 2 * mib, 0, mib),
+            (0.10, 1, mib, 4 * mib, 0, 2 * mib, 0, 0, 0),
+            (0.11, 1, mib, 4 * mib, mib, 2 * mib, 2 * mib, mib, 0),
+            (0.20, 2, mib, 4 * mib, mib, 2 * mib, 0, 0, mib),
         ],
         columns=MEMORY_COLUMNS,
     )
     fig = memory_figure(tl)
     ax = fig.axes[0]
-    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 6
-    assert "frozen parameters" in ax.get_legend_handles_labels()[1]
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 7
+    assert {"frozen parameters", "logits"} <= set(ax.get_legend_handles_labels()[1])
     assert ax.get_ylabel() == "tensor memory (MiB)" and ax.get_xlabel() == "time since start (s)"
     assert "11.0 MiB" in ax.get_title()  # the peak: 1 + 4 + 1 + 2 + 3 MiB at t = 0.11 s
     big = tl.assign(parameters_bytes=4 * 2**30)

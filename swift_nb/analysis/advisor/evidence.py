@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from swift_nb.analysis.breakdown import PARTS as BREAKDOWN_PARTS
 from swift_nb.analysis.comm import comm_shares
 from swift_nb.analysis.device import (
     CAUSES,
@@ -25,6 +26,7 @@ from swift_nb.analysis.memory import memory_growth
 from swift_nb.analysis.operators import compiling_steps
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
+from swift_nb.analysis.tokens import Tokens
 from swift_nb.analysis.trace.tables import Trace, per_name, per_value
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
@@ -71,6 +73,11 @@ class Thresholds:
     small_kernel_us: float = 20.0
     # compiling (torch.compile) that holds this much of the steps' time decides the verdict
     compile_share: float = 0.5
+    # padding: this share of the tokens computed (0..1) is worth packing or grouping by length
+    padding_share: float = 0.20
+    # the loss's logits (B·T × V, with their log-softmax and gradient) holding this share of
+    # the peak are worth a fused linear cross-entropy
+    logits_share: float = 0.20
 
 
 @dataclass
@@ -229,6 +236,8 @@ class Evidence:
     batch: int = 0
     # where the run's tensors lived: "cuda" (device work or CUDA allocations in the trace) or "cpu"
     tensors_on: str = "cpu"
+    # the tokens the model received (None: it received no token ids)
+    tokens: Tokens | None = None
 
     @property
     def exposed_comm(self) -> float:
@@ -307,18 +316,11 @@ def gather(
         keep = ~ops["step"].isin(compiling)
         ops, self_us = ops[keep], self_us[keep]
     step_s = float(bd["step_s"].median()) if len(bd) else float("nan")
-    shares = {}
-    for col in (
-        "data_s",
-        "forward_s",
-        "backward_s",
-        "optimizer_s",
-        "comm_s",
-        "h2d_s",
-        "other_s",
-        "untraced_s",
-    ):
-        shares[col.removesuffix("_s")] = float((bd[col] / bd["step_s"]).median()) if len(bd) else 0.0
+    # of the steps' summed time: the shares add up to 100 % (medians per part would not)
+    total_s = float(bd["step_s"].sum()) if len(bd) else 0.0
+    shares = {
+        c.removesuffix("_s"): float(bd[c].sum()) / total_s if total_s > 0 else 0.0 for c in BREAKDOWN_PARTS
+    }
     ops_per_step = len(ops) / n_steps
     median_op_us = float(self_us.median()) if len(ops) else float("nan")
     spans = trace.steps[~trace.steps["step"].isin(compiling)] if compiling else trace.steps
@@ -358,6 +360,7 @@ def gather(
         compiled=compiled,
         batch=loader.samples or _batch_samples([], run, data.traced_batch_and_seq[0]),
         tensors_on=_tensors_on(run, trace, data.device_work),
+        tokens=Tokens.of(run),
     )
 
 

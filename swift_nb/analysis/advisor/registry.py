@@ -34,6 +34,7 @@ from swift_nb.analysis.advisor.rules import (
     sequence_parallel,
     sync_stalls,
 )
+from swift_nb.analysis.advisor.rules.tokens import logits, packed_attention, padding
 
 Rule = Callable[[Evidence, Thresholds, Mapping[str, Any]], Finding | None]
 
@@ -51,12 +52,15 @@ class Registered:
 
 
 RULES: list[Rule] = [
+    Registered(packed_attention.rule),
     Registered(data_loading.rule),
+    Registered(padding.rule),
     Registered(lora_small_batch.rule, replaces=overhead.rule),
     Registered(compile_time.rule),
     Registered(recompile.rule),
     Registered(graph_break.rule),
     Registered(eager_attention.rule),
+    Registered(logits.rule),
     Registered(lora_activations.rule, replaces=activations.rule),
     Registered(frozen_grad.rule),
     Registered(fp32_activations.rule),

@@ -42,7 +42,8 @@ class ScoreBytes:
 
 
 #: The columns of ``Measured.timeline``: the weights' categories, then activations and
-#: other each split into the rest, [.., T, T] tensors per sample and batch-free ones.
+#: other each split into the rest, [.., T, T] tensors per sample and batch-free ones, then
+#: the loss's logits (B·T × V, linear in tokens).
 PARTS = [
     "parameters",
     "frozen_parameters",
@@ -54,6 +55,7 @@ PARTS = [
     "other_rest",
     "other_per_sample",
     "other_batch_free",
+    "logits",
 ]
 
 
@@ -131,6 +133,7 @@ class Measured:
 
 _CATEGORY_COLUMNS = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
 _FROZEN = "frozen_parameters_bytes"
+_LOGITS = "logits_bytes"
 #: the fine-tuning methods whose trained parameters are LoRA adapters
 LORA_METHODS = ("lora", "qlora", "dora")
 
@@ -150,6 +153,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
     """What ``run`` measured that a forecast scales; ``ConfigError`` when it has no memory
     categories (recorded without ``profile_memory`` or with no recorded step)."""
     notes: list[str] = []
+    run = _logits_known(run)
     run, frozen_measured = _frozen_known(run, notes)
     run = _carried_apart(run)
     recorded = _recorded_steps(run)
@@ -254,6 +258,23 @@ def _frozen_known(run: Run, notes: list[str]) -> tuple[Run, bool]:
     return replace(run, steps=steps, memory=memory), False
 
 
+def _logits_known(run: Run) -> Run:
+    """``run`` with its logits as measured: a run recorded before the ``logits`` category
+    existed reads back with the column empty; its logits are among its activations and
+    other tensors, so 0 here, in a copy."""
+    steps = run.steps
+    if "activations_bytes" not in steps or not len(steps):
+        return run
+    if _LOGITS in steps and steps[_LOGITS].notna().any():
+        return run
+    memory = run.memory.assign(**{_LOGITS: 0.0}) if len(run.memory) else run.memory
+    return replace(
+        run,
+        steps=steps.assign(**{_LOGITS: np.where(steps["activations_bytes"].notna(), 0.0, np.nan)}),
+        memory=memory,
+    )
+
+
 def _frozen(finetune: Mapping[str, Any], dtype: str, frozen_bytes: float) -> tuple[str, int]:
     """(dtype, elements) of the frozen weights: the fine-tuning record's base dtype and
     count (total less trainable, plus the frozen models beside), else the parameters' dtype
@@ -283,13 +304,13 @@ def _compute_dtype(finetune: Mapping[str, Any], dtype: str, frozen_dtype: str) -
 
 
 def _split(categories: Sequence[float], scores: Sequence[float]) -> list[float]:
-    """One row of ``PARTS`` from the six category bytes and the four score bytes
-    (activations per sample, batch-free, other per sample, batch-free)."""
-    p, f, g, o, a, x = categories
+    """One row of ``PARTS`` from the category bytes (``MEMORY_CATEGORIES``' order) and the
+    four score bytes (activations per sample, batch-free, other per sample, batch-free)."""
+    p, f, g, o, a, logits, x = categories
     a_s, a_f, x_s, x_f = scores
     a_s, a_f = min(a_s, a), min(a_f, max(0.0, a - a_s))
     x_s, x_f = min(x_s, x), min(x_f, max(0.0, x - x_s))
-    return [p, f, g, o, a - a_s - a_f, a_s, a_f, x - x_s - x_f, x_s, x_f]
+    return [p, f, g, o, a - a_s - a_f, a_s, a_f, x - x_s - x_f, x_s, x_f, logits]
 
 
 def _timeline(

@@ -347,15 +347,16 @@ class CategoryPricer:
         measured_frozen, measured_state = m.categories["frozen_parameters"], m.categories["optimizer_state"]
         weights = [params / measured_params, frozen / measured_frozen if measured_frozen else 0.0]
         weights += [grads_full / measured_params, state / measured_state if measured_state else 0.0]
-        parts = m.timeline * np.concatenate([weights, act_scale * ckpt, other_scale])
-        cats = np.column_stack([parts[:, :4], parts[:, 4:7].sum(1), parts[:, 7:10].sum(1)])
+        logits_scale, l_line = self.logits(cfg)
+        parts = m.timeline * np.concatenate([weights, act_scale * ckpt, other_scale, [logits_scale]])
+        cats = np.column_stack([parts[:, :4], parts[:, 4:7].sum(1), parts[:, 10], parts[:, 7:10].sum(1)])
         col = {c: i for i, c in enumerate(MEMORY_CATEGORIES)}
         # what the run did not have: frozen weights (a full fine-tune under LoRA), optimizer state
         cats[:, col["frozen_parameters"]] += 0.0 if measured_frozen else frozen
         cats[:, col["optimizer_state"]] += 0.0 if measured_state else state
         cats[:, col["other"]] += other_extra
         at = int(np.argmax(cats.sum(axis=1)))
-        lines = [p_line, f_line, g_line, o_line, a_line, x_line, *extra_lines]
+        lines = [p_line, f_line, g_line, o_line, a_line, *([l_line] if l_line else []), x_line, *extra_lines]
         if at:
             lines.append(
                 "peak: the forecast step peaks elsewhere than the measured one, at the point of the measured "
@@ -367,6 +368,23 @@ class CategoryPricer:
                 + ")"
             )
         return Peak(dict(zip(MEMORY_CATEGORIES, cats[at].tolist(), strict=True)), lines)
+
+    def logits(self, cfg: Config) -> tuple[float, str]:
+        """How the loss's logits scale for ``cfg``: with the tokens (B·T ÷ the ranks of
+        sequence parallelism), in the dtype the loss upcasts them to whatever the model's;
+        and the line that says so ("" when the run measured none)."""
+        m = self.m
+        measured = m.categories.get("logits", 0.0)
+        if not measured:
+            return 0.0, ""
+        b0, t0 = m.shape
+        b, t = cfg.batch_size, (cfg.seq_len if m.seq_len else t0)
+        sp = Applied(cfg.toggles).sp_size
+        scale = (b * t) / (b0 * t0) / max(1, sp)
+        text = f"logits: {fmt_bytes(measured)} measured × ({b:,}×{t:,})/({b0:,}×{t0:,}) tokens"
+        if sp > 1:
+            text += f" ÷ {sp} ranks of sequence parallelism"
+        return scale, f"{text} = {fmt_bytes(measured * scale)}"
 
     def _checkpointing(self, act: float, line: str, cfg: Config) -> tuple[float, float, str]:
         """Under gradient checkpointing: the factor activations are multiplied by, the bytes

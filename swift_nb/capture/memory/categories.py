@@ -12,6 +12,9 @@ each category at every allocation:
 - an allocation made outside backward and still alive when a later backward starts is an
   activation (saved for backward; under gradient accumulation each micro-batch's forward
   keeps its own);
+- an allocation of a language model's logits, ``[.., T, V]`` with V its vocabulary (and
+  their log-softmax and gradient, the same shape), is ``logits`` whether it is kept for
+  backward or not (``Logits``: known by its size, rows × V × 2 or 4 bytes);
 - anything else (temporaries, the batch, outputs) is ``other``;
 - a free is charged to the category of the allocation it ends, or to the snapshot's
   category for storages that existed when the step began (last step's gradients).
@@ -35,6 +38,35 @@ MAX_TIMELINE_POINTS = 400  # per step
 
 
 Snapshot = dict[int, tuple[str, int]]
+#: a language model's (vocabulary, hidden size): what tells its logits' allocations apart
+Logits = tuple[int, int]
+#: what the memory replay of a finished cycle needs: the snapshots at the recorded steps'
+#: edges, the parameters' device type, the language model's ``Logits`` (or None)
+ReplayInput = tuple[dict[int, Snapshot], int, "Logits | None"]
+#: the fewest rows (tokens) a logits allocation has, and the smallest vocabulary recognised
+MIN_LOGITS_ROWS, MIN_VOCAB = 8, 1000
+#: the CUDA caching allocator rounds each block up to this many bytes
+ALLOC_ROUNDING = 512
+
+
+def is_logits(nbytes: int, logits: Logits | None) -> bool:
+    """Whether an allocation of ``nbytes`` has the logits' shape: rows × V elements of 2 or 4
+    bytes (rounded up as the allocator does), at least ``MIN_LOGITS_ROWS`` rows, and not the
+    size of a V × hidden weight (the LM head's or embedding's gradient)."""
+    if logits is None:
+        return False
+    vocab, hidden = logits
+    if vocab < MIN_VOCAB or nbytes < MIN_LOGITS_ROWS * vocab * 2:
+        return False
+    if any(abs(nbytes - vocab * hidden * e) < ALLOC_ROUNDING for e in (2, 4)):
+        return False
+    for e in (4, 2):
+        rows = round(nbytes / (vocab * e))
+        if rows >= MIN_LOGITS_ROWS and 0 <= nbytes - rows * vocab * e < ALLOC_ROUNDING:
+            return True
+    return False
+
+
 #: the snapshot's key (no storage has address 0) for the bytes the CUDA allocator holds at
 #: the step's edge beyond the snapshot's storages: tensors made before the recording began
 #: (library workspaces such as cuBLAS's, caches, the batch), counted as ``other`` from the
@@ -142,6 +174,7 @@ def replay(
     start: Snapshot,
     end: Snapshot,
     backward: np.ndarray | float,
+    logits: Logits | None = None,
 ) -> StepMemory:
     """Replay one step's allocation events ``(ts_us, bytes, addr)`` (bytes < 0: free).
 
@@ -149,6 +182,8 @@ def replay(
     backward nodes; a number is the first backward's start (one backward per step). An
     allocation made outside them and still alive when a later one begins is an activation:
     under gradient accumulation each micro-batch's forward keeps its own for its backward.
+    ``logits``: the language model's (vocabulary, hidden size), whose logits are their own
+    category (None: no language model).
     """
     spans = _spans(backward)
     levels, start_live = _live_at_start(events, start, end)
@@ -160,6 +195,8 @@ def replay(
         if nbytes > 0:
             if addr in end and i not in freed_at:  # the storage still there at the end
                 cat = _INDEX[end[addr][0]]
+            elif is_logits(nbytes, logits):
+                cat = _INDEX["logits"]
             elif _kept_for_backward(spans, ts, freed_at.get(i, np.inf)):
                 cat = _INDEX["activations"]
             else:
@@ -257,9 +294,10 @@ def _kept_for_backward(spans: np.ndarray, ts: float, freed: float) -> bool:
 
 
 def step_memory(
-    trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int
+    trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int, logits: Logits | None = None
 ) -> dict[int, StepMemory]:
-    """Category memory of every recorded step that has snapshots at both edges."""
+    """Category memory of every recorded step that has snapshots at both edges (``logits``:
+    as for ``replay``)."""
     spans = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), k)
         for e in trace_events
@@ -290,7 +328,11 @@ def step_memory(
     for start_us, _, k in spans:
         if k in snapshots and k + 1 in snapshots:
             out[k] = replay(
-                sorted(mem[k], key=lambda m: m[0]), snapshots[k], snapshots[k + 1], np.array(backward[k])
+                sorted(mem[k], key=lambda m: m[0]),
+                snapshots[k],
+                snapshots[k + 1],
+                np.array(backward[k]),
+                logits,
             )
             out[k].start_us = start_us
             out[k].carried = snapshots[k].get(CARRIED, ("other", 0))[1]

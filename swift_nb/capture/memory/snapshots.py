@@ -18,7 +18,8 @@ from swift_nb.record import Run
 class MemoryRecorder:
     """Snapshots for one run. ``optimizers``: a live view of the optimizers seen so far;
     ``models``: the cell's root models (their weights that nothing trains are
-    ``frozen_parameters``); ``note``: where a problem is told (the run's notes). Inactive (records nothing)
+    ``frozen_parameters``); ``logits``: the language model's (vocabulary, hidden size) once
+    known (``capture.tokens.lm_head``), for the ``logits`` category; ``note``: where a problem is told (the run's notes). Inactive (records nothing)
     without a profiler recording memory."""
 
     def __init__(
@@ -27,11 +28,13 @@ class MemoryRecorder:
         optimizers: Iterable[Any],
         note: Callable[[str], None],
         models: Callable[[], Iterable[Any]] = tuple,
+        logits: Callable[[], memcat.Logits | None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self._optimizers = optimizers
         self._models = models
         self._note = note
+        self._logits = logits
         self.snapshots: dict[int, memcat.Snapshot] = {}
         self.failed = False  # the parameters could not be snapshotted: no categories
 
@@ -52,12 +55,17 @@ class MemoryRecorder:
                 self._note(f"memory by category is not available for these parameters ({e})")
                 self.failed = True
 
-    def replay_input(self) -> tuple[dict[int, memcat.Snapshot], int] | None:
+    def replay_input(self) -> memcat.ReplayInput | None:
         """What the replay of a finished cycle needs (``capture.digest``): the snapshots
-        taken so far and the parameters' device type; None when there is none to do."""
+        taken so far, the parameters' device type and the language model's logits shape;
+        None when there is none to do."""
         if not self.active:
             return None
-        return dict(self.snapshots), memcat.device_type_code(self._optimizers, self._models())
+        return (
+            dict(self.snapshots),
+            memcat.device_type_code(self._optimizers, self._models()),
+            self._logits(),
+        )
 
     def add_to(self, run: Run, steps: pd.DataFrame, trace: TraceResult, cuda: bool) -> None:
         """Per recorded step: category bytes at the step's peak (``steps``) and the
