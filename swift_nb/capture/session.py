@@ -452,7 +452,7 @@ class Session:
             if self._lm_head is None:
                 self._lm_head = lm_head(models.values())
                 if self._lm_head is not None:
-                    self.run.context["vocab_size"] = self._lm_head[0]
+                    self.run.context["vocab_size"], self.run.context["lm_hidden_size"] = self._lm_head
             for m in models.values():  # a Hugging Face model's attention kernel
                 attn = getattr(getattr(m, "config", None), "_attn_implementation", None)
                 if isinstance(attn, str):

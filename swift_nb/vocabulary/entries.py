@@ -140,6 +140,15 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=15.0,  # which ops autocast keeps in fp32 differs by model and device
         ),
         Entry(
+            "fused_ce",
+            "fused cross-entropy",
+            flag="fused-ce",
+            help="the causal LM's loss from its hidden states without its full logits (Liger-Kernel on CUDA, "
+            "cut-cross-entropy elsewhere) for this run",
+            implementation="swift_nb.toggles.fused_ce:FusedCE",
+            forecast_error_pct=15.0,  # what the fused kernel keeps of one chunk differs by implementation
+        ),
+        Entry(
             "zero",
             "ZeRO",
             (

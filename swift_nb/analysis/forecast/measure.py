@@ -107,6 +107,8 @@ class Measured:
     frozen_params: int = 0
     frozen_dtype: str = "float32"
     compute_dtype: str = "float32"
+    real_share: float = 1.0  # real tokens of those computed (capture.tokens; 1: no padding seen)
+    on_cuda: bool = False
 
     @property
     def lora_rank(self) -> int | None:
@@ -209,7 +211,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         blocks=blocks,
         blocks_from=blocks_from,
         hidden=_hidden(ops),
-        vocab=_vocab(ops),
+        vocab=_vocab(ops) or run.context.get("vocab_size"),
         finetune=dict(finetune),
         frozen_measured=frozen_measured,
         frozen_params=frozen_params,
@@ -220,6 +222,8 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         untracked_bytes=_untracked(recorded),
         notes=notes,
         step_s=float(run.summary["step_time_median_s"]) if run.summary.get("step_time_median_s") else None,
+        real_share=_real_share(run),
+        on_cuda=run.environment.get("device") == "cuda",
     )
 
 
@@ -256,6 +260,13 @@ def _frozen_known(run: Run, notes: list[str]) -> tuple[Run, bool]:
     steps = steps.assign(**{_FROZEN: np.where(rows, 0.0, np.nan)})
     memory = run.memory.assign(**{_FROZEN: 0.0}) if len(run.memory) else run.memory
     return replace(run, steps=steps, memory=memory), False
+
+
+def _real_share(run: Run) -> float:
+    """The share of the computed tokens that are real (not padding), as the run counted them."""
+    s = run.summary
+    tokens, real = s.get("tokens_per_step"), s.get("real_tokens_per_step")
+    return float(real) / float(tokens) if tokens and real is not None else 1.0
 
 
 def _logits_known(run: Run) -> Run:

@@ -381,6 +381,18 @@ class CategoryPricer:
         b, t = cfg.batch_size, (cfg.seq_len if m.seq_len else t0)
         sp = Applied(cfg.toggles).sp_size
         scale = (b * t) / (b0 * t0) / max(1, sp)
+        if Applied(cfg.toggles, m.toggles).fused_ce and m.vocab:
+            real = b * t * m.real_share / max(1, sp)
+            fused = effects.fused_ce_logits(real, m.vocab, m.hidden, m.on_cuda)
+            how = (
+                "one chunk and its gradient (Liger, CUDA)"
+                if m.on_cuda and m.hidden
+                else "one fp32 copy of the real tokens'"
+            )
+            return fused / measured, (
+                f"logits under fused_ce: {how}: {real:,.0f} real tokens × {m.vocab:,} = {fmt_bytes(fused)} "
+                f"instead of {fmt_bytes(measured * scale)}"
+            )
         text = f"logits: {fmt_bytes(measured)} measured × ({b:,}×{t:,})/({b0:,}×{t0:,}) tokens"
         if sp > 1:
             text += f" ÷ {sp} ranks of sequence parallelism"

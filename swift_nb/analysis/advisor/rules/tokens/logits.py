@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from swift_nb.analysis import effects
 from swift_nb.analysis.advisor import frameworks
 from swift_nb.analysis.advisor.evidence import Evidence, Thresholds, applied
 from swift_nb.analysis.advisor.findings import Finding
@@ -34,9 +35,12 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     tokens = tok.per_step if tok is not None else 0.0
     one_copy = tokens * vocab * FP32
     copies = logits / one_copy if one_copy else None
-    predicted = ev.peak_bytes - logits
+    real = tok.real_per_step if tok is not None and tok.real_per_step else tokens
+    hidden = context.get("lm_hidden_size")
+    kept = effects.fused_ce_logits(real, vocab, hidden, ev.tensors_on == "cuda") if vocab and real else 0.0
+    predicted = ev.peak_bytes - logits + kept
     shape = f"{int(tokens):,} tokens × {vocab:,} × 4 B" if one_copy else "B × T × V"
-    kept = f", kept {copies:.1f} times" if copies else ""
+    times = f", kept {copies:.1f} times" if copies else ""
     evidence = {
         "logits_bytes": logits,
         "logits_pct": pct(logits / ev.peak_bytes),
@@ -54,15 +58,18 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     )
     return Finding(
         id="logits",
-        title=f"The loss's logits hold {fmt_bytes(logits)} of the peak: {shape}{kept}",
+        title=f"The loss's logits hold {fmt_bytes(logits)} of the peak: {shape}{times}",
         evidence=evidence,
         suggestion=frameworks.phrased(context, fix) or plain,
         toggle="fused_ce",
         predicted_effect=(
             f"peak tensor memory ≈ {fmt_bytes(predicted)} instead of {fmt_bytes(ev.peak_bytes)}: the logits' "
-            f"{fmt_bytes(logits)} are never held whole"
+            f"{fmt_bytes(logits)} are never held whole ({fmt_bytes(kept)} of them at a time)"
         ),
-        formula="peak' ≈ peak − logits: a fused linear cross-entropy keeps one chunk of them at a time",
+        formula=(
+            "peak' ≈ peak − logits + what the fused loss holds: on CUDA (Liger) one chunk of tokens and its "
+            "gradient; elsewhere (cut-cross-entropy, torch.compile) one fp32 copy of the real tokens' logits"
+        ),
         severity="warning",
     )
 
