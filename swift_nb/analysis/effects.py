@@ -413,6 +413,11 @@ class Applied:
         return toggle_id in self.toggles and toggle_id not in self.measured
 
     @property
+    def packing(self) -> bool:
+        """Only the real tokens computed (``packing``, new: not in the measured run)."""
+        return self._new("packing")
+
+    @property
     def fused_ce(self) -> bool:
         """The loss's logits never held whole (``fused_ce``, new: not in the measured run)."""
         return self._new("fused_ce")

@@ -18,7 +18,9 @@ where they have one (Hugging Face's keywords) and by shape where they do not:
   ``DataCollatorWithFlattening`` joined several samples into one row).
 
 Only forward calls under autograd count (a reference model called under ``no_grad``, an
-evaluation pass, do not); a model called inside another counted call is not counted twice.
+evaluation pass, do not); a model called inside another counted call is not counted twice:
+of one call the innermost hooked module's inputs count (a Hugging Face model's decoder, the
+model a wrapper runs), which is what is computed when a toggle packed the batch on the way.
 Nothing synchronises with the device inside the step: the counts are summed into a tensor on
 the inputs' device and read at the step's edge (CPU), or once the copy an event guards has
 landed (CUDA), at a later edge or when the run ends.
@@ -128,6 +130,8 @@ class TokenCounter:
         self._handles: list[Any] = []
         self._hooked: set[int] = set()
         self._depth = 0
+        self._counting = False  # the current outermost call counts (under autograd)
+        self._call: tuple[dict[str, Any], tuple] | None = None  # its innermost reading so far
         self._computed = 0
         self._real: torch.Tensor | None = None  # summed on the device within the step
         self._packed: torch.Tensor | None = None
@@ -143,7 +147,12 @@ class TokenCounter:
     def watch(self, models: Iterable[nn.Module]) -> None:
         for model in models:
             inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-            for m in (model, inner):
+            get = getattr(model, "get_decoder", None)
+            try:  # a Hugging Face model's decoder: what it computes, after a toggle packed the batch
+                decoder = get() if callable(get) else None
+            except Exception:
+                decoder = None
+            for m in (model, inner, decoder):
                 if isinstance(m, nn.Module) and id(m) not in self._hooked:
                     self._hooked.add(id(m))
                     self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -151,17 +160,35 @@ class TokenCounter:
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._depth += 1
-        if self._depth > 1 or self.failed or not torch.is_grad_enabled():
+        if self._depth == 1:
+            self._call = None
+            self._counting = not self.failed and torch.is_grad_enabled()
+        if not self._counting:
             return
         try:
             found = read_inputs(args, kwargs)
             got = count(found)
         except Exception as e:  # an odd input must never break the training step
             self.failed = f"{type(e).__name__}: {e}"
+            self._counting = False
             return
         if got is None:
             return
-        computed, real, source, packed = got
+        outer = self._call
+        # the innermost hooked module's reading counts (what is computed), unless it tells
+        # less of the same tokens (a decoder given the ids alone, its model the labels too)
+        if outer is None or got[2] != "input_ids" or outer[1][0] != got[0]:
+            self._call = (found, got)
+
+    def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0 and self._call is not None:
+            found, got = self._call
+            self._call = None
+            self._add(found, *got)
+
+    def _add(self, found: dict[str, Any], computed: int, real: Any, source: str, packed: Any) -> None:
+        """One forward call's counts into the step's."""
         self._computed += computed
         if self.source is None or SOURCES.index(source) < SOURCES.index(self.source):
             self.source = source
@@ -177,9 +204,6 @@ class TokenCounter:
         if packed is not None:
             packed = packed.detach().to(torch.int64)
             self._packed = packed if self._packed is None else self._packed + packed
-
-    def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        self._depth = max(0, self._depth - 1)
 
     def at_boundary(self, k: int) -> None:
         """Step ``k`` ended: keep its counts (on the device until they can be read without

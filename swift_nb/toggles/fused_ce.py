@@ -32,6 +32,7 @@ from torch import nn
 
 from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.toggles.base import Toggle, find_models, hf_model
+from swift_nb.toggles.packing import INNER as PACKING_INNER
 
 IGNORE_INDEX = -100
 _KEEP = ("logits_to_keep", "num_logits_to_keep")
@@ -62,7 +63,8 @@ def why_not(lm: nn.Module) -> str | None:
     head = lm.get_output_embeddings()
     if head.bias is not None:
         return "its output layer has a bias, which the fused cross-entropy does not take"
-    params = inspect.signature(lm.forward).parameters
+    forward = getattr(lm.forward, PACKING_INNER, {"inner": lm.forward})["inner"]
+    params = inspect.signature(forward).parameters
     if "labels" not in params or not any(k in params for k in _KEEP):
         return "its forward takes no labels= or no logits_to_keep=, so its full logits cannot be skipped"
     return None
@@ -148,7 +150,9 @@ class FusedCE(Toggle):
         weight = lm.get_output_embeddings().weight
         impl, loss = fused_loss(weight.device.type)
         softcap = getattr(getattr(lm, "config", None), "final_logit_softcapping", None)
-        original = lm.forward
+        # under packing (applied first), the loss is computed on the packed row: wrap what it calls
+        packing = getattr(lm.forward, PACKING_INNER, None)
+        original = packing["inner"] if packing is not None else lm.forward
         keep = next(k for k in _KEEP if k in inspect.signature(original).parameters)
         decoder = lm.get_decoder()
         calls = self._calls
@@ -177,8 +181,13 @@ class FusedCE(Toggle):
             out["loss"] = value
             return out
 
-        lm.forward = forward
-        self._undo.append(lambda: lm.__dict__.pop("forward", None))
+        forward.__wrapped__ = original  # type: ignore[attr-defined]  # its signature, for inspect
+        if packing is not None:
+            packing["inner"] = forward
+            self._undo.append(lambda: packing.__setitem__("inner", original))
+        else:
+            lm.forward = forward
+            self._undo.append(lambda: lm.__dict__.pop("forward", None))
         report.change(
             f"{name}: the loss from its hidden states by {impl}, never its full logits "
             f"({weight.shape[0]:,} × tokens); outputs.logits holds the last position only"

@@ -149,6 +149,15 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=15.0,  # what the fused kernel keeps of one chunk differs by implementation
         ),
         Entry(
+            "packing",
+            "packing",
+            flag="packing",
+            help="each batch's real tokens packed into one row, samples kept apart (FlashAttention's varlen "
+            "kernel on CUDA, a block-diagonal mask elsewhere) for this run",
+            implementation="swift_nb.toggles.packing:Packing",
+            forecast_error_pct=10.0,  # the block-diagonal mask's N² entries, and activations per real token
+        ),
+        Entry(
             "zero",
             "ZeRO",
             (

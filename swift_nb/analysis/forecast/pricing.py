@@ -348,7 +348,18 @@ class CategoryPricer:
         weights = [params / measured_params, frozen / measured_frozen if measured_frozen else 0.0]
         weights += [grads_full / measured_params, state / measured_state if measured_state else 0.0]
         logits_scale, l_line = self.logits(cfg)
-        parts = m.timeline * np.concatenate([weights, act_scale * ckpt, other_scale, [logits_scale]])
+        pack, pack_lines = 1.0, []
+        if Applied(cfg.toggles, m.toggles).packing and m.real_share < 1.0:
+            pack = m.real_share  # what grows with the tokens computed: only the real ones are
+            pack_lines = [
+                f"packing: activations, other tensors and logits × {pack:.3f}, the share of the tokens computed "
+                "that are real (the padding dropped)"
+            ]
+        fused = Applied(cfg.toggles, m.toggles).fused_ce  # its logits are the real tokens' already
+        logits_scale *= 1.0 if fused else pack
+        parts = m.timeline * np.concatenate(
+            [weights, act_scale * ckpt * pack, other_scale * pack, [logits_scale]]
+        )
         cats = np.column_stack([parts[:, :4], parts[:, 4:7].sum(1), parts[:, 10], parts[:, 7:10].sum(1)])
         col = {c: i for i, c in enumerate(MEMORY_CATEGORIES)}
         # what the run did not have: frozen weights (a full fine-tune under LoRA), optimizer state
@@ -356,7 +367,17 @@ class CategoryPricer:
         cats[:, col["optimizer_state"]] += 0.0 if measured_state else state
         cats[:, col["other"]] += other_extra
         at = int(np.argmax(cats.sum(axis=1)))
-        lines = [p_line, f_line, g_line, o_line, a_line, *([l_line] if l_line else []), x_line, *extra_lines]
+        lines = [
+            p_line,
+            f_line,
+            g_line,
+            o_line,
+            a_line,
+            *([l_line] if l_line else []),
+            x_line,
+            *pack_lines,
+            *extra_lines,
+        ]
         if at:
             lines.append(
                 "peak: the forecast step peaks elsewhere than the measured one, at the point of the measured "
