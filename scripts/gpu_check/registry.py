@@ -18,6 +18,7 @@ from .checks import (
     lora,
     max_memory,
     quickstart_nvml,
+    tokens,
 )
 from .common import Ctx
 
@@ -41,5 +42,6 @@ CHECKS = [
     Check("lora", lora.TITLE, lora.check, cuda_only=False, limit_s=150),
     Check("cost_ratio", cost_ratio.TITLE, cost_ratio.check, cuda_only=False, limit_s=150),
     Check("import_trace", import_trace.TITLE, import_trace.check, cuda_only=False, limit_s=120),
+    Check("tokens", tokens.TITLE, tokens.check, cuda_only=False, limit_s=180),
 ]
 BY_NAME = {c.name: c for c in CHECKS}

@@ -419,8 +419,11 @@ class Applied:
 
     @property
     def fused_ce(self) -> bool:
-        """The loss's logits never held whole (``fused_ce``, new: not in the measured run)."""
-        return self._new("fused_ce")
+        """The loss's logits never held whole (``fused_ce`` or ``liger``, new: not in the
+        measured run)."""
+        return (self._new("fused_ce") or self._new("liger")) and not {"fused_ce", "liger"} & set(
+            self.measured
+        )
 
     @property
     def fused_attention(self) -> bool:

@@ -149,6 +149,15 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=15.0,  # what the fused kernel keeps of one chunk differs by implementation
         ),
         Entry(
+            "liger",
+            "Liger-Kernel",
+            flag="liger",
+            help="Liger-Kernel's Triton kernels for the model's family (RMSNorm, RoPE, SwiGLU, fused linear "
+            "cross-entropy) for this run; CUDA only",
+            implementation="swift_nb.toggles.liger:Liger",
+            forecast_error_pct=15.0,  # its RMSNorm and SwiGLU kernels' saved tensors are not modelled
+        ),
+        Entry(
             "packing",
             "packing",
             flag="packing",

@@ -16,7 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 CUDA_ONLY = ["quickstart_nvml", "max_memory_allocated", "cuda_oom", "energy"]
-ON_CPU_TOO = ["flash_attention", "forecast", "lora", "cost_ratio", "import_trace"]
+ON_CPU_TOO = ["flash_attention", "forecast", "lora", "cost_ratio", "import_trace", "tokens"]
 RECORD_KEYS = {"name", "title", "ok", "skipped", "seconds", "details", "error"}
 
 
@@ -67,6 +67,8 @@ def test_the_cpu_smoke_runs_every_check_that_needs_no_gpu(tmp_path):
     lora = checks["lora"]["details"]
     assert lora["finetune"]["method"] == "lora" and lora["frozen_at_peak_mib"] == lora["expected_frozen_mib"]
     assert checks["import_trace"]["details"]["imported_steps"] == 3  # the schedule's active steps
+    tokens = checks["tokens"]["details"]
+    assert tokens["packing"]["padding_pct"] == 0.0 and tokens["fused_ce"]["loss_rel_diff"] <= 1e-3
     log = (tmp_path / "gpu_check.log").read_text()
     assert "[ok] forecast" in log and "[skipped] cuda_oom: " in log
     assert (tmp_path / "logs" / "forecast.log").exists()

@@ -70,9 +70,13 @@ def test_packing_keeps_the_loss_and_computes_only_real_tokens(runs):
     assert packed_losses[0] == pytest.approx(base_losses[0], rel=1e-3)
     assert packed_losses == pytest.approx(base_losses, rel=1e-3)  # the same samples, step after step
     real = float(sum(LENGTHS))
-    assert list(base.steps["tokens"]) == [len(LENGTHS) * T] * 4 and list(base.steps["real_tokens"]) == [real] * 4
+    assert (
+        list(base.steps["tokens"]) == [len(LENGTHS) * T] * 4 and list(base.steps["real_tokens"]) == [real] * 4
+    )
     assert list(packed.steps["tokens"]) == [real] * 4 and list(packed.steps["real_tokens"]) == [real] * 4
-    assert packed.summary["padding_pct"] == 0.0 and base.summary["padding_pct"] == pytest.approx(55.47, abs=0.01)
+    assert packed.summary["padding_pct"] == 0.0 and base.summary["padding_pct"] == pytest.approx(
+        55.47, abs=0.01
+    )
     assert packed.summary["peak_mem_bytes"] < 0.7 * base.summary["peak_mem_bytes"]
     (report,) = packed.context["toggles"]
     assert report["details"]["separated_by"] == "4d_mask" and report["details"]["padding_removed_pct"] > 55
