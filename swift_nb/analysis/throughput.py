@@ -25,12 +25,16 @@ class Throughput:
     """Training speed of one run; None where the record does not tell.
 
     steps_per_s: optimizer steps per second (1 / median step time);
-    samples_per_s: steps_per_s × batch_size; tokens_per_s: samples_per_s × seq_len;
+    samples_per_s: steps_per_s × batch_size; tokens_per_s: the real tokens (padding left
+    out) the model was given per step, as the capture counted them (``capture.tokens``), ×
+    steps_per_s; without a count, samples_per_s × seq_len;
     flops_per_step: floating-point operations in one step (counted at capture);
     achieved_flops_per_s: flops_per_step × steps_per_s (FLOP/s);
     peak_flops_per_s: the GPU's dense bf16/fp16 tensor-core peak (FLOP/s; CUDA only; from
     ``swift_nb.core.devices.PEAK_FLOPS_PER_S``);
-    mfu_pct: model FLOPs utilisation, achieved / peak (%);
+    mfu_pct: model FLOPs utilisation, achieved / peak (%), of the real tokens' share of the
+    FLOPs when padding was counted (the pads' FLOPs are work, not progress);
+    padding_pct: the share of the tokens computed that are padding (None: not counted);
     batch_size: samples per step; seq_len: tokens per sample;
     device_name: the device as the run's environment names it.
     """
@@ -45,6 +49,7 @@ class Throughput:
     batch_size: int | None = None
     seq_len: int | None = None
     device_name: str | None = None
+    padding_pct: float | None = None
 
 
 def throughput(
@@ -65,12 +70,18 @@ def throughput(
 
     samples_per_s = steps_per_s * batch if steps_per_s is not None and batch is not None else None
     tokens_per_s = samples_per_s * seq if samples_per_s is not None and seq is not None else None
+    # tokens the model was given, counted at capture (capture.tokens): the real ones count
+    counted, real = run.summary.get("tokens_per_step"), run.summary.get("real_tokens_per_step")
+    real_share = float(real) / float(counted) if counted and real is not None else None
+    if real_share is not None and steps_per_s is not None:
+        tokens_per_s = float(real) * steps_per_s
     flops = run.summary.get("flops_per_step")
     achieved = flops * steps_per_s if flops is not None and steps_per_s is not None else None
     devices = run.environment.get("devices") or []
     name = devices[0] if devices else None
     peak = peak_flops_per_s(name) if run.environment.get("device") == "cuda" and name else None
-    mfu = 100.0 * achieved / peak if achieved is not None and peak else None
+    useful = achieved * real_share if achieved is not None and real_share is not None else achieved
+    mfu = 100.0 * useful / peak if useful is not None and peak else None
     return Throughput(
         steps_per_s=steps_per_s,
         samples_per_s=samples_per_s,
@@ -82,6 +93,7 @@ def throughput(
         batch_size=batch,
         seq_len=seq,
         device_name=name,
+        padding_pct=100.0 * (1.0 - real_share) if real_share is not None else None,
     )
 
 

@@ -52,7 +52,12 @@ def test_context_wins_over_traced_shapes(gpt):
     both = dataclasses.replace(run, context={**run.context, "batch_size": 8, "seq_len": 16})
     tp = throughput(both, trace)
     assert (tp.batch_size, tp.seq_len) == (8, 16)
-    assert tp.tokens_per_s == pytest.approx(tp.steps_per_s * 8 * 16)
+    # the tokens the model was given, counted at capture, are what tokens/s counts
+    assert run.summary["real_tokens_per_step"] == BATCH * SEQ
+    assert tp.tokens_per_s == pytest.approx(tp.steps_per_s * BATCH * SEQ)
+    uncounted = {k: v for k, v in run.summary.items() if k not in ("tokens_per_step", "real_tokens_per_step")}
+    tp = throughput(dataclasses.replace(both, summary=uncounted), trace)
+    assert tp.tokens_per_s == pytest.approx(tp.steps_per_s * 8 * 16) and tp.padding_pct is None
 
     seq_only = dataclasses.replace(run, context={**run.context, "seq_len": 16})
     assert (throughput(seq_only, trace).batch_size, throughput(seq_only, trace).seq_len) == (BATCH, 16)
@@ -92,6 +97,14 @@ def test_mfu_against_the_h100_peak():
     assert tp.mfu_pct == pytest.approx(100 * 1e14 / 989e12)
     assert tp.device_name == "NVIDIA H100 80GB HBM3"
 
+    # padding counted at capture: tokens/s and MFU count the real tokens only
+    padded = _synthetic("cuda", ["NVIDIA H100 80GB HBM3"], flops=1e12)
+    padded.summary.update(tokens_per_step=512.0, real_tokens_per_step=256.0)
+    real = throughput(padded)
+    assert real.tokens_per_s == pytest.approx(100 * 256) and real.padding_pct == pytest.approx(50.0)
+    assert real.achieved_flops_per_s == pytest.approx(1e14)  # the work done, pads included
+    assert real.mfu_pct == pytest.approx(100 * 0.5e14 / 989e12)
+
     unknown = throughput(_synthetic("cuda", ["Some Future GPU"], flops=1e12))
     assert unknown.achieved_flops_per_s == pytest.approx(1e14)
     assert unknown.peak_flops_per_s is None and unknown.mfu_pct is None
@@ -120,3 +133,11 @@ def test_mfu_against_the_h100_peak():
 )
 def test_peak_table_matches_device_names(name, peak):
     assert peak_flops_per_s(name) == peak
+
+
+def test_the_verdicts_shares_of_the_step_add_up_to_at_most_all_of_it(gpt):
+    from swift_nb.analysis.advisor.evidence import gather
+
+    run, trace = gpt
+    shares = gather(run, trace).shares
+    assert 0.995 <= sum(shares.values()) <= 1.005, shares

@@ -109,3 +109,15 @@ def test_a_plain_loop_with_a_mask_of_its_own(tmp_path):
             opt.zero_grad()
     assert run.summary["padding_pct"] == pytest.approx(100 * (1 - 64 / 128), abs=1.0)
     assert run.context["vocab_size"] == 2000 and run.context["tokens_from"] == "attention_mask"
+
+
+def test_the_timeline_draws_each_steps_tokens(qwen_run):
+    from swift_nb.analysis.timeline.query import Timeline
+
+    tl = Timeline.of_run(load_run(qwen_run.path))
+    counters = tl.counters(width_px=800)
+    real = counters[counters["track"] == "Tokens per step: real"]
+    computed = counters[counters["track"] == "Tokens per step: computed"]
+    assert set(real["value"]) == {float(sum(LENGTHS))} and set(computed["value"]) == {256.0}
+    units = dict(zip(tl.tracks["track"], tl.tracks["unit"], strict=False)) if "unit" in tl.tracks else {}
+    assert units.get("Tokens per step: real", "tokens") == "tokens"

@@ -62,9 +62,31 @@ def counter_series(
                 parts.append(
                     pd.DataFrame({"track": label, "t_us": t_us[ok], "value": value[ok], "unit": unit})
                 )
+    parts += _token_series(steps_csv, offset)
     if not parts:
         return pd.DataFrame(columns=COUNTER_COLUMNS)
     return pd.concat(parts, ignore_index=True)
+
+
+#: the tokens of each step (steps.csv's ``tokens``, ``real_tokens``), drawn under the steps
+TOKEN_SERIES = {"tokens": "Tokens per step: computed", "real_tokens": "Tokens per step: real"}
+
+
+def _token_series(steps_csv: pd.DataFrame, offset: float) -> list[pd.DataFrame]:
+    """A step-wise series per token count: each step's value from its start to its end."""
+    out = []
+    for column, label in TOKEN_SERIES.items():
+        if column not in steps_csv or "end_s" not in steps_csv:
+            continue
+        rows = steps_csv[pd.to_numeric(steps_csv[column], errors="coerce").notna()]
+        if rows.empty:
+            continue
+        start = pd.to_numeric(rows["start_s"], errors="coerce").to_numpy(dtype=float) * 1e6 + offset
+        end = pd.to_numeric(rows["end_s"], errors="coerce").to_numpy(dtype=float) * 1e6 + offset
+        value = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+        t = np.column_stack([start, end]).ravel()
+        out.append(pd.DataFrame({"track": label, "t_us": t, "value": np.repeat(value, 2), "unit": "tokens"}))
+    return out
 
 
 def _memory_labels(columns) -> list[tuple[str, tuple[str, str]]]:

@@ -17,15 +17,26 @@ def build(inputs: ReportInputs) -> list[Part]:
         return getattr(throughput, name, None)
 
     mfu = get("mfu_pct")
+    padding = get("padding_pct")
+    real = not is_missing(padding)
     rows = [
         (label("steps_per_s"), fmt_rate(get("steps_per_s"), "steps/s")),
         (label("samples_per_s"), fmt_rate(get("samples_per_s"), "samples/s")),
-        (label("tokens_per_s"), fmt_rate(get("tokens_per_s"), "tokens/s")),
+        (
+            "Tokens per second (real tokens: padding left out)" if real else label("tokens_per_s"),
+            fmt_rate(get("tokens_per_s"), "tokens/s"),
+        ),
+        *([("Padding among the tokens computed", f"{float(padding):.1f} %")] if real else []),
         ("FLOPs per step", fmt_si(get("flops_per_step"), "FLOP")),
         ("Achieved FLOP rate", fmt_si(get("achieved_flops_per_s"), "FLOP/s")),
         ("Device peak FLOP rate", fmt_si(get("peak_flops_per_s"), "FLOP/s")),
         # Significant digits, not decimals: small models on big devices sit well under 1 %.
-        ("Model FLOPs utilisation (MFU)", "–" if is_missing(mfu) else f"{float(mfu):.3g} %"),
+        (
+            "Model FLOPs utilisation (MFU, the real tokens' FLOPs)"
+            if real
+            else "Model FLOPs utilisation (MFU)",
+            "–" if is_missing(mfu) else f"{float(mfu):.3g} %",
+        ),
     ]
     return [text_table(rows, "num")]
 
