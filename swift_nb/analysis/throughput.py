@@ -72,9 +72,11 @@ def throughput(
     tokens_per_s = samples_per_s * seq if samples_per_s is not None and seq is not None else None
     # tokens the model was given, counted at capture (capture.tokens): the real ones count
     counted, real = run.summary.get("tokens_per_step"), run.summary.get("real_tokens_per_step")
-    real_share = float(real) / float(counted) if counted and real is not None else None
-    if real_share is not None and steps_per_s is not None:
-        tokens_per_s = float(real) * steps_per_s
+    real_share = None
+    if counted and real is not None:
+        real_share = float(real) / float(counted)
+        if steps_per_s is not None:
+            tokens_per_s = float(real) * steps_per_s
     flops = run.summary.get("flops_per_step")
     achieved = flops * steps_per_s if flops is not None and steps_per_s is not None else None
     devices = run.environment.get("devices") or []
