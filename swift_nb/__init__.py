@@ -17,8 +17,7 @@ from swift_nb.record import Run, load_run, pin, prune, runs, save
 
 if TYPE_CHECKING:
     from swift_nb.analysis.comparison.run_diff import diff
-    from swift_nb.analysis.forecast import forecast
-    from swift_nb.api import profile
+    from swift_nb.api import forecast, profile
     from swift_nb.capture.resources.alerts import Alert
     from swift_nb.capture.steps import step
     from swift_nb.importing.assembly import import_trace
@@ -32,7 +31,7 @@ _LAZY = {
     "Alert": "swift_nb.capture.resources.alerts",
     "diff": "swift_nb.analysis.comparison.run_diff",
     "export": "swift_nb.trackers",
-    "forecast": "swift_nb.analysis.forecast",
+    "forecast": "swift_nb.api",
     "compare": "swift_nb.reporting",
     "profile": "swift_nb.api",
     "report": "swift_nb.reporting",

@@ -19,6 +19,7 @@ from swift_nb.analysis.cost import price
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
+from swift_nb.core.devices import DEFAULT_DEVICE
 from swift_nb.core.errors import RecordWriteWarning
 from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead
@@ -307,3 +308,113 @@ class profile:  # noqa: N801 - used like a function: `with swift_nb.profile() as
     def __exit__(self, exc_type, exc, tb) -> None:
         undo_toggles(self.session, self.toggles)
         self.analysis = finish(self.session, exit_status(exc_type), exc).analysis
+
+
+def forecast(
+    run: Run | None = None,
+    device: str | float = DEFAULT_DEVICE,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    dtype: str | None = None,
+    toggles: str | Sequence[str] | Mapping[str, Mapping[str, Any]] = (),
+    world_size: int | None = None,
+    calibration: Run | None = None,
+    optimizer: str | None = None,
+    steps: int | None = None,
+    price_per_hour: float | None = None,
+    *,
+    model: Any = None,
+    progress: bool = True,
+) -> Any:
+    """Will it fit? The peak tensor memory of a training step, by category, on ``device``:
+    of ``run``'s model as measured (``swift_nb.analysis.forecast.forecast``, every argument
+    as there), or of ``model``, a model that need not fit here: a preset's name
+    (``"llama-3-8b"``, ``swift_nb.core.model_presets.PRESETS``), a transformers config, or a
+    callable that builds an ``nn.Module``, run one step on fake tensors (nothing allocated;
+    ``swift_nb.capture.fake_step``) at ``batch_size`` (default 1) × ``seq_len`` (default
+    2048) in ``dtype`` (default bf16) with ``optimizer`` (default AdamW). With ``model``,
+    ``run`` is a measured proxy of the same family whose allocator workspaces are carried
+    over; without it the forecast says it is uncalibrated.
+
+    Args:
+        run: a profiled run (its model forecast), or with ``model`` a proxy run.
+        device: a preset, a number of bytes, ``"80GB"`` or ``"24GiB"``.
+        batch_size: samples per rank.
+        seq_len: tokens per sample.
+        dtype: the parameters' dtype.
+        toggles: as ``swift_nb.analysis.forecast.forecast`` takes them.
+        world_size: the ranks the step is spread over.
+        calibration: a second run of the same model (not with ``model``).
+        optimizer: a class name.
+        steps: price that many steps (a measured run only: a fake step has no time).
+        price_per_hour: USD per device-hour.
+        model: the model to forecast from its config (see above).
+        progress: a progress line on stderr while the fake step runs.
+
+    Returns:
+        A ``Forecast``.
+
+    Raises:
+        ConfigError: a bad argument; a model that cannot be built or stepped on fake tensors,
+            naming why.
+    """
+    from swift_nb.analysis.forecast import forecast as forecast_run
+    from swift_nb.core.errors import ConfigError
+
+    if model is None:
+        if run is None:
+            raise ConfigError(
+                "run", "give a profiled run, or model= (a preset's name, a config or a callable)", None
+            )
+        return forecast_run(
+            run,
+            device,
+            batch_size,
+            seq_len,
+            dtype,
+            toggles,
+            world_size,
+            calibration,
+            optimizer,
+            steps,
+            price_per_hour,
+        )
+    if calibration is not None or steps is not None:
+        raise ConfigError(
+            "model", "forecasts memory: calibration= and steps= need a measured run of the model", model
+        )
+    return _from_model(
+        model, run, device, batch_size, seq_len, dtype, toggles, world_size, optimizer, progress
+    )
+
+
+def _from_model(
+    model: Any,
+    proxy: Run | None,
+    device: str | float,
+    batch_size: int | None,
+    seq_len: int | None,
+    dtype: str | None,
+    toggles: Any,
+    world_size: int | None,
+    optimizer: str | None,
+    progress: bool,
+) -> Any:
+    """``forecast`` of a model from its config: its step on fake tensors, read as a run."""
+    from swift_nb.analysis.forecast import forecast as forecast_run
+    from swift_nb.analysis.forecast import measure
+    from swift_nb.analysis.forecast.from_model import measured_from
+    from swift_nb.capture.fake_step import fake_step, on_stderr
+
+    step = fake_step(
+        model,
+        batch_size or 1,
+        seq_len or 2048,
+        dtype or "bfloat16",
+        optimizer or "AdamW",
+        progress=on_stderr if progress else None,
+    )
+    if progress:
+        sys.stderr.write("\n")
+    measured = measured_from(step, measure(proxy) if proxy is not None else None)
+    return forecast_run(measured, device, toggles=toggles, world_size=world_size)

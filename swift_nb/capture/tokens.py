@@ -155,8 +155,11 @@ class TokenCounter:
             for m in (model, inner, decoder):
                 if isinstance(m, nn.Module) and id(m) not in self._hooked:
                     self._hooked.add(id(m))
-                    self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-                    self._handles.append(m.register_forward_hook(self._post, always_call=True))
+                    # run as they are, never compiled: torch.compile picks up the first frame
+                    # it does not skip, which must stay the model's own forward
+                    pre, post = torch.compiler.disable(self._pre), torch.compiler.disable(self._post)
+                    self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+                    self._handles.append(m.register_forward_hook(post, always_call=True))
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._depth += 1

@@ -1,0 +1,95 @@
+"""What a forecast reads of a model that never ran for real: a step on fake tensors
+(``swift_nb.capture.fake_step``), as a ``Measured``, so that the forecast prices it as it
+prices a measured run: another batch or sequence, dtype, optimizer, toggles, device.
+
+The fake step holds no [.., T, T] tensors apart (its trace is not recorded): its
+activations and other tensors scale with the tokens; the loss's logits are within them.
+Nothing calibrates it unless a measured proxy run is given (the forecast says so)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from swift_nb.analysis.forecast.measure import Measured, ScoreBytes, _split
+from swift_nb.record import MEMORY_CATEGORIES
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
+
+
+class Stepped(Protocol):
+    """What a fake step found (``swift_nb.capture.fake_step.FakeStep``)."""
+
+    name: str
+    categories: dict[str, float]
+    params: int
+    trainable: int
+    matrices: dict[tuple[int, int], int]
+    blocks: int
+    hidden: int | None
+    vocab: int | None
+    dtype: str
+    optimizer: str
+    batch_size: int
+    seq_len: int
+    seconds: float
+
+
+def measured_from(step: Stepped, proxy: Measured | None = None) -> Measured:
+    """``step`` as a forecast reads a run. ``proxy``: a measured run of the same family,
+    whose peak beyond its categories (the CUDA allocator's workspaces) is carried over."""
+    cats = {c: float(step.categories.get(c, 0.0)) for c in MEMORY_CATEGORIES}
+    row = _split([cats[c] for c in MEMORY_CATEGORIES], [0.0, 0.0, 0.0, 0.0])
+    # the moment before the update: every gradient alive, the activations gone (where a
+    # step peaks once checkpointing or a smaller batch shrinks the activations)
+    update = dict.fromkeys(MEMORY_CATEGORIES, 0.0)
+    for c in ("parameters", "frozen_parameters", "optimizer_state"):
+        update[c] = cats[c]
+    update["gradients"] = cats["parameters"]
+    before_update = _split([update[c] for c in MEMORY_CATEGORIES], [0.0, 0.0, 0.0, 0.0])
+    frozen = step.params - step.trainable
+    notes = [
+        f"{step.name}: one training step on fake tensors ({step.seconds:.1f} s), counted by PyTorch's "
+        "MemTracker; nothing was allocated",
+    ]
+    if proxy is None:
+        notes.append(
+            "uncalibrated: fake tensors count what the step's tensors hold; a device adds its allocator's "
+            "workspaces and fragmentation (profile a smaller model of the family on it and pass run= to carry them)"
+        )
+    else:
+        notes.append(
+            f"calibrated by the run {proxy.run_id}: {proxy.untracked_bytes / 2**20:.1f} MiB its peak held beyond "
+            "its categories (the allocator's workspaces) carried over"
+        )
+    return Measured(
+        run_id=f"model:{step.name}",
+        categories=cats,
+        timeline=np.array([row, before_update], dtype=float),
+        batch_size=step.batch_size,
+        seq_len=step.seq_len,
+        dtype=step.dtype,
+        element_bytes=DTYPE_BYTES.get(step.dtype, 2),
+        params=step.trainable,
+        optimizer=step.optimizer,
+        world_size=1,
+        scores=ScoreBytes(),
+        matrices=dict(step.matrices),
+        blocks=step.blocks,
+        blocks_from="config",
+        hidden=step.hidden,
+        toggles=set(),
+        traced=False,
+        untracked_bytes=proxy.untracked_bytes if proxy is not None else 0.0,
+        notes=notes,
+        vocab=step.vocab,
+        frozen_params=frozen,
+        frozen_dtype=step.dtype,
+        compute_dtype=step.dtype,
+        on_cuda=proxy.on_cuda if proxy is not None else False,
+    )
+
+
+def describe(step: Any) -> dict[str, Any]:
+    """The fake step's own figures, for a forecast's record."""
+    return {"model": step.name, "params": step.params, "seconds": round(step.seconds, 2)}

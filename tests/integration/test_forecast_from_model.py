@@ -1,0 +1,102 @@
+"""``swift_nb.forecast(model=...)``: a model forecast from its config, one training step on
+fake tensors (nothing allocated), against the same model profiled for real; a model four
+times larger forecast with the small one's run as its proxy, plain, under LoRA and under
+gradient checkpointing; a 7B preset's exact parameters; and the errors of bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import swift_nb
+from swift_nb.core.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")
+
+B, T = 2, 128
+
+
+def _config(hidden: int, layers: int) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        vocab_size=2000,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+def _measured(out, cfg, toggles=()):
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    with swift_nb.profile(
+        out_dir=out, wait=0, warmup=1, active=2, report=False, toggles=list(toggles)
+    ) as run:
+        for _ in range(4):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return run
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def proxy(out):
+    return _measured(out, _config(128, 2))
+
+
+def _fake(cfg, run=None, toggles=()):
+    return swift_nb.forecast(
+        run, model=cfg, dtype="fp32", batch_size=B, seq_len=T, toggles=list(toggles), progress=False
+    )
+
+
+def test_the_proxy_forecast_from_its_config_is_its_measured_peak(proxy):
+    f = _fake(_config(128, 2))
+    measured = proxy.summary["memory_categories_at_peak"]
+    assert f.total_bytes == pytest.approx(proxy.summary["peak_mem_bytes"], rel=0.02)
+    for category in ("parameters", "gradients", "optimizer_state"):
+        assert f.categories[category] == pytest.approx(measured[category], rel=0.02, abs=1024)
+    # what grows with the tokens: the activations, the logits and backward's temporaries together
+    rest = sum(measured[c] for c in ("activations", "logits", "other"))
+    assert sum(f.categories[c] for c in ("activations", "logits", "other")) == pytest.approx(rest, rel=0.02)
+    assert any("fake tensors" in line for line in f.derivation)
+    assert any(line.startswith("uncalibrated") for line in f.derivation)
+
+
+@pytest.mark.parametrize(
+    "toggles", [(), ("lora(r=16)",), ("grad_checkpointing",)], ids=["plain", "lora", "ckpt"]
+)
+def test_a_model_four_times_larger_with_the_proxys_run(out, proxy, toggles):
+    big = _config(256, 4)
+    measured = _measured(out, big, [t.replace("(r=16)", ":r=16") for t in toggles])
+    f = _fake(big, run=proxy, toggles=toggles)
+    assert f.total_bytes == pytest.approx(measured.summary["peak_mem_bytes"], rel=0.10)
+    assert any(line.startswith("calibrated by the run") for line in f.derivation)
+
+
+def test_the_7b_preset_has_its_exact_parameters():
+    f = swift_nb.forecast(model="llama-2-7b", device="H100-80GB", progress=False)
+    assert f.categories["parameters"] == 6_738_415_616 * 2
+    assert f.categories["gradients"] > 0 and f.categories["optimizer_state"] >= 2 * 6_738_415_616 * 2
+    assert f.dtype == "bfloat16" and (f.batch_size, f.seq_len) == (1, 2048)
+
+
+def test_bad_models_are_errors_that_say_what():
+    with pytest.raises(ConfigError, match="is no preset; presets are llama-2-7b"):
+        swift_nb.forecast(model="llama-9-1t", progress=False)
+
+    def broken():
+        raise RuntimeError("no such layer")
+
+    with pytest.raises(ConfigError, match="building it raised RuntimeError: no such layer"):
+        swift_nb.forecast(model=broken, progress=False)
+    with pytest.raises(ConfigError, match="give a profiled run, or model="):
+        swift_nb.forecast()
