@@ -89,3 +89,11 @@ def test_the_forecast_prices_qlora_on_a_24gb_card(executed):
     lines = {line.split(":")[0].strip(): line for line in text.splitlines() if ":" in line}
     assert {"LoRA, fp32", "LoRA, bf16", "QLoRA, 4x batch"} <= set(lines)
     assert "fits" in lines["QLoRA, 4x batch"]
+
+
+def test_a_7b_model_is_forecast_from_its_config(executed):
+    nb, _ = executed
+    text = _text(_cell(nb, 'model="llama-2-7b"'))
+    lines = {line.split(" on ")[0].strip(): line for line in text.splitlines() if " on " in line}
+    assert {"7B full, bf16", "7B LoRA r=16", "7B QLoRA r=16"} <= set(lines), text
+    assert "fits" in lines["7B full, bf16"] and "fits" in lines["7B QLoRA r=16"]
