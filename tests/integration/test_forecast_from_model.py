@@ -100,3 +100,23 @@ def test_bad_models_are_errors_that_say_what():
         swift_nb.forecast(model=broken, progress=False)
     with pytest.raises(ConfigError, match="give a profiled run, or model="):
         swift_nb.forecast()
+
+
+def test_a_step_fake_tensors_cannot_run_falls_back_to_the_formula_and_says_so():
+    class DataDependent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(100, 16)
+            self.head = torch.nn.Linear(16, 100)
+
+        def forward(self, input_ids, labels=None):
+            if input_ids.sum().item() > 0:  # a value fake tensors do not have
+                return self.head(self.embed(input_ids))
+            return self.head(self.embed(input_ids)) * 2
+
+    f = swift_nb.forecast(model=DataDependent, dtype="fp32", batch_size=2, seq_len=8, progress=False)
+    params = 100 * 16 + 16 * 100 + 100
+    assert f.categories["parameters"] == params * 4 and f.categories["gradients"] == params * 4
+    assert f.categories["optimizer_state"] >= 2 * params * 4
+    (said,) = [line for line in f.derivation if "could not run on fake tensors" in line]
+    assert "DataDependentOutputException" in said and "lower bound" in said

@@ -52,6 +52,7 @@ def measured_from(step: Stepped, proxy: Measured | None = None) -> Measured:
         f"{step.name}: one training step on fake tensors ({step.seconds:.1f} s), counted by PyTorch's "
         "MemTracker; nothing was allocated",
     ]
+    notes += list(getattr(step, "notes", []))
     if proxy is None:
         notes.append(
             "uncalibrated: fake tensors count what the step's tensors hold; a device adds its allocator's "
