@@ -5,7 +5,11 @@ adds a configuration to the table and the bars, without rerunning anything.
 The form opens at the run's own configuration: its batch, sequence, dtype and optimizer as
 the context recorded them, the batch and sequence otherwise as the traced inputs show them
 (the trace's cached tables, read when the panel opens); toggles and ranks are levers on top
-of the run as measured. The run's memory is measured on the first press only."""
+of the run as measured. The run's memory is measured on the first press only.
+
+The ``model`` lever forecasts another model instead: a preset (``core.model_presets``), run
+one step on fake tensors at the form's batch, sequence, dtype and optimizer (once per
+configuration), with this run as its proxy."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.core.devices import DEFAULT_DEVICE
 from swift_nb.core.errors import ConfigError, RecordError
+from swift_nb.core.model_presets import PRESETS
 from swift_nb.record import Run
 from swift_nb.render.forecast import forecast_section
 
@@ -51,9 +56,17 @@ class ForecastForm:
     def __init__(self, run: Run) -> None:
         self.run = run
         self._measured: Measured | None = None
+        self._fake: dict[
+            tuple, Measured
+        ] = {}  # a preset's fake step per (model, batch, seq, dtype, optimizer)
         self.forecasts: list[Forecast] = []
         ctx = run.context
         self.device = widgets.Dropdown(options=list(DEVICES), value=DEFAULT_DEVICE, description="device")
+        self.model = widgets.Dropdown(
+            options=[("this model", None), *((name, name) for name in PRESETS)],
+            value=None,
+            description="model",
+        )
         batch, seq = own_shape(run)
         # 0 stands for a size the run did not show: the forecast then takes the run's own
         self.batch = widgets.BoundedIntText(value=batch or 0, min=0, max=1 << 20, description="batch")
@@ -96,13 +109,35 @@ class ForecastForm:
         try:
             if self._measured is None:
                 self._measured = measure(self.run)
-            result = forecast(self._measured, **self.kwargs())
+            if self.model.value is None:
+                result = forecast(self._measured, **self.kwargs())
+            else:
+                result = self._forecast_model(self.model.value)
         except ConfigError as e:
             self.output.value = self._html() + f"<p class='empty'>{escape(str(e))}</p>"
             return None
         self.forecasts.append(result)
         self.output.value = self._html()
         return result
+
+    def _forecast_model(self, name: str) -> Forecast:
+        """The preset ``name`` at the form's configuration, from one step on fake tensors
+        (this run its proxy); the step is taken once per model, batch, sequence, dtype and
+        optimizer."""
+        from swift_nb.analysis.forecast.from_model import measured_from
+        from swift_nb.capture.fake_step import fake_step
+
+        kw = self.kwargs()
+        batch, seq = kw["batch_size"] or 1, kw["seq_len"] or 2048
+        optimizer = kw["optimizer"] if kw["optimizer"] in ("AdamW", "Adam", "SGD") else "AdamW"
+        key = (name, batch, seq, kw["dtype"], optimizer)
+        if key not in self._fake:
+            self.output.value = (
+                self._html() + f"<p class='empty'>Running a step of {escape(name)} on fake tensors …</p>"
+            )
+            step = fake_step(name, batch, seq, kw["dtype"], optimizer)
+            self._fake[key] = measured_from(step, self._measured)
+        return forecast(self._fake[key], kw["device"], toggles=kw["toggles"], world_size=kw["world_size"])
 
     def reset(self) -> None:
         self.forecasts.clear()
@@ -114,10 +149,11 @@ class ForecastForm:
     def widget(self) -> widgets.Widget:
         levers = widgets.VBox(
             [
-                widgets.HBox([self.device, self.dtype, self.optimizer]),
+                widgets.HBox([self.model, self.device]),
+                widgets.HBox([self.dtype, self.optimizer]),
                 widgets.HBox([self.batch, self.seq, self.world]),
                 widgets.HBox([self.toggles, widgets.VBox([self.button, self.clear])]),
             ]
         )
-        title = widgets.HTML("<h4>Will it fit? Try another device, batch, sequence or toggles</h4>")
+        title = widgets.HTML("<h4>Will it fit? Try another model, device, batch, sequence or toggles</h4>")
         return widgets.VBox([title, levers, self.output], _dom_classes=["swift-nb-forecast"])

@@ -122,6 +122,13 @@ def test_the_panel_form_forecasts_without_rerunning(tmp_path):
     assert "On T4-16GB (batch 64" in shown and "flash_attention" in shown and len(form.forecasts) == 2
     form.reset()
     assert form.forecasts == [] and "press Forecast" in form.output.value
+    # another model, from its config on fake tensors, with this run as its proxy
+    form.model.value, form.device.value, form.toggles.value = "llama-2-7b", "RTX4090-24GB", ("qlora",)
+    form.batch.value, form.seq.value, form.dtype.value = 1, 512, "bfloat16"
+    seven = form.press()
+    assert seven is not None and seven.run_id == "model:llama-2-7b" and seven.fits
+    assert "On RTX4090-24GB (batch 1 × 512 tokens, bfloat16" in form.output.value
+    assert any(line.startswith("llama-2-7b: one training step on fake tensors") for line in seven.derivation)
     panel = results_panel(run, [])
     memory_tab = panel.children[1].children[TABS.index("Memory")]
     assert any("swift-nb-forecast" in w._dom_classes for w in memory_tab.children)
