@@ -5,7 +5,6 @@ once, what was written stays readable, and the measurements are in the returned 
 from __future__ import annotations
 
 import errno
-import shutil
 import warnings
 
 import torch
@@ -39,7 +38,8 @@ def test_folder_removed_while_the_cell_runs(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with prof as run:
-            _train(6, lambda k: k == 4 and shutil.rmtree(run.path))
+            # moved away at once (a rename is atomic; rmtree could race the background writer)
+            _train(6, lambda k: k == 4 and run.path.rename(tmp_path / "moved"))
         after.append("the user's next line ran")
     assert after == ["the user's next line ran"]
     assert not [w for w in caught if issubclass(w.category, RecordWriteWarning)]
@@ -57,7 +57,8 @@ def test_out_folder_replaced_by_a_file(tmp_path):
 
     def replace_root(k):
         if k == 4:
-            shutil.rmtree(root)
+            # a rename is atomic: rmtree could race the background writer ("Directory not empty")
+            root.rename(tmp_path / "moved")
             root.write_text("not a folder")
 
     prof = swift_nb.profile(out_dir=root, wait=0, warmup=1, active=2)
