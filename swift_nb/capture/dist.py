@@ -105,12 +105,23 @@ class RankGroup:
         self.world = world
         self.timeout_s = timeout_s
 
+    #: groups this process has asked to open: the n-th profile of every rank meets the others' n-th
+    _opened = 0
+
     @classmethod
     def open(cls, info: RankInfo, timeout_s: float) -> tuple[RankGroup | None, str | None]:
         import torch.distributed as dist
 
         t0 = time.monotonic()
+        n, cls._opened = cls._opened, cls._opened + 1
         try:
+            # Every rank first says it is here, in the job's store; the group is made only
+            # when all are (new_group with a rank that never calls it can abort that rank
+            # at its exit, in gloo's pairing).
+            store = dist.distributed_c10d._get_default_store()
+            store.set(f"swift_nb/profiling/{n}/{info.rank}", "1")
+            keys = [f"swift_nb/profiling/{n}/{r}" for r in range(info.world_size)]
+            store.wait(keys, timedelta(seconds=timeout_s))
             group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         except Exception as e:
             return None, (
