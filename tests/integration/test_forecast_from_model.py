@@ -62,11 +62,13 @@ def test_the_proxy_forecast_from_its_config_is_its_measured_peak(proxy):
     f = _fake(_config(128, 2))
     measured = proxy.summary["memory_categories_at_peak"]
     assert f.total_bytes == pytest.approx(proxy.summary["peak_mem_bytes"], rel=0.02)
-    for category in ("parameters", "gradients", "optimizer_state"):
+    for category in ("parameters", "optimizer_state"):
         assert f.categories[category] == pytest.approx(measured[category], rel=0.02, abs=1024)
-    # what grows with the tokens: the activations, the logits and backward's temporaries together
-    rest = sum(measured[c] for c in ("activations", "logits", "other"))
-    assert sum(f.categories[c] for c in ("activations", "logits", "other")) == pytest.approx(rest, rel=0.02)
+    # what backward holds: gradients, activations, logits and temporaries together (the replay
+    # may book a few gradients' bytes on another of these, once even below zero)
+    parts = ("gradients", "activations", "logits", "other")
+    rest = sum(measured[c] for c in parts)
+    assert sum(f.categories[c] for c in parts) == pytest.approx(rest, rel=0.02)
     assert any("fake tensors" in line for line in f.derivation)
     assert any(line.startswith("uncalibrated") for line in f.derivation)
 
