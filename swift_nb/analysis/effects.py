@@ -43,6 +43,20 @@ OPTIMIZERS: dict[str, OptimizerState] = {
 ADAM_LIKE = ("Adam", "AdamW", "GaLoreAdamW")
 
 
+#: bitsandbytes' 8-bit optimizers keep one fp32 absmax per block of this many elements
+BLOCK_8BIT = 256
+
+
+def adam8bit_state(large: Sequence[int] | float, small: float) -> float:
+    """Bytes of AdamW8bit's state: for each tensor of ≥ 4 096 elements (``large``:
+    their sizes, or their total), two uint8 moments and two fp32 absmax per block of 256;
+    two fp32 moments for the ``small`` ones' elements; and its two 256-entry fp32
+    quantization maps, shared by every tensor."""
+    sizes = [float(large)] if isinstance(large, (int, float)) else [float(n) for n in large]
+    blocks = sum(math.ceil(n / BLOCK_8BIT) for n in sizes)
+    return 2 * sum(sizes) + 2 * 4 * blocks + 2 * 4 * small + (2 * 256 * 4 if sizes else 0)
+
+
 def states_per_parameter(optimizer: str | None) -> float:
     """State tensors per parameter of ``optimizer`` (0 when unknown)."""
     state = OPTIMIZERS.get(optimizer or "")
@@ -424,6 +438,11 @@ class Applied:
         return (self._new("fused_ce") or self._new("liger")) and not {"fused_ce", "liger"} & set(
             self.measured
         )
+
+    @property
+    def optim_8bit(self) -> bool:
+        """Adam/AdamW's moments in 8 bits (``optim_8bit``, new: not in the measured run)."""
+        return self._new("optim_8bit")
 
     @property
     def fused_attention(self) -> bool:

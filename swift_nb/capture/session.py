@@ -42,6 +42,7 @@ from swift_nb.capture.tokens import TokenCounter, lm_head, step_columns
 from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecorder, TraceResult
 from swift_nb.core import trace_names
 from swift_nb.core.errors import ConfigError, RunDirError
+from swift_nb.core.units import MIN_8BIT_SIZE
 from swift_nb.record import (
     FINETUNE_KEY,
     STEP_COLUMNS,
@@ -511,6 +512,7 @@ class Session:
             if params:
                 ctx.setdefault("dtype", str(params[0].dtype).removeprefix("torch."))
                 ctx.setdefault("params", sum(p.numel() for p in params))
+                ctx.setdefault("params_small", sum(p.numel() for p in params if p.numel() < MIN_8BIT_SIZE))
             break
 
 

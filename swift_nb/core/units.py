@@ -60,3 +60,8 @@ def fmt_ranks(ranks, world: int | None = None) -> str:
     if world is not None and world > 1 and len(set(ranks)) == world:
         return "every rank"
     return ("rank " if len(ranks) == 1 else "ranks ") + fmt_span(ranks)
+
+
+#: bitsandbytes' 8-bit optimizers keep fp32 state for a tensor smaller than this many
+#: elements (their ``min_8bit_size``)
+MIN_8BIT_SIZE = 4096

@@ -70,6 +70,9 @@ def build(toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | No
     ids = [t.id for t in out]
     if len(set(ids)) != len(ids):
         raise ConfigError("toggles", "must name each toggle once", ids)
+    clash = vocabulary.clashes(ids)
+    if clash:
+        raise ConfigError("toggles", clash, ",".join(ids))
     return out
 
 

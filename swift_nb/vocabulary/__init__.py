@@ -21,9 +21,11 @@ both work.
 
 from swift_nb.vocabulary.entries import (
     TOGGLES,
+    clashes,
     entry,
     flag_of,
     flagged,
+    needs_cuda,
     param_flag,
     register,
     runnable_ids,
@@ -46,9 +48,11 @@ __all__ = [
     "at_least",
     "between",
     "between_float",
+    "clashes",
     "entry",
     "flag_of",
     "flagged",
+    "needs_cuda",
     "param_flag",
     "parse_item",
     "parse_list",

@@ -3,7 +3,7 @@ look-ups everything that names a toggle uses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from swift_nb.core.errors import ConfigError
 from swift_nb.vocabulary.schema import Entry, Param, at_least, between, between_float, positive, valid_regex
@@ -20,6 +20,31 @@ _LORA_PARAMS = (
         aliases=("target_modules",),
     ),
     Param("dropout", float, 0.0, "dropout on the adapters' input", between_float(0.0, 1.0)),
+)
+
+_COMPILE_PARAMS = (
+    Param(
+        "mode",
+        str,
+        "default",
+        "torch.compile's mode",
+        choices=("default", "reduce-overhead", "max-autotune"),
+    ),
+    Param(
+        "dynamic",
+        bool,
+        None,
+        "true: compile for dynamic shapes from the start; false: one graph per shape; "
+        "unset: torch decides after the first size change",
+    ),
+    Param(
+        "backend",
+        str,
+        "inductor",
+        "inductor (generated kernels; needs a C++ compiler on CPU), aot_eager or eager "
+        "(graphs only, no code generation)",
+        choices=("inductor", "aot_eager", "eager"),
+    ),
 )
 
 #: Every toggle, in the order menus and help list them. A new toggle is one entry here
@@ -46,6 +71,16 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=5.0,  # benchmark: +5.9 % and +5.8 % (blocks taken as equal)
         ),
         Entry(
+            "activation_offload",
+            "activation offloading",
+            flag="activation-offload",
+            help="the tensors saved for backward kept in pinned host memory (torch's save_on_cpu) for this run; "
+            "CUDA only",
+            implementation="swift_nb.toggles.activation_offload:ActivationOffload",
+            forecast_error_pct=15.0,  # what stays on the device while a block computes
+            cuda=(0, 0),
+        ),
+        Entry(
             "lora",
             "LoRA",
             _LORA_PARAMS,
@@ -55,6 +90,7 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.lora:LoRA",
             forecast_error_pct=5.0,  # the adapters' own activations (x @ A) are estimated
             label_params=("r",),
+            excludes=("qlora", "galore"),
         ),
         Entry(
             "qlora",
@@ -66,6 +102,8 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.lora:QLoRA",
             forecast_error_pct=10.0,  # dequantized weight copies in forward and backward
             label_params=("r",),
+            excludes=("lora", "galore", "fp8"),
+            cuda=(0, 0),
         ),
         Entry(
             "galore",
@@ -93,6 +131,17 @@ TOGGLES: dict[str, Entry] = {
             metavar="rank=R,gap=G,scale=S,proj_type=std,target=REGEX",
             implementation="swift_nb.toggles.galore:GaLore",
             label_params=("rank",),
+            excludes=("optim_8bit", "lora", "qlora"),
+        ),
+        Entry(
+            "optim_8bit",
+            "8-bit AdamW",
+            flag="optim-8bit",
+            help="the cell's Adam/AdamW replaced by bitsandbytes' AdamW8bit (same hyper-parameters and groups) for "
+            "this run",
+            implementation="swift_nb.toggles.optim_8bit:Optim8bit",
+            forecast_error_pct=2.0,  # its state's layout is exact; the quantization's scratch is not
+            excludes=("galore",),
         ),
         Entry(
             "sequence_parallel",
@@ -140,6 +189,17 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=15.0,  # which ops autocast keeps in fp32 differs by model and device
         ),
         Entry(
+            "fp8",
+            "FP8 training",
+            flag="fp8",
+            help="torchao's float8 training of the model's linear layers for this run; CUDA with compute "
+            "capability 8.9 or more (Ada, Hopper, Blackwell)",
+            implementation="swift_nb.toggles.fp8:FP8",
+            forecast_error_pct=15.0,  # float8 copies kept for backward are not modelled
+            excludes=("qlora",),
+            cuda=(8, 9),
+        ),
+        Entry(
             "fused_ce",
             "fused cross-entropy",
             flag="fused-ce",
@@ -147,6 +207,7 @@ TOGGLES: dict[str, Entry] = {
             "cut-cross-entropy elsewhere) for this run",
             implementation="swift_nb.toggles.fused_ce:FusedCE",
             forecast_error_pct=15.0,  # what the fused kernel keeps of one chunk differs by implementation
+            excludes=("liger",),
         ),
         Entry(
             "liger",
@@ -156,6 +217,8 @@ TOGGLES: dict[str, Entry] = {
             "cross-entropy) for this run; CUDA only",
             implementation="swift_nb.toggles.liger:Liger",
             forecast_error_pct=15.0,  # its RMSNorm and SwiGLU kernels' saved tensors are not modelled
+            excludes=("fused_ce",),
+            cuda=(0, 0),
         ),
         Entry(
             "packing",
@@ -184,35 +247,25 @@ TOGGLES: dict[str, Entry] = {
         Entry(
             "torch_compile",
             "torch.compile",
-            (
-                Param(
-                    "mode",
-                    str,
-                    "default",
-                    "torch.compile's mode",
-                    choices=("default", "reduce-overhead", "max-autotune"),
-                ),
-                Param(
-                    "dynamic",
-                    bool,
-                    None,
-                    "true: compile for dynamic shapes from the start; false: one graph per shape; "
-                    "unset: torch decides after the first size change",
-                ),
-                Param(
-                    "backend",
-                    str,
-                    "inductor",
-                    "inductor (generated kernels; needs a C++ compiler on CPU), aot_eager or eager "
-                    "(graphs only, no code generation)",
-                    choices=("inductor", "aot_eager", "eager"),
-                ),
-            ),
+            _COMPILE_PARAMS,
             flag="compile",
             help="torch.compile the models the cell uses for this run (restored after)",
             metavar="mode=default|reduce-overhead|max-autotune,dynamic=true|false",
             implementation="swift_nb.toggles.torch_compile:TorchCompile",
             forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
+            excludes=("regional_compile",),
+        ),
+        Entry(
+            "regional_compile",
+            "regional compile",
+            _COMPILE_PARAMS,
+            flag="regional-compile",
+            help="torch.compile each repeated block of the models the cell uses (one compiled code for all of "
+            "them) for this run",
+            metavar="mode=default|reduce-overhead|max-autotune,dynamic=true|false",
+            implementation="swift_nb.toggles.regional_compile:RegionalCompile",
+            forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
+            excludes=("torch_compile",),
         ),
         Entry(
             "fsdp",
@@ -276,6 +329,36 @@ def entry(toggle_id: str, runnable: bool = False) -> Entry:
     if found is None or found.id not in known:
         raise ConfigError("toggle", f"must be one of {', '.join(known)}", toggle_id)
     return found
+
+
+def clashes(toggle_ids: Collection[str]) -> str | None:
+    """Why ``toggle_ids`` cannot run together (the first pair an entry excludes, either way
+    round), or None when they can."""
+    ids = [t for t in toggle_ids if t in TOGGLES]
+    for i, a in enumerate(ids):
+        for b in ids[i + 1 :]:
+            if b in TOGGLES[a].excludes or a in TOGGLES[b].excludes:
+                return f"{a} and {b} cannot run together: {_WHY.get(frozenset((a, b)), 'they change the same thing')}"
+    return None
+
+
+#: why the pairs the entries exclude clash
+_WHY: dict[frozenset[str], str] = {
+    frozenset(("galore", "optim_8bit")): "each replaces the cell's Adam/AdamW",
+    frozenset(("galore", "lora")): "GaLore projects full weights' gradients; LoRA trains adapters only",
+    frozenset(("galore", "qlora")): "GaLore projects full weights' gradients; QLoRA trains adapters only",
+    frozenset(("lora", "qlora")): "QLoRA is LoRA on a 4-bit base: choose one",
+    frozenset(("fp8", "qlora")): "the 4-bit base's layers are not float8 linear layers",
+    frozenset(("fused_ce", "liger")): "Liger's kernels include the fused cross-entropy",
+    frozenset(("regional_compile", "torch_compile")): "each compiles the model: choose one",
+}
+
+
+def needs_cuda(toggle_id: str) -> tuple[int, int] | None:
+    """The least CUDA compute capability ``toggle_id`` needs ((0, 0): any CUDA device), or
+    None when it runs on the CPU too."""
+    e = TOGGLES.get(toggle_id)
+    return None if e is None else e.cuda
 
 
 def runnable_ids() -> list[str]:

@@ -84,7 +84,10 @@ class Entry:
     far off (± %) a forecast with this toggle may be beyond the base error; ``processes``:
     the parameter that sets how many worker processes a rerun with it launches (one per
     rank), when it needs several; ``process_choices``: the counts a menu offers;
-    ``label_params``: parameters a forecast's label names even at their default."""
+    ``label_params``: parameters a forecast's label names even at their default;
+    ``excludes``: toggles it cannot run with (both replace the optimizer, both compile);
+    ``cuda``: the least CUDA compute capability it needs ((0, 0): any CUDA device; None:
+    it runs on the CPU too)."""
 
     id: str
     title: str
@@ -97,6 +100,8 @@ class Entry:
     processes: str | None = None
     label_params: tuple[str, ...] = ()
     process_choices: tuple[int, ...] = (2, 4, 8)
+    excludes: tuple[str, ...] = ()
+    cuda: tuple[int, int] | None = None
 
     @property
     def dest(self) -> str | None:

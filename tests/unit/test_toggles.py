@@ -287,7 +287,7 @@ def test_galore_state_formula_matches_measurement_on_every_projection():
             {"backend": "x"},
             "flash_attention backend is not a parameter of flash_attention",
         ),
-        ("sparse", {}, "toggle must be one of flash_attention, grad_checkpointing, lora, qlora, galore"),
+        ("sparse", {}, "toggle must be one of flash_attention, grad_checkpointing, activation_offload, lora, qlora, galore, optim_8bit"),
     ],
 )
 def test_bad_parameters_are_refused_with_a_clear_message(tid, params, message):

@@ -109,6 +109,7 @@ class Measured:
     compute_dtype: str = "float32"
     real_share: float = 1.0  # real tokens of those computed (capture.tokens; 1: no padding seen)
     on_cuda: bool = False
+    params_small: int | None = None  # elements in tensors of < 4 096 (None: not recorded)
 
     @property
     def lora_rank(self) -> int | None:
@@ -215,6 +216,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         finetune=dict(finetune),
         frozen_measured=frozen_measured,
         frozen_params=frozen_params,
+        params_small=run.context.get("params_small"),
         frozen_dtype=frozen_dtype,
         compute_dtype=_compute_dtype(finetune, dtype, frozen_dtype),
         toggles={str(t.get("toggle")) for t in ctx.get("toggles") or [] if isinstance(t, dict)},

@@ -22,7 +22,7 @@ from swift_nb.analysis.forecast.growth import Growth
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.result import Config, Peak
 from swift_nb.core.errors import ConfigError
-from swift_nb.core.units import fmt_bytes
+from swift_nb.core.units import MIN_8BIT_SIZE, fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
 from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
 
@@ -120,6 +120,11 @@ class CategoryPricer:
         extra = max(0.0, measured - run_states * m.params * self._state_bytes(m.optimizer, m.element_bytes))
         rank = Applied(cfg.toggles).galore_rank
         ad = self.adapters(cfg)
+        if Applied(cfg.toggles, m.toggles).optim_8bit:
+            value, text = self._adam8bit(ad, extra)
+            return value / shard, text + _shard_text(
+                shard, "optimizer state"
+            ) + f" = {fmt_bytes(value / shard)}"
         if rank is not None:
             elems, text = self._galore(rank)
         elif ad is not None and ad.elements != m.params:
@@ -153,6 +158,47 @@ class CategoryPricer:
         if extra:
             text += f" + {fmt_bytes(extra)} of step counters and the like as measured"
         return value, text + _shard_text(shard, "optimizer state") + f" = {fmt_bytes(value)}"
+
+    def _adam8bit(self, ad: Adapters | None, extra: float) -> tuple[float, str]:
+        """AdamW8bit's state (``effects.adam8bit_state``) for the parameters the configuration
+        trains: 8-bit moments for tensors of ≥ 4 096 elements, fp32 for smaller ones."""
+        m = self.m
+        if (m.optimizer or "AdamW") not in ("Adam", "AdamW"):
+            raise ConfigError(
+                "toggles",
+                f"optim_8bit replaces Adam/AdamW; this run's optimizer is {m.optimizer}",
+                m.optimizer,
+            )
+        if ad is not None and ad.matrices:
+            sizes = [a * b for (a, b), k in ad.matrices.items() for _ in range(k)]
+            large = [n for n in sizes if n >= MIN_8BIT_SIZE]
+            small = ad.elements - sum(large)
+            how = "the adapters' A and B"
+        else:
+            small, how = self._small_params()
+            large = [max(0.0, m.params - small)]
+        value = effects.adam8bit_state(large, small) + extra
+        text = (
+            f"optimizer state: AdamW8bit (bitsandbytes) on {how}: 2 × {_n(sum(large))} × 1 B + an fp32 absmax per "
+            f"256 elements, and 2 × {_n(small)} × 4 B for tensors of < {MIN_8BIT_SIZE:,} elements"
+        )
+        if extra:
+            text += f" + {fmt_bytes(extra)} of step counters and the like as measured"
+        return value, text
+
+    def _small_params(self) -> tuple[float, str]:
+        """Elements in tensors too small for 8-bit state, and where the count comes from: the
+        run's record, else what its linear layers and embedding (from the trace) leave."""
+        m = self.m
+        if m.params_small is not None:
+            return float(m.params_small), "the run's parameters (their sizes as recorded)"
+        shapes = sum(a * b * k for (a, b), k in m.matrices.items())
+        embedding = (m.vocab or 0) * (m.hidden or 0)
+        small = max(0.0, m.params - shapes - embedding) if shapes else 0.0
+        return (
+            small,
+            "the run's parameters (the linear and embedding weights from the trace; the rest taken as small)",
+        )
 
     def _run_states(self) -> float:
         """States per parameter of the run's optimizer: SGD's measured (momentum or not),
