@@ -19,6 +19,7 @@ from torch import nn
 
 from swift_nb import vocabulary
 from swift_nb.capture import frameworks
+from swift_nb.core.errors import ConfigError
 from swift_nb.vocabulary import Param
 
 
@@ -229,6 +230,29 @@ def _on_construct(cls: type, apply: Callable[[Any], None]) -> Callable[[], None]
         cls.__init__ = original
 
     return restore
+
+
+def refuse_without_cuda(toggle_id: str, why_not_here: str) -> None:
+    """ConfigError naming CUDA (and the compute capability the vocabulary says the toggle
+    needs) when this machine cannot run ``toggle_id``, before any work."""
+    least = vocabulary.needs_cuda(toggle_id)
+    if least is None:
+        return
+    cap = f" of compute capability ≥ {least[0]}.{least[1]}" if least > (0, 0) else ""
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            toggle_id,
+            f"needs a CUDA device{cap}, and torch {torch.__version__} sees none ({why_not_here})",
+            toggle_id,
+        )
+    found = torch.cuda.get_device_capability()
+    if found < least:
+        raise ConfigError(
+            toggle_id,
+            f"needs a CUDA device{cap}; {torch.cuda.get_device_name()} is {found[0]}.{found[1]} "
+            f"({why_not_here})",
+            toggle_id,
+        )
 
 
 # -- finding things in a namespace ------------------------------------------------------------

@@ -6,6 +6,7 @@ import re
 import time
 
 import pytest
+import torch
 
 import swift_nb
 
@@ -136,3 +137,19 @@ def test_flops_flag_counts_a_step(kernel, tmp_path):
     assert run.summary["flops_per_step"] == 2 * (2 * 4 * 16 * 16)
     html = "".join(o["data"].get("text/html", "") for o in res.of_type("display_data"))
     assert re.search(r"FLOPs per step</t[hd]>\s*<td[^>]*>4\.10 kFLOP<", html), "the report shows the count"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("--activation-offload", "--activation-offload needs a CUDA device, and torch"),
+        ("--fp8", "--fp8 needs a CUDA device of compute capability ≥ 8.9"),
+        ("--liger", "on a CUDA device, and this machine has none"),
+    ],
+)
+def test_a_cuda_only_toggle_is_refused_naming_cuda_before_the_cell_runs(kernel, tmp_path, flag, expected):
+    kernel.execute("ran = False; import torch; net = torch.nn.Linear(4, 4)")
+    res = kernel.execute(f"%%swift_profile {flag} --out {tmp_path}\nran = True")
+    assert expected in res.text("stderr") + res.text("stdout") + str(res.of_type("error"))
+    assert kernel.eval("ran") is False
