@@ -88,11 +88,16 @@ class RerunControls:
         )
         self.result = widgets.HTML("")
         self.try_buttons = []
+        tried: set[str] = set()
         for f in findings:
-            if f.toggle in self.boxes:
-                b = widgets.Button(description=f"Try {words[f.toggle].title}", tooltip=f.title, icon="flask")
-                b.on_click(lambda _, t=f.toggle: self.start([Variant(t, [get(t)])]))
-                self.try_buttons.append(b)
+            for toggle_id in f.toggles:
+                if toggle_id in self.boxes and toggle_id not in tried:
+                    tried.add(toggle_id)
+                    b = widgets.Button(
+                        description=f"Try {words[toggle_id].title}", tooltip=f.title, icon="flask"
+                    )
+                    b.on_click(lambda _, t=toggle_id: self.start([Variant(t, [get(t)])]))
+                    self.try_buttons.append(b)
         self.rerun.on_click(lambda _: self.start(self._ticked()))
         self.cancel.on_click(lambda _: self._cancelled.set())
         self._cancelled = threading.Event()

@@ -152,6 +152,7 @@ LABELS: dict[str, Label] = {
     "lora_adapter_params": Label("LoRA adapter parameters", "count"),
     "lora_optimizer_state_bytes": Label("Optimizer state with LoRA"),
     "lora_saved_bytes": Label("Saved with LoRA"),
+    "optim_8bit_state_bytes": Label("Optimizer state with 8-bit AdamW"),
     "lora_saved_pct": Label("Saved with LoRA, share of the peak"),
     "lora_shapes": Label("LoRA layers' shapes from"),
     "lora_dropout": Label("LoRA dropout", "count"),

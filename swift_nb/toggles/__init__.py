@@ -52,28 +52,26 @@ def parse(toggle_id: str, spec: str | None = None) -> Toggle:
 
 def build(toggles: Sequence[Toggle | str] | Mapping[str, Mapping[str, Any]] | None) -> list[Toggle]:
     """Toggles from objects, specs (``"galore"``, ``"galore:rank=64"``, ``"galore(rank=64)"``)
-    or ``{id: params}``."""
+    or ``{id: params}``. Names given twice, or toggles that cannot run together, are refused
+    before any is built."""
     if not toggles:
         return []
+    wanted: list[Toggle | tuple[str, dict[str, Any]]] = []
     if isinstance(toggles, Mapping):
-        out = [get(k, **dict(v or {})) for k, v in toggles.items()]
+        wanted = [(k, dict(v or {})) for k, v in toggles.items()]
     else:
-        out = []
         for t in toggles:
             if isinstance(t, Toggle):
-                out.append(t)
+                wanted.append(t)
             else:
-                out += [
-                    get(tid, **params)
-                    for tid, params in map(vocabulary.parse_item, vocabulary.split_list(str(t)))
-                ]
-    ids = [t.id for t in out]
+                wanted += list(map(vocabulary.parse_item, vocabulary.split_list(str(t))))
+    ids = [w.id if isinstance(w, Toggle) else vocabulary.entry(w[0], runnable=True).id for w in wanted]
     if len(set(ids)) != len(ids):
         raise ConfigError("toggles", "must name each toggle once", ids)
     clash = vocabulary.clashes(ids)
     if clash:
         raise ConfigError("toggles", clash, ",".join(ids))
-    return out
+    return [w if isinstance(w, Toggle) else get(w[0], **w[1]) for w in wanted]
 
 
 @contextlib.contextmanager

@@ -213,7 +213,7 @@ def test_an_adapter_finetune_under_lightning_returns_8bit_adam_from_configure_op
     )
     context = {**_lightning(), "finetune": {"method": "lora", "trainable_params": 1_000}}
     f = optimizer_state.rule(_evidence(footprint=footprint), TH, context)
-    assert f is not None and f.toggle is None
+    assert f is not None and f.toggle == "optim_8bit"
     assert (
         "bnb.optim.AdamW8bit(self.parameters(), lr=…) from the LightningModule's configure_optimizers()"
         in (f.suggestion)

@@ -38,7 +38,9 @@ class Finding:
     it should change, with ``formula`` saying how that was estimated; time_cut: the share
     (0–1) of the step's time (of the GPU's window, on a GPU run) that change is predicted
     to save, None when it predicts no time (memory, a one-off compile) — what its price
-    per 1 000 steps is read from; time_cut_bound: that share is an upper bound ("up to").
+    per 1 000 steps is read from; time_cut_bound: that share is an upper bound ("up to");
+    also: other toggles that apply the same advice another way (8-bit moments beside
+    GaLore), offered beside ``toggle``.
     """
 
     id: str
@@ -51,3 +53,9 @@ class Finding:
     severity: str = "warning"  # info | warning | critical
     time_cut: float | None = None
     time_cut_bound: bool = False
+    also: tuple[str, ...] = ()
+
+    @property
+    def toggles(self) -> tuple[str, ...]:
+        """Every toggle the finding offers, its own first."""
+        return ((self.toggle,) if self.toggle else ()) + tuple(t for t in self.also if t != self.toggle)

@@ -23,8 +23,9 @@ def finding_html(f: Finding) -> str:
     if f.evidence:
         parts.append(evidence_html(f.evidence, within=f.id))
     parts.append(f"<p><b>Suggestion:</b> {escape(f.suggestion)}</p>")
-    if f.toggle:
-        parts.append(f"<p><b>Toggle:</b> <code>{escape(f.toggle)}</code></p>")
+    if f.toggles:
+        offered = " or ".join(f"<code>{escape(t)}</code>" for t in f.toggles)
+        parts.append(f"<p><b>Toggle{'s' if len(f.toggles) > 1 else ''}:</b> {offered}</p>")
     if f.predicted_effect:
         parts.append(f"<p><b>Predicted effect:</b> {escape(f.predicted_effect)}</p>")
     if f.formula:

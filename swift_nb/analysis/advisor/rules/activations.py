@@ -71,6 +71,8 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         toggle="grad_checkpointing",
         predicted_effect=effect,
         formula=formula,
+        # on a GPU, the saved tensors can wait in host memory instead (PCIe copies, no recompute)
+        also=("activation_offload",) if ev.tensors_on == "cuda" else (),
     )
 
 

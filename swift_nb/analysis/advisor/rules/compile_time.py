@@ -1,5 +1,7 @@
 """Compile time against the steady-state gain: after how many steps torch.compile pays for
-its compiling, or, without an eager baseline, what the compiling cost in steady steps."""
+its compiling, or, without an eager baseline, what the compiling cost in steady steps. Where
+compiling dominates, it offers ``regional_compile``: the repeated blocks compiled as one code,
+about half the compile time of the whole model (``benchmarks/regional_compile.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from swift_nb.analysis.advisor.evidence import Evidence, Thresholds
+from swift_nb.analysis.advisor.evidence import Evidence, Thresholds, applied
 from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.words import ms, pct
 from swift_nb.core.units import fmt_seconds
@@ -45,6 +47,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             predicted_effect=f"pays for itself after compile_s / (t_eager − {ms(c.steady_step_s)}) steps",
             formula="N = t_compile / (t_eager − t_compiled), steps; compile cost in steps = t_compile / t_compiled",
             severity="warning" if c.share >= th.compile_share else "info",
+            toggle=_regional(context, c.share >= th.compile_share),
         )
     evidence["eager_step_s"] = round(eager, 6)
     gain = eager - c.steady_step_s
@@ -57,6 +60,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             predicted_effect=f"−{fmt_seconds(c.compile_s)}: the compiling, with no per-step loss",
             formula="gain per step = t_eager − t_compiled ≤ 0: compile never pays back",
             severity="warning",
+            toggle=_regional(context, True),
         )
     n = math.ceil(round(c.compile_s / gain, 6))  # not one more step for a rounding error
     evidence["pays_back_after_steps"] = n
@@ -72,4 +76,13 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         predicted_effect=f"{'+' if c.steps < n else '−'}{fmt_seconds(abs(c.compile_s - gain * c.steps))} over this run's {c.steps} steps",
         formula="N = ⌈t_compile / (t_eager − t_compiled)⌉",
         severity="info",
+        toggle=_regional(context, c.steps < n),
     )
+
+
+def _regional(context: Mapping[str, Any], dominates: bool) -> str | None:
+    """The regional_compile toggle, offered when compiling dominates and the run compiled its
+    models whole: the repeated blocks compile once for all of them."""
+    if not dominates or applied(context, "regional_compile"):
+        return None
+    return "regional_compile"

@@ -34,8 +34,13 @@ from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
 
 def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | None:
     opt = ev.at_peak("optimizer_state")
-    # GaLore applied already: its state is what the finding would propose
-    if not ev.peak_bytes or opt / ev.peak_bytes < th.optimizer_share or applied(context, "galore"):
+    # GaLore or 8-bit moments applied already: its state is what the finding would propose
+    if (
+        not ev.peak_bytes
+        or opt / ev.peak_bytes < th.optimizer_share
+        or applied(context, "galore")
+        or applied(context, "optim_8bit")
+    ):
         return None
     evidence = {
         "optimizer_pct": pct(opt / ev.peak_bytes),
@@ -88,6 +93,13 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
                 "; LoRA: the optimizer's states (Adam's 2) × Σ r·(in + out) over the adapted linear "
                 f"layers × {effects.LORA_ADAPTER_BYTES} B (fp32 adapters)"
             )
+    eight_bit = _eight_bit(context, ev, opt)
+    if eight_bit is not None:
+        evidence["optim_8bit_state_bytes"] = eight_bit
+        effect += f"; with optim_8bit: optimizer state ≈ {fmt_bytes(eight_bit)}"
+        formula += (
+            "; AdamW8bit: 2 × 1 B per element + an fp32 absmax per 256 (fp32 for tensors < 4096 elements)"
+        )
     return Finding(
         id="optimizer_state",
         title=title,
@@ -96,7 +108,18 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         toggle="galore",
         predicted_effect=effect,
         formula=formula,
+        also=("optim_8bit", "lora") if eight_bit is not None else ("lora",),
     )
+
+
+def _eight_bit(context: Mapping[str, Any], ev: Evidence, opt: float) -> float | None:
+    """AdamW8bit's state for the run's parameters (``effects.adam8bit_state``), or None when
+    the run's optimizer is not the Adam/AdamW it replaces."""
+    if context.get("optimizer") not in ("Adam", "AdamW") or applied(context, "optim_8bit"):
+        return None
+    params = context.get("params") or ev.at_peak("parameters") / _element(context)
+    small = min(float(context.get("params_small") or 0), float(params))
+    return min(opt, effects.adam8bit_state(float(params) - small, small))
 
 
 def lora_alternative(
@@ -160,6 +183,7 @@ def _adapters(
             "under 4096 elements in 32 bits: min_8bit_size)"
         ),
         severity="info",
+        toggle="optim_8bit" if context.get("optimizer") in (None, "Adam", "AdamW") else None,
     )
 
 
