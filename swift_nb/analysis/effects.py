@@ -47,7 +47,7 @@ ADAM_LIKE = ("Adam", "AdamW", "GaLoreAdamW")
 BLOCK_8BIT = 256
 
 
-def adam8bit_state(large: Sequence[int] | float, small: float) -> float:
+def adam8bit_state(large: Sequence[float] | float, small: float) -> float:
     """Bytes of AdamW8bit's state: for each tensor of ≥ 4 096 elements (``large``:
     their sizes, or their total), two uint8 moments and two fp32 absmax per block of 256;
     two fp32 moments for the ``small`` ones' elements; and its two 256-entry fp32

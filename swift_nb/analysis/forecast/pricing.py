@@ -170,7 +170,7 @@ class CategoryPricer:
                 m.optimizer,
             )
         if ad is not None and ad.matrices:
-            sizes = [a * b for (a, b), k in ad.matrices.items() for _ in range(k)]
+            sizes = [float(a * b) for (a, b), k in ad.matrices.items() for _ in range(k)]
             large = [n for n in sizes if n >= MIN_8BIT_SIZE]
             small = ad.elements - sum(large)
             how = "the adapters' A and B"
