@@ -5,6 +5,7 @@ with swift_nb.profile() as run:      # or %%swift_profile on top of a notebook c
 run.summary, run.steps, run.samples  # plain data, also saved in run.path
 swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere, as a run
 swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the measured memory
+swift_nb.plan(run, "L4-24GB", batch_size=16)  # what would make it fit? toggles tried, best first
 swift_nb.export(run, to="mlflow")     # or "wandb", "tensorboard": summary, series, findings, files
 """
 
@@ -17,7 +18,7 @@ from swift_nb.record import Run, load_run, pin, prune, runs, save
 
 if TYPE_CHECKING:
     from swift_nb.analysis.comparison.run_diff import diff
-    from swift_nb.api import forecast, profile
+    from swift_nb.api import forecast, plan, profile
     from swift_nb.capture.resources.alerts import Alert
     from swift_nb.capture.steps import step
     from swift_nb.importing.assembly import import_trace
@@ -33,6 +34,7 @@ _LAZY = {
     "export": "swift_nb.trackers",
     "forecast": "swift_nb.api",
     "compare": "swift_nb.reporting",
+    "plan": "swift_nb.api",
     "profile": "swift_nb.api",
     "report": "swift_nb.reporting",
     "step": "swift_nb.capture.steps",
@@ -72,6 +74,7 @@ __all__ = [
     "load_ipython_extension",
     "load_run",
     "pin",
+    "plan",
     "profile",
     "prune",
     "report",

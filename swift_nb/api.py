@@ -418,3 +418,78 @@ def _from_model(
         sys.stderr.write("\n")
     measured = measured_from(step, measure(proxy) if proxy is not None else None)
     return forecast_run(measured, device, toggles=toggles, world_size=world_size)
+
+
+def plan(
+    run: Run | None = None,
+    device: str | None = None,
+    memory_bytes: float | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    toggles_allowed: Sequence[str] | None = None,
+    *,
+    model: Any = None,
+    max_toggles: int = 3,
+    progress: bool = True,
+) -> Any:
+    """What would make it fit? Every combination of the toggles that change a step's memory
+    (``swift_nb.analysis.forecast.plan``), forecast for ``device`` (a preset) or a budget of
+    ``memory_bytes``, at ``batch_size`` × ``seq_len`` (the run's own by default).
+
+    Args:
+        run: a profiled run; with ``model``, a measured proxy (as ``forecast`` takes it).
+        device: a preset of ``swift_nb.core.devices.DEVICES``: its capacity and its CUDA
+            capability (which toggles can run there).
+        memory_bytes: a budget in bytes (overrides the preset's capacity).
+        batch_size: samples per rank.
+        seq_len: tokens per sample.
+        toggles_allowed: the toggles to combine (default: every one that applies).
+        model: a model forecast from its config (a preset's name, a transformers config or
+            a callable), its step run once on fake tensors at the target batch and sequence.
+        max_toggles: how many toggles at once.
+        progress: a progress line on stderr while a fake step runs.
+
+    Returns:
+        A DataFrame, one row per combination: ``toggles``, ``predicted_peak_bytes``,
+        ``fits``, ``headroom_bytes``, ``step_factor`` (of the run's step, estimated),
+        ``predicted_step_s``, ``changes_training``, ``expected_error_pct``, ``why``; the
+        rows that fit first, fastest first.
+
+    Raises:
+        ConfigError: neither a device nor ``memory_bytes``; a bad argument.
+    """
+    from swift_nb.analysis.forecast import measure
+    from swift_nb.analysis.forecast.plan import plan as plan_measured
+    from swift_nb.core.errors import ConfigError
+
+    if device is None and memory_bytes is None:
+        raise ConfigError(
+            "device",
+            "give the target: a device preset (device='L4-24GB') or a budget (memory_bytes=24e9)",
+            None,
+        )
+    if model is None:
+        if run is None:
+            raise ConfigError(
+                "run", "give a profiled run, or model= (a preset's name, a config or a callable)", None
+            )
+        measured = measure(run)
+    else:
+        measured = _fake_measured(model, run, batch_size, seq_len, progress)
+    return plan_measured(measured, device, memory_bytes, batch_size, seq_len, toggles_allowed, max_toggles)
+
+
+def _fake_measured(
+    model: Any, proxy: Run | None, batch_size: int | None, seq_len: int | None, progress: bool
+) -> Any:
+    """``model``'s step on fake tensors at the target shape (bf16, AdamW), read as a run."""
+    from swift_nb.analysis.forecast import measure
+    from swift_nb.analysis.forecast.from_model import measured_from
+    from swift_nb.capture.fake_step import fake_step, on_stderr
+
+    step = fake_step(
+        model, batch_size or 1, seq_len or 2048, "bfloat16", "AdamW", progress=on_stderr if progress else None
+    )
+    if progress:
+        sys.stderr.write("\n")
+    return measured_from(step, measure(proxy) if proxy is not None else None)

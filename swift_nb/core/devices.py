@@ -35,12 +35,34 @@ ROCM_CONTEXT_BYTES = 1 * GIB
 class Device(NamedTuple):
     """A GPU: ``capacity_bytes`` as ``torch.cuda.get_device_properties(i).total_memory``
     reports it (NVIDIA's "80 GB" are decimal, and part of it is reserved by the driver),
-    ``context_bytes`` what the CUDA context takes of it, ``source`` where the numbers come from."""
+    ``context_bytes`` what the CUDA context takes of it, ``source`` where the numbers come from.
+    (``capability``: its CUDA compute capability, which toggles such as fp8 need; None for
+    a capacity given as a number, or a device that is not NVIDIA's.)"""
 
     name: str
     capacity_bytes: int
     context_bytes: int
     source: str
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        return CAPABILITY.get(self.name)
+
+
+#: CUDA compute capability of the presets (NVIDIA's CUDA GPUs table)
+CAPABILITY: dict[str, tuple[int, int]] = {
+    "A100-40GB": (8, 0),
+    "A100-80GB": (8, 0),
+    "H100-80GB": (9, 0),
+    "H100-94GB": (9, 0),
+    "H200-141GB": (9, 0),
+    "L4-24GB": (8, 9),
+    "A10G-24GB": (8, 6),
+    "RTX4090-24GB": (8, 9),
+    "V100-16GB": (7, 0),
+    "V100-32GB": (7, 0),
+    "T4-16GB": (7, 5),
+}
 
 
 def _reported(mib: int, where: str) -> str:

@@ -86,6 +86,8 @@ class Toggle:
         self._seen_optimizers: set[int] = set()
         self._hooks: list[Any] = []
         self._namespace: Mapping[str, Any] = {}
+        #: what a library the toggle imported logged or warned (``core.quiet``): the run's notes
+        self._said: list[str] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -110,6 +112,8 @@ class Toggle:
         if self.report is not None:
             raise RuntimeError(f"{self.id} is already applied; undo() it first")
         self.report = ToggleReport(self.id, dict(self.values))
+        for line in self._said:
+            self.report.note(f"said while imported: {line}")
         self._namespace = namespace or {}
         models, optimizers = find_models(namespace or {}), find_optimizers(namespace or {})
         try:

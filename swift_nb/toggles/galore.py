@@ -22,7 +22,6 @@ namespace is left alone: they are low-rank already.
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
 from collections import defaultdict
@@ -33,26 +32,22 @@ from torch import nn
 
 from swift_nb.capture import frameworks
 from swift_nb.core.errors import MissingDependencyError
+from swift_nb.core.quiet import quiet_import
 from swift_nb.toggles.base import Toggle, find_models
 from swift_nb.toggles.lora import linear_layer, peft_adapters
 
 
-def galore_adamw() -> type[torch.optim.Optimizer]:
-    """galore-torch's AdamW class, or an error that says how to install it."""
-    # bitsandbytes (imported by galore_torch for its 8-bit variant) logs a warning about an
-    # optional CPU kernel package at import; it concerns nothing we use.
-    log = logging.getLogger("bitsandbytes")
-    level = log.level
-    log.setLevel(logging.ERROR)
+def galore_adamw() -> tuple[type[torch.optim.Optimizer], list[str]]:
+    """galore-torch's AdamW class and what importing it logged (bitsandbytes, imported by
+    galore_torch for its 8-bit variant, warns about an optional CPU kernel package: kept for
+    the run's notes), or an error that says how to install it."""
     try:
-        from galore_torch import GaLoreAdamW
+        galore_torch, said = quiet_import("galore_torch", "bitsandbytes")
     except ImportError as e:
         raise MissingDependencyError(
             f"the galore toggle needs the galore-torch package ({e}): pip install 'swift_nb[galore]'"
         ) from None
-    finally:
-        log.setLevel(level)
-    return GaLoreAdamW
+    return galore_torch.GaLoreAdamW, said
 
 
 class GaLore(Toggle):
@@ -61,7 +56,7 @@ class GaLore(Toggle):
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
-        self._cls = galore_adamw()  # fail before any work when galore-torch is missing
+        self._cls, self._said = galore_adamw()  # fail before any work when galore-torch is missing
         self._linear_weights: dict[int, str] = {}
         self._converted: list[tuple[torch.optim.Optimizer, set[int]]] = []
 

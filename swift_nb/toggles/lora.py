@@ -38,6 +38,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from swift_nb.core.errors import ConfigError, MissingDependencyError
+from swift_nb.core.quiet import quiet_import
 from swift_nb.toggles.base import Toggle, ToggleReport, find_models, find_optimizers
 from swift_nb.toggles.grad_checkpointing import repeated_blocks
 
@@ -63,14 +64,16 @@ def peft_adapters(model: nn.Module) -> str | None:
     return f"{what} (r={', '.join(map(str, ranks))})" if ranks else what
 
 
-def _peft(toggle_id: str) -> Any:
+def _peft(toggle_id: str) -> tuple[Any, list[str]]:
+    """peft, and what importing it logged (it imports bitsandbytes, which warns about
+    optional CPU kernels): kept for the run's notes, not printed under the cell."""
     try:
-        import peft
+        peft, said = quiet_import("peft", "bitsandbytes")
     except ImportError as e:
         raise MissingDependencyError(
             f"the {toggle_id} toggle needs the peft package ({e}): pip install peft"
         ) from None
-    return peft
+    return peft, said
 
 
 def _short(path: str) -> str:
@@ -95,7 +98,7 @@ class LoRA(Toggle):
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
-        self._peft = _peft(self.id)  # fail before any work when peft is missing
+        self._peft, self._said = _peft(self.id)  # fail before any work when peft is missing
         self._names = [n.strip() for n in self.values["targets"].split("|") if n.strip()]
         self._adapters: dict[int, list[nn.Parameter]] = {}  # id(base parameter) -> its layer's adapters
         self._frozen: set[int] = set()  # base parameters that do not train in the run

@@ -94,14 +94,8 @@ class Optim8bit(Toggle):
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
-        self._cls, self._import_lines = adamw_8bit()  # fail before any work when it is missing
+        self._cls, self._said = adamw_8bit()  # fail before any work when it is missing
         self._converted: list[torch.optim.Optimizer] = []
-
-    def apply(self, namespace=None):
-        report = super().apply(namespace)
-        for line in self._import_lines:
-            report.note(f"bitsandbytes said at import: {line}")
-        return report
 
     def _apply_optimizer(self, opt: torch.optim.Optimizer, name: str) -> None:
         assert self.report is not None

@@ -112,6 +112,14 @@ class Measured:
     params_small: int | None = None  # elements in tensors of < 4 096 (None: not recorded)
 
     @property
+    def hf_causal_lm(self) -> bool:
+        """Whether the trained model is a Hugging Face causal LM (``…ForCausalLM``,
+        ``…LMHeadModel``), as the fine-tuning record names its class: what fused_ce, liger
+        and packing act on."""
+        cls = str((self.finetune.get("base_model") or {}).get("class") or "")
+        return cls.endswith(("ForCausalLM", "LMHeadModel"))
+
+    @property
     def lora_rank(self) -> int | None:
         """The rank of the run's own LoRA adapters (None: the run trains no LoRA)."""
         ft = self.finetune

@@ -387,6 +387,7 @@ class CategoryPricer:
         act_scale, act, a_line = self.variable("activations", cfg)
         other_scale, _, x_line = self.variable("other", cfg)
         ckpt, recomputed, a_line = self._checkpointing(act, a_line, cfg)
+        ckpt, a_line = self._offloaded(ckpt, a_line, cfg)
         other_extra, extra_lines = self._extras(cfg, params, frozen, grads_full)
         other_extra += recomputed
         measured_params = m.categories["parameters"] or 1.0
@@ -493,6 +494,19 @@ class CategoryPricer:
             "(counted as other: made after backward began)"
         )
         return kept / act, recomputed, line + text + f" → {fmt_bytes(kept)}"
+
+    def _offloaded(self, factor: float, line: str, cfg: Config) -> tuple[float, str]:
+        """Under activation_offload: the saved tensors wait in host memory, and the device
+        holds those of the block computing (one of the repeated blocks' share) while forward
+        makes them and backward brings them back."""
+        m = self.m
+        if not Applied(cfg.toggles, m.toggles).activation_offload:
+            return factor, line
+        blocks = max(1, m.blocks)
+        return factor / blocks, line + (
+            f"; offloaded to pinned host memory, the device keeps one block's in flight: ÷ {blocks} blocks "
+            f"({m.blocks_from or 'none found: all kept'})"
+        )
 
     def _extras(
         self, cfg: Config, params: float, frozen: float, grads_full: float

@@ -1,0 +1,218 @@
+"""What would make it fit? Every combination of the toggles that change a step's memory,
+priced by the forecast for a memory budget, with what each would cost in step time.
+
+The toggles tried are the vocabulary's single-process ones that the forecast prices and
+that could change this run: the device must run them (``Entry.cuda``: CUDA, and a compute
+capability), the run must not have them already, and the run must have what they act on
+(FlashAttention needs [.., T, T] scores, fused_ce and liger a Hugging Face causal LM's
+logits, packing its padding, LoRA, QLoRA and GaLore a full fine-tune, GaLore and optim_8bit
+an Adam/AdamW). Pairs the
+vocabulary says clash are never combined, and a combination where one toggle frees nothing
+beside the others is left out: it would only cost time.
+
+Step time is an estimate: ``effects.step_factor`` multiplies each toggle's rule of thumb,
+and the run's median step is scaled by the tokens per step. It is given in seconds only
+where the run's own hardware is the target (a budget in bytes, or a CUDA run); on another
+device only the factor is. Rows that fit come first; among them, those that keep the
+training as it is (not LoRA, QLoRA or GaLore, which change what or how it trains) before
+those that change it, each fastest first, then the surest forecast, then fewer toggles; rows
+that do not fit follow,
+the smallest peak first. A plan that fits by less than its forecast's expected error comes
+after those that fit by more: it may not fit at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Collection, Sequence
+
+import pandas as pd
+
+from swift_nb import vocabulary
+from swift_nb.analysis import effects
+from swift_nb.analysis.forecast.growth import growth
+from swift_nb.analysis.forecast.measure import Measured
+from swift_nb.analysis.forecast.predict import _config, _expected_error
+from swift_nb.analysis.forecast.pricing import CategoryPricer
+from swift_nb.core.devices import DEVICES, Device, resolve_device
+from swift_nb.core.errors import ConfigError
+from swift_nb.core.units import fmt_bytes
+
+#: toggles that change what the model trains or how it is updated
+CHANGES_TRAINING = ("lora", "qlora", "galore")
+#: toggles whose effect is on time alone: the forecast has nothing to price for them
+TIME_ONLY = ("torch_compile", "regional_compile")
+COLUMNS = [
+    "toggles",
+    "predicted_peak_bytes",
+    "fits",
+    "headroom_bytes",
+    "step_factor",
+    "predicted_step_s",
+    "changes_training",
+    "expected_error_pct",
+    "why",
+]
+
+
+def plan(
+    m: Measured,
+    device: str | None = None,
+    memory_bytes: float | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    toggles_allowed: Collection[str] | None = None,
+    max_toggles: int = 3,
+) -> pd.DataFrame:
+    """One row per combination of toggles (``COLUMNS``), best first (see the module).
+
+    ``device`` a preset (its capacity, less the CUDA context, is the budget; its CUDA
+    capability decides which toggles can run) and/or ``memory_bytes``, a budget in bytes
+    that overrides the preset's; ``batch_size``/``seq_len`` the target (the run's own by
+    default); ``toggles_allowed`` the toggles to combine (default: every one that applies);
+    ``max_toggles`` how many at once.
+    """
+    if device is None and memory_bytes is None:
+        raise ConfigError(
+            "device",
+            "give the target: a device preset (device='L4-24GB') or a budget (memory_bytes=24e9)",
+            None,
+        )
+    if not 1 <= max_toggles <= 5:
+        raise ConfigError("max_toggles", "must be between 1 and 5", max_toggles)
+    dev = resolve_device(device) if device is not None else None
+    usable = (
+        float(memory_bytes) if memory_bytes is not None else float(dev.capacity_bytes - dev.context_bytes)
+    )  # type: ignore[union-attr]
+    if not usable > 0:
+        raise ConfigError("memory_bytes", "must be a positive number of bytes", memory_bytes)
+    cuda, capability = _target(m, dev)
+    ids = candidates(m, cuda, capability, toggles_allowed)
+    pricer = CategoryPricer(m, growth(m, None))
+    peaks: dict[frozenset[str], float] = {}
+    rows = []
+    for combo in _combinations(ids, max_toggles):
+        wanted = {t: vocabulary.TOGGLES[t].defaults() for t in combo}
+        cfg = _config(m, wanted, batch_size, seq_len, None, None, None)
+        peak = pricer.peak(cfg).total
+        peaks[frozenset(combo)] = peak
+        if any(peaks.get(frozenset(combo) - {t}, math.inf) <= peak * 1.005 for t in combo):
+            continue  # one of them frees nothing beside the others
+        rows.append(_row(m, combo, cfg, peak, usable, cuda, dev))
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["_n"] = table["toggles"].map(lambda s: 0 if s == "none" else s.count("+") + 1)
+    table["_unsure"] = (
+        table["headroom_bytes"] < table["predicted_peak_bytes"] * table["expected_error_pct"] / 100
+    )
+    fitting = table[table["fits"]].sort_values(
+        ["_unsure", "changes_training", "step_factor", "expected_error_pct", "_n", "predicted_peak_bytes"]
+    )
+    short = table[~table["fits"]].sort_values(["predicted_peak_bytes", "_n"])
+    return pd.concat([fitting, short]).drop(columns=["_n", "_unsure"]).reset_index(drop=True)
+
+
+def candidates(
+    m: Measured, cuda: bool, capability: tuple[int, int] | None, allowed: Collection[str] | None
+) -> list[str]:
+    """The toggles worth combining for ``m`` on a target that is (``cuda``) a GPU of
+    ``capability`` (None: unknown); ``allowed`` narrows them (an unknown name is an error)."""
+    if allowed is not None:
+        for t in allowed:
+            vocabulary.entry(t, runnable=True)
+    out = []
+    for e in vocabulary.TOGGLES.values():
+        if not e.runnable or e.processes or e.id in TIME_ONLY or e.id in m.toggles:
+            continue
+        if allowed is not None and e.id not in allowed:
+            continue
+        if _runs_on(e.cuda, cuda, capability) and _applies(e.id, m):
+            out.append(e.id)
+    return out
+
+
+def _runs_on(least: tuple[int, int] | None, cuda: bool, capability: tuple[int, int] | None) -> bool:
+    if least is None:
+        return True
+    if not cuda:
+        return False
+    return least == (0, 0) or (capability is not None and capability >= least)
+
+
+def _applies(toggle_id: str, m: Measured) -> bool:
+    """Whether the run has what ``toggle_id`` acts on."""
+    full = m.lora_rank is None and not m.quantization
+    adam = (m.optimizer or "AdamW") in ("Adam", "AdamW")
+    scores = m.scores.activations_per_sample + m.scores.activations_batch_free + m.scores.other_per_sample
+    return {
+        "flash_attention": scores > 0,
+        "grad_checkpointing": m.blocks > 1,
+        "activation_offload": m.blocks > 1,
+        "fused_ce": m.hf_causal_lm and m.categories.get("logits", 0.0) > 0,
+        "liger": m.hf_causal_lm and m.categories.get("logits", 0.0) > 0,
+        "packing": m.hf_causal_lm and m.real_share < 1.0,
+        "bf16_autocast": m.compute_dtype == "float32",
+        "lora": full,
+        "qlora": full,
+        "galore": full and adam and m.optimizer is not None,
+        "optim_8bit": adam and m.optimizer is not None and m.categories["optimizer_state"] > 0,
+    }.get(toggle_id, False)
+
+
+def _target(m: Measured, dev: Device | None) -> tuple[bool, tuple[int, int] | None]:
+    """Whether the target is a GPU, and its compute capability (None: unknown). A preset is a
+    GPU; a budget alone is the run's own device."""
+    if dev is not None and dev.name in DEVICES:
+        return True, dev.capability
+    return m.on_cuda, None
+
+
+def _combinations(ids: Sequence[str], most: int):
+    """Every combination of up to ``most`` of ``ids`` with no clashing pair, smallest first."""
+    for n in range(0, min(most, len(ids)) + 1):
+        for combo in itertools.combinations(ids, n):
+            if vocabulary.clashes(combo) is None:
+                yield combo
+
+
+def _row(
+    m: Measured, combo: Sequence[str], cfg, peak: float, usable: float, cuda: bool, dev: Device | None
+) -> dict:
+    scores = m.scores.activations_per_sample + m.scores.activations_batch_free > 0
+    factor, reasons = effects.step_factor(combo, cuda, scores, m.real_share)
+    b0, t0 = m.shape
+    tokens = cfg.batch_size * (cfg.seq_len if m.seq_len else 1) / (b0 * t0)
+    same_hardware = dev is None or (m.on_cuda and cuda)
+    step_s = m.step_s * tokens * factor if m.step_s and same_hardware else math.nan
+    error, _ = _expected_error(m, None, cfg)
+    fits = peak <= usable
+    room = usable - peak
+    head = (
+        f"fits: {fmt_bytes(peak)} of {fmt_bytes(usable)} ({fmt_bytes(room)} to spare)"
+        if fits
+        else f"short by {fmt_bytes(-room)}: {fmt_bytes(peak)} for {fmt_bytes(usable)}"
+    )
+    if fits and room < peak * error / 100:
+        head += f", within the forecast's ± {error:.0f} %"
+    step = "step time as measured" if not combo else "step ×" + f"{factor:.2f} (" + "; ".join(reasons) + ")"
+    if tokens != 1:
+        step += f"; × {tokens:g} the tokens per step"
+    return {
+        "toggles": "+".join(combo) or "none",
+        "predicted_peak_bytes": peak,
+        "fits": fits,
+        "headroom_bytes": room,
+        "step_factor": factor * tokens,
+        "predicted_step_s": step_s,
+        "changes_training": any(t in CHANGES_TRAINING for t in combo),
+        "expected_error_pct": error,
+        "why": f"{head}; {step}",
+    }
+
+
+def applied_toggles(row: pd.Series) -> list[str]:
+    """The toggle ids of a plan's row ("none": no toggle)."""
+    return [] if row["toggles"] == "none" else str(row["toggles"]).split("+")
+
+
+__all__ = ["COLUMNS", "applied_toggles", "candidates", "plan"]
