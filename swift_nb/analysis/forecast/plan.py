@@ -82,9 +82,11 @@ def plan(
     if not 1 <= max_toggles <= 5:
         raise ConfigError("max_toggles", "must be between 1 and 5", max_toggles)
     dev = resolve_device(device) if device is not None else None
-    usable = (
-        float(memory_bytes) if memory_bytes is not None else float(dev.capacity_bytes - dev.context_bytes)
-    )  # type: ignore[union-attr]
+    if memory_bytes is not None:
+        usable = float(memory_bytes)
+    else:
+        assert dev is not None
+        usable = float(dev.capacity_bytes - dev.context_bytes)
     if not usable > 0:
         raise ConfigError("memory_bytes", "must be a positive number of bytes", memory_bytes)
     cuda, capability = _target(m, dev)
