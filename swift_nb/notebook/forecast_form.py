@@ -9,13 +9,19 @@ of the run as measured. The run's memory is measured on the first press only.
 
 The ``model`` lever forecasts another model instead: a preset (``core.model_presets``), run
 one step on fake tensors at the form's batch, sequence, dtype and optimizer (once per
-configuration), with this run as its proxy."""
+configuration), with this run as its proxy.
+
+"What would make it fit?" lists the best combinations of toggles for the form's device,
+batch and sequence (``swift_nb.plan``), and "Rerun the best plan" reruns the cell with the
+first that fits, through the Advice tab's rerun controls (worker processes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 
 import ipywidgets as widgets
+import pandas as pd
 
 from swift_nb import vocabulary
 from swift_nb.analysis.forecast import DEVICES, OPTIMIZERS, Forecast, Measured, forecast, measure
@@ -26,6 +32,7 @@ from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.core.model_presets import PRESETS
 from swift_nb.record import Run
 from swift_nb.render.forecast import forecast_section
+from swift_nb.render.plan import plan_html
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -53,8 +60,10 @@ def has_memory(run: Run) -> bool:
 class ForecastForm:
     """The form and its output; ``press()`` does what the button does (for code and tests)."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, rerun: Callable[[list[str]], None] | None = None) -> None:
         self.run = run
+        self._rerun = rerun
+        self.plans: pd.DataFrame | None = None
         self._measured: Measured | None = None
         self._fake: dict[
             tuple, Measured
@@ -90,6 +99,18 @@ class ForecastForm:
         self.output = widgets.HTML("<p class='empty'>Pick a configuration and press Forecast.</p>")
         self.button.on_click(lambda _: self.press())
         self.clear.on_click(lambda _: self.reset())
+        self.plan_button = widgets.Button(
+            description="What would make it fit?", layout=widgets.Layout(width="auto")
+        )
+        self.rerun_best = widgets.Button(
+            description="Rerun the best plan",
+            icon="flask",
+            disabled=True,
+            layout=widgets.Layout(width="auto"),
+        )
+        self.plan_output = widgets.HTML("")
+        self.plan_button.on_click(lambda _: self.plan())
+        self.rerun_best.on_click(lambda _: self.try_best())
 
     def kwargs(self) -> dict:
         """``forecast()``'s keyword arguments from the form (batch or seq 0: the run's own)."""
@@ -139,6 +160,40 @@ class ForecastForm:
             self._fake[key] = measured_from(step, self._measured)
         return forecast(self._fake[key], kw["device"], toggles=kw["toggles"], world_size=kw["world_size"])
 
+    def plan(self) -> pd.DataFrame | None:
+        """The toggles' combinations for the form's device, batch and sequence (``swift_nb.plan``),
+        best first; a bad input is said in the output, not raised."""
+        from swift_nb.analysis.forecast.plan import plan
+
+        kw = self.kwargs()
+        try:
+            if self._measured is None:
+                self._measured = measure(self.run)
+            self.plans = plan(self._measured, kw["device"], None, kw["batch_size"], kw["seq_len"])
+        except ConfigError as e:
+            self.plan_output.value = f"<p class='empty'>{escape(str(e))}</p>"
+            return None
+        self.plan_output.value = plan_html(self.plans, top=5)
+        best = self.best()
+        self.rerun_best.disabled = self._rerun is None or best is None
+        if best is not None:
+            self.rerun_best.description = f"Rerun with {'+'.join(best) or 'nothing'}"
+        return self.plans
+
+    def best(self) -> list[str] | None:
+        """The toggles of the best plan that fits (None: none fits, or no plan yet)."""
+        from swift_nb.analysis.forecast.plan import applied_toggles
+
+        if self.plans is None or not self.plans["fits"].any():
+            return None
+        return applied_toggles(self.plans.iloc[0])
+
+    def try_best(self) -> None:
+        """Rerun the cell with the best plan's toggles (the Advice tab's rerun controls)."""
+        best = self.best()
+        if best and self._rerun is not None:
+            self._rerun(best)
+
     def reset(self) -> None:
         self.forecasts.clear()
         self.output.value = "<p class='empty'>Pick a configuration and press Forecast.</p>"
@@ -153,7 +208,10 @@ class ForecastForm:
                 widgets.HBox([self.dtype, self.optimizer]),
                 widgets.HBox([self.batch, self.seq, self.world]),
                 widgets.HBox([self.toggles, widgets.VBox([self.button, self.clear])]),
+                widgets.HBox([self.plan_button, self.rerun_best]),
             ]
         )
         title = widgets.HTML("<h4>Will it fit? Try another model, device, batch, sequence or toggles</h4>")
-        return widgets.VBox([title, levers, self.output], _dom_classes=["swift-nb-forecast"])
+        return widgets.VBox(
+            [title, levers, self.output, self.plan_output], _dom_classes=["swift-nb-forecast"]
+        )

@@ -111,6 +111,20 @@ class SwiftMagics(Magics):
     @_option_arguments
     @argument("--list", action="store_true", help="show recent runs instead of profiling")
     @argument(
+        "--plan",
+        type=str,
+        default=None,
+        metavar="DEVICE",
+        help="what would make the newest run (or --open RUN_DIR) fit on DEVICE (a preset such as L4-24GB, or "
+        "24GB): the toggles' combinations forecast, best first; no profiling",
+    )
+    @argument(
+        "--batch", type=int, default=None, help="with --plan: the batch size to fit (default the run's)"
+    )
+    @argument(
+        "--seq", type=int, default=None, help="with --plan: the sequence length to fit (default the run's)"
+    )
+    @argument(
         "--steps",
         type=int,
         default=None,
@@ -157,6 +171,9 @@ class SwiftMagics(Magics):
         args = parse_line(line)
         if args.list:
             self._show_runs(args.out)
+            return
+        if args.plan is not None:
+            self._plan(args)
             return
         if args.open is not None:
             self._open(args.open, panel=not args.no_widgets and widgets_available(self.shell))
@@ -257,6 +274,41 @@ class SwiftMagics(Magics):
     def swift_runs(self, line: str, cell: str | None = None) -> None:
         """Show recent runs: ``%swift_runs [FOLDER]``."""
         self._show_runs(line.strip() or None)
+
+    def _plan(self, args) -> None:
+        """``--plan DEVICE``: the plan table of the newest run under ``--out`` (or ``--open``)."""
+        from swift_nb.api import plan
+        from swift_nb.core.devices import is_capacity, resolve_device
+        from swift_nb.render.plan import TITLE, plan_html, plan_text
+
+        for name in ("batch", "seq"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise UsageError(f"--{name} must be a whole number ≥ 1; got {getattr(args, name)}")
+        try:
+            if args.open is not None:
+                run = load_run(args.open)
+            else:
+                table = runs(args.out, limit=1)
+                if table.empty:
+                    raise UsageError(
+                        "--plan needs a profiled run: profile a cell first, or give --open RUN_DIR"
+                    )
+                run = load_run(table.iloc[0]["path"])
+            target = args.plan
+            budget = resolve_device(target).capacity_bytes if is_capacity(target) else None
+            result = plan(
+                run,
+                device=None if budget is not None else target,
+                memory_bytes=budget,
+                batch_size=args.batch,
+                seq_len=args.seq,
+            )
+        except (ConfigError, FileNotFoundError, ValueError) as e:
+            raise UsageError(f"--plan: {e}") from None
+        display(
+            {"text/html": f"<h4>{TITLE}</h4>" + plan_html(result), "text/plain": plan_text(result)}, raw=True
+        )
+        self.last_plan = result
 
     def _show_runs(self, root: str | None) -> None:
         table = runs(root, limit=20)

@@ -80,7 +80,8 @@ def results_panel(
         if section.tab is not None:
             content[section.tab] += _section_widgets(section, viewers)
     if has_memory(run):
-        content["Memory"].append(ForecastForm(run).widget())
+        controls = getattr(actions, "controls", None)  # the rerun controls, when reruns can start
+        content["Memory"].append(ForecastForm(run, rerun=getattr(controls, "try_toggles", None)).widget())
     content["Files"][:0] = [_html(files_html(run))]
     buttons: list[widgets.Button] = []
     if viewers and viewers[0].places:

@@ -112,7 +112,13 @@ class RerunControls:
             self.status,
             self.result,
         ]
-        return widgets.VBox(rows, _dom_classes=["swift-nb-rerun"])
+        box = widgets.VBox(rows, _dom_classes=["swift-nb-rerun"])
+        box.controls = self  # the forecast form's "Rerun the best plan" starts its reruns here
+        return box
+
+    def try_toggles(self, toggle_ids: list[str]) -> None:
+        """Rerun the cell with ``toggle_ids`` together, as one variant beside the baseline."""
+        self.start([Variant("+".join(toggle_ids), [get(t) for t in toggle_ids])])
 
     def _ticked(self) -> list[Variant]:
         variants = [Variant(t, [get(t)]) for t, box in self.boxes.items() if box.value]

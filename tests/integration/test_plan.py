@@ -78,3 +78,19 @@ def test_bad_input_is_refused_and_an_impossible_budget_fits_nothing(plain):
     assert not table["fits"].any()
     assert table["why"].str.startswith("short by").all()
     assert table["predicted_peak_bytes"].is_monotonic_increasing
+
+
+def test_the_forecast_form_lists_plans_and_reruns_the_best(plain):
+    from swift_nb.notebook.forecast_form import ForecastForm
+
+    started: list[list[str]] = []
+    form = ForecastForm(plain, rerun=started.append)
+    form.device.value = "T4-16GB"
+    table = form.plan()
+    assert table is not None and "swift-nb-plan" in form.plan_output.value
+    assert not form.rerun_best.disabled and form.best() == applied_toggles(table.iloc[0])
+    form.try_best()
+    assert started == [form.best()]
+    form.batch.value = 1 << 20  # a million samples fit nowhere: nothing to rerun
+    form.plan()
+    assert form.best() is None and form.rerun_best.disabled and "None of the" in form.plan_output.value

@@ -153,3 +153,17 @@ def test_a_cuda_only_toggle_is_refused_naming_cuda_before_the_cell_runs(kernel, 
     res = kernel.execute(f"%%swift_profile {flag} --out {tmp_path}\nran = True")
     assert expected in res.text("stderr") + res.text("stdout") + str(res.of_type("error"))
     assert kernel.eval("ran") is False
+
+
+def test_plan_shows_what_would_make_the_newest_run_fit(kernel, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = kernel.execute(f"%swift_profile --plan 24GB --out {empty}")
+    assert "UsageError: --plan needs a profiled run" in res.text("stderr")
+    kernel.execute(f"%%swift_profile --out {tmp_path / 'runs'} --wait 0 --warmup 1 --active 2\nm = train(4)")
+    res = kernel.execute(f"%swift_profile --plan 1MB --batch 64 --out {tmp_path / 'runs'}")
+    assert res.status == "ok", res.outputs
+    html = "".join(o["data"].get("text/html", "") for o in res.of_type("display_data"))
+    assert "What would make it fit?" in html and "swift-nb-plan" in html
+    bad = kernel.execute(f"%swift_profile --plan Z80-64KB --out {tmp_path / 'runs'}")
+    assert "UsageError: --plan: device must be one of" in bad.text("stderr")
