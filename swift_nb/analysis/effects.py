@@ -316,7 +316,7 @@ def toggle_peak(
     ``evidence``: the run's advisor findings' evidence by finding id (the peak without
     score-sized tensors, the repeated blocks)."""
     act = categories.get("activations_bytes") or 0.0
-    if toggle == "galore" and "optimizer_state_bytes_after" in details:
+    if toggle in ("galore", "optim_8bit") and "optimizer_state_bytes_after" in details:
         return (
             peak - (categories.get("optimizer_state_bytes") or 0.0) + details["optimizer_state_bytes_after"]
         )

@@ -71,6 +71,7 @@ def test_a_step_that_did_not_fit_gets_each_toggles_share():
 def test_a_measured_run_with_one_toggle():
     cats = {"activations_bytes": 80.0, "optimizer_state_bytes": 30.0}
     assert effects.toggle_peak("galore", 200.0, cats, {"optimizer_state_bytes_after": 10.0}, {}) == 180.0
+    assert effects.toggle_peak("optim_8bit", 200.0, cats, {"optimizer_state_bytes_after": 8.0}, {}) == 178.0
     ckpt = effects.toggle_peak(
         "grad_checkpointing", 200.0, cats, {"checkpointed_blocks": 2}, {"activations": {"blocks": 4}}
     )
@@ -115,3 +116,21 @@ def test_a_configurations_toggles_as_the_formulas_ask():
         measured=("grad_checkpointing", "bf16_autocast"),
     )
     assert measured.checkpoint_every is None and not measured.new_autocast and measured.autocast
+
+
+def test_8bit_adam_state_is_its_real_layout():
+    # a 1024×512 weight: two uint8 moments, two fp32 absmax per 256 elements; a 512 bias: fp32
+    # moments; the two 256-entry fp32 quantization maps once (measured on bitsandbytes 0.50)
+    assert effects.adam8bit_state([1024 * 512], 512) == 2 * 524_288 + 2 * 4 * 2048 + 2 * 4 * 512 + 2048
+    assert effects.adam8bit_state([], 100) == 800  # nothing large: fp32 state, no maps
+
+
+def test_step_factors_multiply_with_their_reasons():
+    factor, why = effects.step_factor(
+        ["grad_checkpointing", "lora"], cuda=False, eager_scores=False, real_share=1.0
+    )
+    assert factor == pytest.approx(1.33 * 0.8) and why[0].startswith("grad_checkpointing ×1.33")
+    assert effects.step_factor(["bf16_autocast"], True, False, 1.0)[0] == 0.6
+    assert effects.step_factor(["bf16_autocast"], False, False, 1.0)[0] == 1.0  # no bf16 tensor cores
+    assert effects.step_factor(["packing"], False, False, 0.25)[0] == 0.25
+    assert effects.step_factor(["flash_attention"], True, False, 1.0)[0] == 1.0  # fused already
