@@ -17,6 +17,7 @@ from .checks import (
     import_trace,
     lora,
     max_memory,
+    memory_kit,
     quickstart_nvml,
     tokens,
 )
@@ -43,5 +44,6 @@ CHECKS = [
     Check("cost_ratio", cost_ratio.TITLE, cost_ratio.check, cuda_only=False, limit_s=150),
     Check("import_trace", import_trace.TITLE, import_trace.check, cuda_only=False, limit_s=120),
     Check("tokens", tokens.TITLE, tokens.check, cuda_only=False, limit_s=180),
+    Check("memory_kit", memory_kit.TITLE, memory_kit.check, cuda_only=False, limit_s=240),
 ]
 BY_NAME = {c.name: c for c in CHECKS}
