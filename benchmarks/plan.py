@@ -33,7 +33,7 @@ from swift_nb.demo import make_model
 SHAPES = {
     "GPT 4×128, T=256, B=8": dict(n_layer=4, n_head=4, d_model=128, vocab_size=256, seq_len=256, batch=8),
     "GPT 6×192, T=128, B=16": dict(n_layer=6, n_head=6, d_model=192, vocab_size=512, seq_len=128, batch=16),
-    "GPT 2×256, T=512, B=4": dict(n_layer=2, n_head=4, d_model=256, vocab_size=1024, seq_len=512, batch=4),
+    "GPT 2×256, T=512, B=4": dict(n_layer=2, n_head=4, d_model=256, vocab_size=512, seq_len=512, batch=4),
 }
 BUDGETS = (1.2, 1.4, 2.0)
 
@@ -58,7 +58,7 @@ def run(shape: dict, toggles: list[str], steps: int, root: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="swift_nb_plan_")
     head = [
