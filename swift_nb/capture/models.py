@@ -5,8 +5,10 @@ Trainer's ``model`` and the frozen models it keeps beside it: DPO's ``ref_model`
 distillation ``teacher_model``; Lightning's module).
 
 Only root modules are kept (a module held inside another one found is that one's part),
-by the name they were found under. The memory snapshot counts their parameters and
-buffers that no optimizer trains as ``frozen_parameters``; the OOM post-mortem names
+by the name they were found under, one name per model. Of those the run uses (see
+``swift_nb.capture.memory.stale_models``: they hold what the optimizers train, or they run), the
+memory snapshot counts the parameters and buffers that no optimizer trains as
+``frozen_parameters``; the others are only alive in the kernel. The OOM post-mortem names
 tensors by their module paths.
 """
 
@@ -30,19 +32,25 @@ FRAMEWORK_MODELS = ("model", "ref_model", "teacher_model", "reward_model", "ligh
 def values(frame: FrameType, with_globals: bool) -> Iterator[tuple[str, Any]]:
     """The frame's variables (and, for user code, its globals), and one level inside the
     lists, tuples and dicts among them."""
-    scopes = [frame.f_locals]
+    for name, value, _ in scoped_values(frame, with_globals):
+        yield name, value
+
+
+def scoped_values(frame: FrameType, with_globals: bool) -> Iterator[tuple[str, Any, bool]]:
+    """``values`` with whether each is a global (a module-level frame's variables are)."""
+    scopes = [(frame.f_locals, frame.f_code.co_name == "<module>")]
     if with_globals:
-        scopes.append(frame.f_globals)
-    for scope in scopes:
+        scopes.append((frame.f_globals, True))
+    for scope, is_global in scopes:
         for name, value in list(scope.items()):
-            yield name, value
+            yield name, value, is_global
             if isinstance(value, (list, tuple)) and len(value) <= 64:
                 for i, v in enumerate(value):
-                    yield f"{name}[{i}]", v
+                    yield f"{name}[{i}]", v, is_global
             elif isinstance(value, dict) and len(value) <= 64 and name != "__builtins__":
                 for k, v in list(value.items()):
                     if isinstance(k, str):
-                        yield f"{name}[{k!r}]", v
+                        yield f"{name}[{k!r}]", v, is_global
 
 
 def is_library(frame: FrameType) -> bool:
@@ -58,26 +66,61 @@ def roots(found: dict[int, tuple[str, nn.Module]]) -> dict[str, nn.Module]:
 
 
 def in_frames(frames: list[FrameType]) -> dict[str, nn.Module]:
-    """The root models the frames hold, by variable name (the frames' own order first)."""
-    found: dict[int, tuple[str, nn.Module]] = {}
+    """The root models the frames hold, by variable name (the frames' own order first).
 
-    def add(name: str, value: Any) -> None:
-        if isinstance(value, nn.Module) and id(value) not in found:
-            found[id(value)] = (name, value)
+    A model met under several names goes by the first global (the notebook's variables are
+    what its user sees), else the first local, names of IPython's output cache (``_``,
+    ``_3``, ``Out[3]``) last. Two models under one name (a function's local ``model`` beside
+    the notebook's global ``model`` from an earlier cell) both stay: the global keeps the
+    name, the local is named after its function (``train.model``)."""
+    found: dict[int, tuple[str, nn.Module, str | None]] = {}  # id -> (name, model, function of a local)
+
+    def add(name: str, value: Any, function: str | None) -> None:
+        if not isinstance(value, nn.Module):
+            return
+        known = found.get(id(value))
+        if known is None or _rank(name, function) < _rank(known[0], known[2]):
+            found[id(value)] = (name, value, function)
 
     for frame in frames:
-        for name, v in values(frame, with_globals=not is_library(frame)):
+        library = is_library(frame)
+        for name, v, is_global in scoped_values(frame, with_globals=not library):
             if name == "self":
                 continue
-            add(name, v)
+            function = None if is_global else frame.f_code.co_name
+            add(name, v, function)
             if frameworks.is_trainer(v) or frameworks.is_lightning_trainer(v):
                 for attr in FRAMEWORK_MODELS:
-                    add(f"{name}.{attr}", getattr(v, attr, None))
+                    add(f"{name}.{attr}", getattr(v, attr, None), function)
         owner = frame.f_locals.get("self")
         if frameworks.is_trainer(owner) or frameworks.is_lightning_trainer(owner):
             for attr in FRAMEWORK_MODELS:
-                add(f"trainer.{attr}", getattr(owner, attr, None))
-    return roots(found)
+                add(f"trainer.{attr}", getattr(owner, attr, None), frame.f_code.co_name)
+    return roots(_unique_names(found))
+
+
+def _rank(name: str, function: str | None) -> tuple[bool, bool]:
+    """How a model's name is preferred, lowest first: not one of IPython's output cache
+    (``_``, ``__``, ``_3``, ``Out[3]``) or a private one, then a global."""
+    return name.startswith(("_", "Out[")), function is not None
+
+
+def _unique_names(found: dict[int, tuple[str, nn.Module, str | None]]) -> dict[int, tuple[str, nn.Module]]:
+    """One name per model: globals first keep theirs, then locals, a local whose name is
+    taken prefixed with its function, then a number."""
+    taken: set[str] = set()
+    out: dict[int, tuple[str, nn.Module]] = {}
+    ordered = sorted(found.items(), key=lambda kv: kv[1][2] is not None)  # stable: globals first
+    for key, (name, model, function) in ordered:
+        chosen = name
+        if chosen in taken and function is not None:
+            chosen = f"{function}.{name}"
+        n = 2
+        while chosen in taken:
+            chosen, n = f"{name}#{n}", n + 1
+        taken.add(chosen)
+        out[key] = (chosen, model)
+    return {key: out[key] for key in found}
 
 
 def in_namespace(namespace: Mapping[str, Any]) -> dict[str, nn.Module]:

@@ -31,7 +31,7 @@ from swift_nb.capture.flops import StepFlops, flop_step
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.job_rank import JobRank
 from swift_nb.capture.journal import Journal
-from swift_nb.capture.memory import oom
+from swift_nb.capture.memory import oom, stale_models
 from swift_nb.capture.memory.snapshots import MemoryRecorder
 from swift_nb.capture.resources.alerts import Alert, OnAlert, StepTimeWatch
 from swift_nb.capture.resources.rss import RssReader
@@ -45,6 +45,7 @@ from swift_nb.core.errors import ConfigError, RunDirError
 from swift_nb.core.units import MIN_8BIT_SIZE
 from swift_nb.record import (
     FINETUNE_KEY,
+    STALE_MODELS_KEY,
     STEP_COLUMNS,
     STEPS_FILE,
     TRACE_FILE,
@@ -119,12 +120,17 @@ class Session:
         self._step_start = 0.0
         self._hook_cost = 0.0  # seconds spent in our step hook, all steps
         self._hook_cost_now = 0.0  # ... at the boundary that began the current step
+        # which of the models found the run uses, and which are only alive (capture.memory.stale_models)
+        self._use = stale_models.ModelUse()
+        self._split: tuple[dict[str, torch.nn.Module], dict[str, torch.nn.Module]] = ({}, {})
+        self._split_at = -1  # the step the split was made at
         self._memory = MemoryRecorder(
             profiler,
             self._watcher.optimizers.values(),
             self.note,
-            lambda: self._watcher.models.values(),
+            lambda: self._models_split()[0].values(),
             lambda: self._lm_head,
+            stale=lambda: self._models_split()[1].values(),
         )
         self._lm_head: tuple[int, int] | None = None  # the LM's (vocabulary, hidden): capture.tokens
         self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
@@ -181,8 +187,10 @@ class Session:
                 self._job.started(run)
             self._compile.install()
             models = found_models.on_stack(sys._getframe(1))
+            self._use.watch(models.values())
             if namespace is not None:
                 models.update(found_models.in_namespace(namespace))
+                self._use.watch(models.values())
             self._watch_tokens(models)
             self._t0 = time.perf_counter()
             if self._cuda:
@@ -327,8 +335,10 @@ class Session:
             self.trace_tables = None
             digested = trace.digested if trace is not None else None
             self._job.summarize(run, digested, self._watcher.optimizers.values())
+        self._name_stale_models()
         self._watcher.optimizers.clear()  # do not keep the user's optimizers and models alive
         self._watcher.models.clear()
+        self._split = ({}, {})
         save(run)
         if self._job is not None:
             run = self._job.gather(run)
@@ -377,7 +387,10 @@ class Session:
     def _post_mortem(self, error: BaseException) -> None:
         """Read what was in memory at the failure while its traceback still holds it."""
         try:
-            found = oom.post_mortem(error, step=self._step, optimizers=self._watcher.optimizers.values())
+            _, stale = stale_models.split(self._watcher.models, self._watcher.optimizers.values(), self._use)
+            found = oom.post_mortem(
+                error, step=self._step, optimizers=self._watcher.optimizers.values(), stale=stale.values()
+            )
             self.run.oom = OutOfMemory.from_dict(found)
         except Exception as e:  # never raised over the user's own error
             self.note(f"what was in memory at the failure could not be read ({type(e).__name__}: {e})")
@@ -386,6 +399,7 @@ class Session:
         """Stop every part of the capture (each even if another fails); the finished
         trace, or None."""
         self._watcher.remove()
+        self._use.stop()
         self._compile.remove()
         self._tokens.finish()  # its hooks off the models (the counts stay for _add_tokens)
         if self._journal is not None:
@@ -437,13 +451,62 @@ class Session:
     def _bookkeeping(self, k: int, t_in: float, trigger: str) -> None:
         self._rows.append(self._row(k, self._step_start, t_in - self._t0, trigger, self._hook_cost_now))
         self._tokens.at_boundary(k)
+        self._use.boundary()
         if k == 0:  # the models the first boundary found (built inside the cell)
+            self._use.watch(
+                stale_models.untrained(self._watcher.models, self._watcher.optimizers.values()).values()
+            )
             self._watch_tokens(self._watcher.models)
+            self._describe_finetune()
         if self._sampler is not None and (k + 1) % self.sample_every == 0:
             self._sampler.on_step(self.sync_samples)
         self._memory.at_boundary(self._step)
         if self._flops is not None:
             self._flops.at_boundary(self._step, self.run.summary)
+
+    def _models_split(self) -> tuple[dict[str, torch.nn.Module], dict[str, torch.nn.Module]]:
+        """The models found as (used, only alive), as of this step (made once per step, and
+        only when asked: it costs O(parameters))."""
+        if self._split_at != self._step:
+            self._split = stale_models.split(
+                self._watcher.models, self._watcher.optimizers.values(), self._use
+            )
+            self._split_at = self._step
+        return self._split
+
+    def _describe_finetune(self) -> None:
+        """``context["finetune"]`` of the models the run uses, read at the first boundary:
+        toggles (lora) are applied now, and undone when the run ends."""
+        try:
+            found = finetune.describe(self._models_split()[0], self._watcher.optimizers.values())
+        except Exception as e:  # an odd model must never break the training loop
+            self.note(f"the fine-tuning could not be read ({type(e).__name__}: {e})")
+            return
+        if found:
+            self.run.context.setdefault(FINETUNE_KEY, found)
+
+    def _name_stale_models(self) -> None:
+        """The models only alive in the kernel: named in the summary and the notes, and
+        left out of the fine-tuning's ``frozen_models``."""
+        try:
+            used, stale = stale_models.split(
+                self._watcher.models, self._watcher.optimizers.values(), self._use
+            )
+            found = stale_models.entries(stale, used, self._watcher.optimizers.values())
+        except Exception as e:  # an odd model must not cost the run its record
+            self.note(f"the models alive in the kernel could not be read ({type(e).__name__}: {e})")
+            return
+        ft = self.run.context.get(FINETUNE_KEY)
+        if stale and isinstance(ft, dict) and isinstance(ft.get("frozen_models"), list):
+            kept = [
+                m for m in ft["frozen_models"] if not (isinstance(m, dict) and m.get("variable") in stale)
+            ]
+            ft.pop("frozen_models")
+            if kept:
+                ft["frozen_models"] = kept
+        if found:
+            self.run.summary[STALE_MODELS_KEY] = found
+            self.note(stale_models.note(found))
 
     def _watch_tokens(self, models: dict[str, torch.nn.Module]) -> None:
         """Count the tokens the models receive from now on; the language models' vocabulary
@@ -500,7 +563,7 @@ class Session:
             ctx["skipped_updates"] = self._watcher.skipped_updates
         if FINETUNE_KEY not in ctx:
             try:
-                found = finetune.describe(self._watcher.models, self._watcher.optimizers.values())
+                found = finetune.describe(self._models_split()[0], self._watcher.optimizers.values())
             except Exception as e:  # an odd model must not cost the run its record
                 found = {}
                 self.note(f"the fine-tuning could not be read ({type(e).__name__}: {e})")

@@ -20,8 +20,9 @@ installed ``GradScaler.step`` reports a skipped update as a boundary, and
 
 At the first boundary the watcher also looks up the call stack for the training framework
 that drives the loop (``swift_nb.capture.frameworks``) and keeps what it found in ``context``,
-and for the models the cell holds (``swift_nb.capture.models``), kept in ``models``, with
-the fine-tuning they make (``swift_nb.capture.finetune``) in ``context``.
+and for the models the cell holds (``swift_nb.capture.models``), kept in ``models``: the
+session tells those the run uses from those only alive (``swift_nb.capture.memory.stale_models``)
+and reads the fine-tuning from the former.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from swift_nb.capture import finetune, frameworks
+from swift_nb.capture import frameworks
 from swift_nb.capture import models as found_models
-from swift_nb.record import FINETUNE_KEY
 
 StepListener = Callable[[str, "torch.optim.Optimizer | None"], None]
 
@@ -135,10 +135,6 @@ class StepWatcher:
             self.context = {}
         try:
             self.models = found_models.on_stack(frame)
-            # now, while toggles (lora) are applied: the run's end sees the models undone
-            described = finetune.describe(self.models, self.optimizers.values())
-            if described:
-                self.context[FINETUNE_KEY] = described
         except Exception:
             self.models = {}
 

@@ -5,8 +5,9 @@ Keys: ``method`` (``FINETUNE_METHODS``), ``library`` (``peft`` or None), ``rank`
 ``alpha``, ``dropout``, ``target_modules`` (adapters), ``trainable_params``,
 ``total_params``, ``trainable_pct`` (of the trained model), ``base_model`` (``class``,
 ``name_or_path``), ``quantization`` (``nf4``, ``fp4``, ``int8`` or None), ``base_dtype``
-(the frozen weights' dtype), and ``frozen_models`` (other models the cell holds that
-nothing trains: a DPO reference, a teacher).
+(the frozen weights' dtype), and ``frozen_models`` (other models the run runs that nothing
+trains: a DPO reference, a teacher; those only alive in the kernel are the summary's
+``stale_models`` instead).
 """
 
 from __future__ import annotations

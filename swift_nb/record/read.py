@@ -22,6 +22,7 @@ from swift_nb.record.layout import (
     RUN_FILE,
     SAMPLE_COLUMNS,
     SAMPLES_FILE,
+    STALE_MODELS_KEY,
     STATUSES,
     STEP_COLUMNS,
     STEPS_FILE,
@@ -74,6 +75,21 @@ _NUMBER_OR_NULL = _Kind("a number or null", lambda v: v is None or _is_number(v)
 _WHOLE_OR_NULL = _Kind("a whole number or null", lambda v: v is None or _is_whole(v))
 _STRING_OR_NULL = _Kind("a string or null", lambda v: v is None or isinstance(v, str))
 
+
+def _is_stale_model(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and isinstance(v.get("variable"), str)
+        and isinstance(v.get("class"), str)
+        and _is_number(v.get("bytes"))
+    )
+
+
+_STALE_MODELS = _Kind(
+    "a list of objects with variable, class and bytes",
+    lambda v: isinstance(v, list) and all(map(_is_stale_model, v)),
+)
+
 #: run.json's fields and what each must hold; a field left out takes the Run's default
 #: (``id`` excepted), an unknown one is ignored (a newer swift_nb may add some).
 META_SCHEMA: dict[str, _Kind] = {
@@ -115,6 +131,7 @@ NESTED_SCHEMA: dict[str, dict[str, _Kind]] = {
         "util_source": _STRING_OR_NULL,
         "recorded_steps": _WHOLES,
         "traceback": _STRING,
+        STALE_MODELS_KEY: _STALE_MODELS,
     },
     # context: anything the user passed as context=; readers take it as it comes
     "environment": {"rank": _WHOLE, "world_size": _WHOLE, "devices": _STRINGS},

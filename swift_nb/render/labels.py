@@ -167,6 +167,11 @@ LABELS: dict[str, Label] = {
     "optimized_params": Label("Parameters the optimizers hold", "count"),
     "untrained_params": Label("Parameters nothing trains", "count"),
     "untrained_gradient_bytes": Label("Their gradients"),
+    "stale_models": Label("Models alive that nothing uses"),
+    "stale_bytes": Label("Held by models nothing uses"),
+    "on_device_bytes": Label("Of which on the run's device"),
+    "oom_need_bytes": Label("Failed step's need"),
+    "oom_room_bytes": Label("Room for tensors"),
     "confidence": Label("Confidence"),
     # communication and ranks
     "world_size": Label("Ranks", "count"),

@@ -82,7 +82,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.capture.flops": ("test_throughput.py", "test_magic.py"),
     "swift_nb.capture.frameworks": ("test_trainers.py", "test_advisor.py", "test_lightning.py"),
     "swift_nb.capture.job": ("test_ranks.py",),
-    "swift_nb.capture.models": ("test_finetune.py", "test_oom.py"),
+    "swift_nb.capture.models": ("test_finetune.py", "test_oom.py", "test_stale_models.py"),
     "swift_nb.capture.job_rank": ("test_ranks.py",),
     "swift_nb.capture.journal": ("test_durability.py",),
     "swift_nb.capture.memory.categories": ("test_analysis.py", "test_cost_equivalence.py"),

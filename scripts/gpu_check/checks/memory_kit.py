@@ -18,41 +18,10 @@ def check(ctx: Ctx) -> None:
     first step's loss against the plain run's (exact-math toggles: 1e-4 relative; fp8: 5e-2);
     optim_8bit's state at most 0.3× of fp32 AdamW's; regional_compile's compile time against
     whole-model torch_compile's. Off CUDA, activation_offload and fp8 must be refused."""
-    import torch
-
-    import swift_nb
     from swift_nb import toggles as toggle_registry
     from swift_nb.core.errors import ConfigError
 
-    variants: dict[str, list[str]] = {"plain": [], "optim_8bit": ["optim_8bit"]}
-    if ctx.cuda:
-        variants["activation_offload"] = ["activation_offload"]
-        if torch.cuda.get_device_capability() >= (8, 9) and importlib.util.find_spec("torchao"):
-            variants["fp8"] = ["fp8"]
-    variants["torch_compile"] = ["torch_compile" if ctx.cuda else "torch_compile:backend=aot_eager"]
-    variants["regional_compile"] = ["regional_compile" if ctx.cuda else "regional_compile:backend=aot_eager"]
-    runs, losses = {}, {}
-    for name, toggles in variants.items():
-        runs[name], losses[name] = _profiled(ctx, name, toggles)
-    plain = runs["plain"]
-    capacity = device_memory_bytes(ctx)
-    found: dict[str, Any] = {}
-    for name, run in runs.items():
-        row: dict[str, Any] = {
-            "run": str(run.path),
-            "first_loss": losses[name][0],
-            "loss_rel_diff": abs(losses[name][0] - losses["plain"][0]) / abs(losses["plain"][0]),
-            "step_peak_mib": mib(step_peak(run)),
-            "optimizer_state_mib": mib(
-                (run.summary.get("memory_categories_at_peak") or {}).get("optimizer_state")
-            ),
-            "compile_s": run.summary.get("compile_s"),
-            "toggle_report": run.context.get("toggles"),
-        }
-        if name in ("optim_8bit", "activation_offload", "fp8"):
-            predicted = swift_nb.forecast(plain, capacity, toggles=variants[name]).total_bytes
-            row.update(predicted_mib=mib(predicted), error_pct=apart_pct(predicted, step_peak(run)))
-        found[name] = row
+    found = _measured(ctx, _variants(ctx))
     ctx.details.update(found)
     tol = 10.0 if ctx.cuda else 15.0
     for name in ("optim_8bit", "activation_offload"):
@@ -95,6 +64,50 @@ def check(ctx: Ctx) -> None:
             except ConfigError as e:
                 refused = "CUDA" in str(e)
             ctx.expect(f"{name} is refused off CUDA, naming CUDA", refused)
+
+
+def _variants(ctx: Ctx) -> dict[str, list[str]]:
+    """The toggles this machine runs, by variant name."""
+    import torch
+
+    variants: dict[str, list[str]] = {"plain": [], "optim_8bit": ["optim_8bit"]}
+    if ctx.cuda:
+        variants["activation_offload"] = ["activation_offload"]
+        if torch.cuda.get_device_capability() >= (8, 9) and importlib.util.find_spec("torchao"):
+            variants["fp8"] = ["fp8"]
+    variants["torch_compile"] = ["torch_compile" if ctx.cuda else "torch_compile:backend=aot_eager"]
+    variants["regional_compile"] = ["regional_compile" if ctx.cuda else "regional_compile:backend=aot_eager"]
+    return variants
+
+
+def _measured(ctx: Ctx, variants: dict[str, list[str]]) -> dict[str, Any]:
+    """Each variant profiled: its first loss against the plain run's, its peak, its state,
+    its compile time, and for a memory toggle the forecast of the plain run with it."""
+    import swift_nb
+
+    runs, losses = {}, {}
+    for name, toggles in variants.items():
+        runs[name], losses[name] = _profiled(ctx, name, toggles)
+    plain = runs["plain"]
+    capacity = device_memory_bytes(ctx)
+    found: dict[str, Any] = {}
+    for name, run in runs.items():
+        row: dict[str, Any] = {
+            "run": str(run.path),
+            "first_loss": losses[name][0],
+            "loss_rel_diff": abs(losses[name][0] - losses["plain"][0]) / abs(losses["plain"][0]),
+            "step_peak_mib": mib(step_peak(run)),
+            "optimizer_state_mib": mib(
+                (run.summary.get("memory_categories_at_peak") or {}).get("optimizer_state")
+            ),
+            "compile_s": run.summary.get("compile_s"),
+            "toggle_report": run.context.get("toggles"),
+        }
+        if name in ("optim_8bit", "activation_offload", "fp8"):
+            predicted = swift_nb.forecast(plain, capacity, toggles=variants[name]).total_bytes
+            row.update(predicted_mib=mib(predicted), error_pct=apart_pct(predicted, step_peak(run)))
+        found[name] = row
+    return found
 
 
 def _profiled(ctx: Ctx, name: str, toggles: list[str]):

@@ -23,6 +23,7 @@ from swift_nb.analysis.device import (
     window_work,
 )
 from swift_nb.analysis.memory import memory_growth
+from swift_nb.analysis.oom import Diagnosis, diagnosis_of
 from swift_nb.analysis.operators import compiling_steps
 from swift_nb.analysis.run_data import RunData, run_data
 from swift_nb.analysis.scores import SDPA, ScoreMemory, eager_attention, score_memory
@@ -30,7 +31,7 @@ from swift_nb.analysis.tokens import Tokens
 from swift_nb.analysis.trace.tables import Trace, per_name, per_value
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
-from swift_nb.record import FINETUNE_KEY, Run
+from swift_nb.record import FINETUNE_KEY, STALE_MODELS_KEY, Run
 
 
 @dataclass
@@ -238,6 +239,11 @@ class Evidence:
     tensors_on: str = "cpu"
     # the tokens the model received (None: it received no token ids)
     tokens: Tokens | None = None
+    # models alive in the kernel that the run neither trained nor ran (the summary's
+    # stale_models: variable, class, bytes, device), the largest first
+    stale_models: tuple[dict[str, Any], ...] = ()
+    # an out-of-memory run's failed step: its need and the room (None: it did not run out)
+    oom: Diagnosis | None = None
 
     @property
     def exposed_comm(self) -> float:
@@ -361,6 +367,10 @@ def gather(
         batch=loader.samples or _batch_samples([], run, data.traced_batch_and_seq[0]),
         tensors_on=_tensors_on(run, trace, data.device_work),
         tokens=Tokens.of(run),
+        stale_models=tuple(
+            dict(m) for m in run.summary.get(STALE_MODELS_KEY) or () if isinstance(m, Mapping)
+        ),
+        oom=diagnosis_of(run),
     )
 
 

@@ -34,6 +34,7 @@ from swift_nb.analysis.advisor.rules import (
     sequence_parallel,
     sync_stalls,
 )
+from swift_nb.analysis.advisor.rules.memory import stale_models
 from swift_nb.analysis.advisor.rules.tokens import logits, packed_attention, padding
 
 Rule = Callable[[Evidence, Thresholds, Mapping[str, Any]], Finding | None]
@@ -67,6 +68,7 @@ RULES: list[Rule] = [
     Registered(frozen_fp32.rule),
     Registered(optimizer_state.rule),
     Registered(sequence_parallel.rule),
+    Registered(stale_models.rule),
     Registered(leak.rule),
     Registered(communication.rule),
     Registered(sync_stalls.rule),

@@ -2,8 +2,9 @@
 events and what the optimizer holds at the step's edges.
 
 At every edge of a recorded step the capture layer snapshots the storages of parameters,
-gradients and optimizer state, and the frozen weights of the cell's models (``Snapshot``:
-address -> category, bytes). Replaying the
+gradients and optimizer state, the frozen weights of the models the run uses, and the
+weights of models only alive in the kernel, as ``other`` (``Snapshot``: address ->
+category, bytes). Replaying the
 step's ``[memory]`` events on top of the snapshot at its start gives the live bytes of
 each category at every allocation:
 - an allocation never freed within the step whose address holds a gradient or optimizer
@@ -74,12 +75,14 @@ def is_logits(nbytes: int, logits: Logits | None) -> bool:
 CARRIED = 0
 
 
-def snapshot(optimizers, models=(), carried: bool = False) -> Snapshot:
+def snapshot(optimizers, models=(), carried: bool = False, stale=()) -> Snapshot:
     """Address -> (category, bytes) of every storage the optimizers hold, and of the
     parameters and buffers of ``models`` (root modules) that they do not train
     (``frozen_parameters``: a parameter an optimizer holds with ``requires_grad`` off is
     frozen too). Quantized weights count at their packed storage plus their quantization
-    state. Only storages on the device the parameters train on (``device_type_code``)
+    state. ``stale``: root models alive that the run does not use
+    (``swift_nb.capture.memory.stale_models``): their storages that none of the above holds are
+    ``other``. Only storages on the device the parameters train on (``device_type_code``)
     count: the replay sees that device's allocations alone. With ``carried``, on CUDA, the
     allocator's bytes beyond those storages are the ``CARRIED`` entry."""
     import torch  # here: the replay (``step_memory``) runs where torch is not imported
@@ -95,10 +98,11 @@ def snapshot(optimizers, models=(), carried: bool = False) -> Snapshot:
         for state in opt.state.values():
             for t in state.values():
                 _add(out, device, t, "optimizer_state")
-    for model in models:
-        for t in (*model.parameters(), *model.buffers()):
-            for part in (t, *quantization_state(t)):
-                _add(out, device, part, "frozen_parameters")
+    for category, roots in (("frozen_parameters", models), ("other", stale)):
+        for model in roots:
+            for t in (*model.parameters(), *model.buffers()):
+                for part in (t, *quantization_state(t)):
+                    _add(out, device, part, category)
     if carried and device == "cuda":
         index = next((p.device for o in optimizers for g in o.param_groups for p in g["params"]), None)
         allocated = torch.cuda.memory_allocated(index)

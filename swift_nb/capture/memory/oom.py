@@ -6,7 +6,8 @@ the CPU allocator's "can't allocate memory" ``RuntimeError``, Python's ``MemoryE
 
 - parameters, gradients and optimizer state: the same snapshot of what the optimizers hold
   that the per-step categories use (``memory_categories.snapshot``), plus the parameters
-  of the models the failing frames hold that no optimizer knows (frozen ones);
+  of the models the failing frames hold that no optimizer knows (frozen ones); the models
+  only alive in the kernel (``swift_nb.capture.memory.stale_models``) are ``other``;
 - activations: the tensors the autograd graph saved for backward, walked from every tensor
   the failing frames hold (the graph is the one place they live);
 - other: every other tensor those frames hold (the batch, outputs, temporaries), and on
@@ -28,7 +29,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -243,10 +244,15 @@ def _cuda_state(device: torch.device, known: int) -> dict[str, Any]:
     }
 
 
-def _count_optimizers(storages: _Storages, optimizers: list, models: dict[str, nn.Module]) -> None:
+def _count_optimizers(
+    storages: _Storages, optimizers: list, models: dict[str, nn.Module], stale: Collection[int] = ()
+) -> None:
     """Parameters (trained and frozen), gradients and optimizer state: the snapshot's
-    bytes, with names."""
-    for ptr, (cat, size) in memcat.snapshot(optimizers, models.values()).items():
+    bytes, with names; the parameters and buffers of the models in ``stale`` (ids) are
+    ``other``."""
+    used = [m for m in models.values() if id(m) not in stale]
+    alive = [m for m in models.values() if id(m) in stale]
+    for ptr, (cat, size) in memcat.snapshot(optimizers, used, stale=alive).items():
         storages.category[ptr], storages.nbytes[ptr] = cat, size
     names = {id(p): n for var, m in models.items() for n, p in m.named_parameters(prefix=var)}
     for opt in optimizers:
@@ -260,11 +266,14 @@ def _count_optimizers(storages: _Storages, optimizers: list, models: dict[str, n
                     t, "optimizer_state", f"{names.get(id(p), 'state')}[{key!r}]", type(opt).__name__
                 )
     for var, model in models.items():  # parameters no optimizer holds (frozen ones)
+        category, made_by = (
+            ("other", "alive in the kernel") if id(model) in stale else ("frozen_parameters", "")
+        )
         for pname, p in model.named_parameters(prefix=var):
-            storages.add(p, "frozen_parameters", pname, "parameter")
+            storages.add(p, category, pname, made_by or "parameter")
             storages.add(p.grad, "gradients", f"{pname}.grad", "backward")
         for bname, b in model.named_buffers(prefix=var):
-            storages.add(b, "frozen_parameters", bname, "buffer")
+            storages.add(b, category, bname, made_by or "buffer")
 
 
 def _location(tb: TracebackType | None, paths: dict[int, str]) -> dict[str, str | None]:
@@ -298,9 +307,16 @@ def _held(frames: list[FrameType], paths: dict[int, str]) -> list[tuple[torch.Te
     return held
 
 
-def post_mortem(error: BaseException, *, step: int, optimizers: Iterable[torch.optim.Optimizer] = ()) -> dict:
+def post_mortem(
+    error: BaseException,
+    *,
+    step: int,
+    optimizers: Iterable[torch.optim.Optimizer] = (),
+    stale: Iterable[nn.Module] = (),
+) -> dict:
     """What was in memory when ``error`` (an allocation failure) was raised in ``step``,
-    as plain data (see the module's docstring; ``swift_nb.record.OutOfMemory`` holds it)."""
+    as plain data (see the module's docstring; ``swift_nb.record.OutOfMemory`` holds it).
+    ``stale``: root models only alive in the kernel (their weights are ``other``)."""
     frames = _frames(error.__traceback__)
     optimizers = list(optimizers)
     models = found_models.in_frames(frames)
@@ -310,7 +326,7 @@ def post_mortem(error: BaseException, *, step: int, optimizers: Iterable[torch.o
             if isinstance(v, torch.optim.Optimizer) and all(v is not o for o in optimizers):
                 optimizers.append(v)
     storages = _Storages()
-    _count_optimizers(storages, optimizers, models)
+    _count_optimizers(storages, optimizers, models, {id(m) for m in stale})
     held = _held(frames, paths)
     for t, node in _saved_tensors(t.grad_fn for t, _, _ in held):
         storages.add(t, "activations", "", f"saved for backward by {node}")

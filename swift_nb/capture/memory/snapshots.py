@@ -17,10 +17,12 @@ from swift_nb.record import Run
 
 class MemoryRecorder:
     """Snapshots for one run. ``optimizers``: a live view of the optimizers seen so far;
-    ``models``: the cell's root models (their weights that nothing trains are
-    ``frozen_parameters``); ``logits``: the language model's (vocabulary, hidden size) once
-    known (``capture.tokens.lm_head``), for the ``logits`` category; ``note``: where a problem is told (the run's notes). Inactive (records nothing)
-    without a profiler recording memory."""
+    ``models``: the root models the run uses (their weights that nothing trains are
+    ``frozen_parameters``); ``stale``: those only alive in the kernel (their weights are
+    ``other``; ``capture.memory.stale_models``); ``logits``: the language model's (vocabulary,
+    hidden size) once known (``capture.tokens.lm_head``), for the ``logits`` category;
+    ``note``: where a problem is told (the run's notes). Inactive (records nothing) without
+    a profiler recording memory."""
 
     def __init__(
         self,
@@ -29,10 +31,12 @@ class MemoryRecorder:
         note: Callable[[str], None],
         models: Callable[[], Iterable[Any]] = tuple,
         logits: Callable[[], memcat.Logits | None] = lambda: None,
+        stale: Callable[[], Iterable[Any]] = tuple,
     ) -> None:
         self.cfg = cfg
         self._optimizers = optimizers
         self._models = models
+        self._stale = stale
         self._note = note
         self._logits = logits
         self.snapshots: dict[int, memcat.Snapshot] = {}
@@ -50,7 +54,9 @@ class MemoryRecorder:
             return
         if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
             try:
-                self.snapshots[k] = memcat.snapshot(self._optimizers, self._models(), carried=True)
+                self.snapshots[k] = memcat.snapshot(
+                    self._optimizers, self._models(), carried=True, stale=self._stale()
+                )
             except RuntimeError as e:  # e.g. FSDP2's sharded parameters between steps
                 self._note(f"memory by category is not available for these parameters ({e})")
                 self.failed = True
