@@ -14,7 +14,7 @@ import pandas as pd
 from swift_nb.analysis.trace.shapes import input_dims
 from swift_nb.analysis.trace.tables import Trace, load_trace
 from swift_nb.core.devices import peak_flops_per_s
-from swift_nb.record import Run
+from swift_nb.record import Run, step_durations
 
 # Ops whose data input's leading dimension is the batch, and which input that is.
 _BATCH_INPUT = {"aten::linear": 0, "aten::addmm": 1, "aten::conv1d": 0, "aten::conv2d": 0, "aten::conv3d": 0}
@@ -124,15 +124,8 @@ def batch_and_seq(events: pd.DataFrame) -> tuple[int | None, int | None]:
 
 
 def _steps_per_s(steps: pd.DataFrame) -> float | None:
-    """1 / median duration of the steps an optimizer or ``swift_nb.step()`` ended; the
-    ``end`` row is the tail after the last boundary, not a step; steps that compiled
-    (torch.compile) are left out while others remain."""
-    if steps.empty:
-        return None
-    steps = steps[steps["trigger"] != "end"]
-    if "compile_s" in steps:
-        steady = steps[pd.to_numeric(steps["compile_s"], errors="coerce").fillna(0.0) <= 0]
-        steps = steady if len(steady) else steps
-    dur = pd.to_numeric(steps["duration_s"], errors="coerce").dropna()
+    """1 / the run's step time: the median of the steady steps that ran with the profiler
+    off (``record.step_durations``, the Summary's definition)."""
+    dur, _ = step_durations(steps)
     median = float(dur.median()) if len(dur) else 0.0
     return 1.0 / median if median > 0 else None

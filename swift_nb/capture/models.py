@@ -145,3 +145,35 @@ def on_stack(frame: FrameType | None) -> dict[str, nn.Module]:
         frames.append(frame)
         frame = frame.f_back
     return in_frames(frames)
+
+
+def repeated_blocks(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
+    """The ``(path, blocks)`` of the container of ≥ 2 same-type modules holding the most
+    parameters (the transformer blocks), or None."""
+    best: tuple[int, str, list[nn.Module]] | None = None
+    for path, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(mod.children())
+        if len(children) < 2 or len({type(c) for c in children}) != 1:
+            continue
+        size = sum(p.numel() for p in mod.parameters())
+        if size and (best is None or size > best[0]):
+            best = (size, path, children)
+    return None if best is None else (best[1], best[2])
+
+
+def block_count(models: Mapping[str, nn.Module]) -> dict[str, Any] | None:
+    """The repeated blocks of the largest of ``models`` that has some (``repeated_blocks``):
+    ``{"count", "class", "path"}`` for the record (``context["repeated_blocks"]``), or None."""
+    best: tuple[int, dict[str, Any]] | None = None
+    for name, model in models.items():
+        found = repeated_blocks(model)
+        if found is None:
+            continue
+        path, blocks = found
+        size = sum(p.numel() for b in blocks for p in b.parameters())
+        if best is None or size > best[0]:
+            where = f"{name}.{path}" if path else name
+            best = (size, {"count": len(blocks), "class": type(blocks[0]).__name__, "path": where})
+    return None if best is None else best[1]

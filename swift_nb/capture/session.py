@@ -458,6 +458,10 @@ class Session:
             )
             self._watch_tokens(self._watcher.models)
             self._describe_finetune()
+            self._describe_blocks()
+            for opt in self._watcher.optimizers.values():  # as it steps: a toggle's undo restores the class
+                self.run.context.setdefault("optimizer", type(opt).__name__)
+                break
         if self._sampler is not None and (k + 1) % self.sample_every == 0:
             self._sampler.on_step(self.sync_samples)
         self._memory.at_boundary(self._step)
@@ -484,6 +488,18 @@ class Session:
             return
         if found:
             self.run.context.setdefault(FINETUNE_KEY, found)
+
+    def _describe_blocks(self) -> None:
+        """``context["repeated_blocks"]``: the repeated blocks of the models the run uses
+        (count, class, path), which the advisor and the forecast take over a count of
+        attention calls in the trace (an encoder layer may call attention more than once)."""
+        try:
+            found = found_models.block_count(self._models_split()[0])
+        except Exception as e:  # an odd model must never break the training loop
+            self.note(f"the model's repeated blocks could not be read ({type(e).__name__}: {e})")
+            return
+        if found:
+            self.run.context.setdefault("repeated_blocks", found)
 
     def _name_stale_models(self) -> None:
         """The models only alive in the kernel: named in the summary and the notes, and

@@ -259,14 +259,19 @@ class LivePanel:
 
     @staticmethod
     def _send(widget: widgets.Widget, **state: Any) -> None:
-        """Set the traits whose value changed, in one message (none if nothing did). A
-        bound (``max``, ``min``) is set before ``value``: ipywidgets clamps a value to the
-        bounds in force when it is set (40 of a bar whose ``max`` is still 6 would be 6)."""
+        """Set the traits whose value changed (none if nothing did). A bound (``max``,
+        ``min``) goes first, in a message of its own: the front end clamps a value to the
+        bounds it holds when the value arrives, and a message carrying both may be applied
+        value first (JupyterLab showed 6 of 40 for a finished 40-step run whose bar still
+        had the schedule's 6 as its maximum)."""
         changed = {k: v for k, v in state.items() if getattr(widget, k) != v}
+        bounds = {k: changed.pop(k) for k in ("max", "min") if k in changed}
+        for k, v in bounds.items():
+            setattr(widget, k, v)
         if changed:
             with widget.hold_sync():
-                for k in sorted(changed, key=lambda k: k not in ("max", "min")):
-                    setattr(widget, k, changed[k])
+                for k, v in changed.items():
+                    setattr(widget, k, v)
 
     def _read_sample(self) -> None:
         row = self._session.latest_sample()

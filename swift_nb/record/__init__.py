@@ -31,7 +31,7 @@ record without them.
 
 from __future__ import annotations
 
-from swift_nb.record.finetune import FINETUNE_KEY, FINETUNE_METHODS, finetune_label
+from swift_nb.record.finetune import FINETUNE_KEY, FINETUNE_METHODS, finetune_label, repeated_blocks
 from swift_nb.record.folders import (
     DAMAGED,
     RUNS_COLUMNS,
@@ -90,6 +90,7 @@ from swift_nb.record.write import (
     ensure_writable,
     save,
     save_meta,
+    step_durations,
     summarize,
 )
 
@@ -139,10 +140,12 @@ __all__ = [
     "rank_folder",
     "rank_trace_file",
     "read_meta",
+    "repeated_blocks",
     "runs",
     "save",
     "save_meta",
     "status_as_found",
+    "step_durations",
     "steps_missing",
     "summarize",
     "tables_path",

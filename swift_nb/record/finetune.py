@@ -12,6 +12,7 @@ trains: a DPO reference, a teacher; those only alive in the kernel are the summa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 FINETUNE_KEY = "finetune"
@@ -32,3 +33,14 @@ def finetune_label(finetune: dict[str, Any] | None) -> str:
         return head
     share = f"{pct:.0f} %" if pct >= 10 else f"{pct:.2g} %"
     return f"{head} · {share}"
+
+
+def repeated_blocks(context: Mapping[str, Any]) -> tuple[int, str] | None:
+    """How many blocks the model repeats, and what says so, as the capture recorded them
+    (``context["repeated_blocks"]``: count, class, path); None when not recorded."""
+    found = context.get("repeated_blocks")
+    if isinstance(found, Mapping) and int(found.get("count") or 0) > 1:
+        return int(
+            found["count"]
+        ), f"the model's {found.get('count')} × {found.get('class')} ({found.get('path')})"
+    return None

@@ -135,22 +135,57 @@ def _max_or_none(values: pd.Series) -> float | None:
     return float(values.max()) if len(values) else None
 
 
+#: the profiler's schedule phases in which it runs (warmup and active): its cost is in their steps
+TRACED_PHASES = ("warmup", "active")
+#: what a run's step time is the median of (``step_durations``)
+PROFILER_OFF = "profiler off"
+EVERY_STEP = "every step (fewer than 3 ran with the profiler off)"
+#: the fewest profiler-off steps a step time is the median of; fewer: every step's
+MIN_OFF_STEPS = 3
+
+
+def step_durations(steps: pd.DataFrame) -> tuple[pd.Series, str]:
+    """The durations a run's step time is the median of, and what they are: the steps an
+    optimizer (or ``swift_nb.step()``) ended that did not compile and ran with the profiler
+    off, the run's first step left out (it pays lazy initialisation) (``PROFILER_OFF``); in a
+    run with fewer than ``MIN_OFF_STEPS`` of those, every such step, traced ones included
+    (``EVERY_STEP``). One definition for the Summary, the Throughput section, the comparison,
+    ``swift-nb list`` and the exports."""
+    if steps.empty or "duration_s" not in steps:
+        return pd.Series(dtype=float), PROFILER_OFF
+    rows = steps[steps["trigger"] != "end"] if "trigger" in steps else steps
+    compiling = pd.to_numeric(
+        rows.get("compile_s", pd.Series(0.0, index=rows.index)), errors="coerce"
+    ).fillna(0.0)
+    steady = rows[compiling <= 0] if (compiling <= 0).any() else rows
+    phase = steady["phase"].astype(str) if "phase" in steady else pd.Series("none", index=steady.index)
+    first = steady.index == steady.index.min()
+    off = steady[~phase.isin(TRACED_PHASES) & ~first]
+    chosen, basis = (off, PROFILER_OFF) if len(off) >= MIN_OFF_STEPS else (steady, EVERY_STEP)
+    return pd.to_numeric(chosen["duration_s"], errors="coerce").dropna(), basis
+
+
 def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     """Headline metrics of a run from its tables (seconds, bytes, percent)."""
     out: dict[str, Any] = {"steps": int((steps["trigger"] != "end").sum()) if len(steps) else 0}
     dur = pd.to_numeric(steps["duration_s"], errors="coerce").dropna()
-    # Steps that compiled (torch.compile) are left out of the step-time figures: their
-    # median and p90 are the steady steps' (every step's when all of them compiled); the
-    # figures over every step keep their own names (`_all_s`).
-    compiling = pd.to_numeric(steps.get("compile_s", pd.Series(dtype=float)), errors="coerce").fillna(0.0) > 0
-    steady = dur[~compiling.reindex(dur.index, fill_value=False)]
-    steady = steady if len(steady) else dur
-    out["step_time_median_s"] = float(steady.median()) if len(steady) else None
-    out["step_time_p90_s"] = float(steady.quantile(0.9)) if len(steady) else None
+    # The step time: the median over the steady steps (not compiling) that ran with the
+    # profiler off (step_durations); the traced steps' and every step's keep their own names.
+    timed, basis = step_durations(steps)
+    out["step_time_median_s"] = float(timed.median()) if len(timed) else None
+    out["step_time_p90_s"] = float(timed.quantile(0.9)) if len(timed) else None
+    out["step_time_basis"] = basis
     out["step_time_median_all_s"] = float(dur.median()) if len(dur) else None
     out["step_time_p90_all_s"] = float(dur.quantile(0.9)) if len(dur) else None
+    traced = (
+        steps[steps["phase"].astype(str) == "active"] if "phase" in steps and len(steps) else steps.iloc[0:0]
+    )
+    traced_dur = pd.to_numeric(traced.get("duration_s", pd.Series(dtype=float)), errors="coerce").dropna()
+    out["step_time_traced_median_s"] = float(traced_dur.median()) if len(traced_dur) else None
+    median = out["step_time_median_s"]
+    out["steps_per_s"] = 1.0 / median if median else None
     total = float(dur.sum())
-    out["steps_per_s"] = out["steps"] / total if out["steps"] and total > 0 else None
+    out["wall_steps_per_s"] = out["steps"] / total if out["steps"] and total > 0 else None
     out["peak_mem_bytes"] = _max_or_none(steps["peak_tensor_bytes"]) if len(steps) else None
     rss = [_max_or_none(t["rss_bytes"]) for t in (steps, samples) if "rss_bytes" in t and len(t)]
     out["peak_rss_bytes"] = max((r for r in rss if r is not None), default=None)

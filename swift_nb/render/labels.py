@@ -55,13 +55,18 @@ class Label:
 LABELS: dict[str, Label] = {
     # the step and its parts (the verdict, the breakdown, the advisor's loader evidence)
     "step": Label("Step", "count"),
-    "step_s": Label("Step time"),
-    "step_time_s": Label("Step time"),
+    # One step time (record.step_durations: the median over the steady steps run with the
+    # profiler off) and one throughput (its inverse); a figure that measures something else
+    # says what in its label.
+    "step_s": Label("Step time, traced (profiler on)"),
+    "step_time_s": Label("Step time, traced (profiler on)"),
     "steps": Label("Steps", "count"),
-    "step_time_median_s": Label("Step time (median)"),
-    "step_time_p90_s": Label("Step time (90th percentile)"),
-    "step_time_median_all_s": Label("Step time with compiling steps (median)"),
-    "steps_per_s": Label("Steps per second", "count"),
+    "step_time_median_s": Label("Step time (median, profiler off)"),
+    "step_time_p90_s": Label("Step time (90th percentile, profiler off)"),
+    "step_time_median_all_s": Label("Step time over every step, compiling and traced ones included (median)"),
+    "step_time_traced_median_s": Label("Step time, traced (profiler on, median)"),
+    "steps_per_s": Label("Steps per second (1 / the median step, profiler off)", "count"),
+    "wall_steps_per_s": Label("Steps per second over the wall time of every step", "count"),
     "wall_s": Label("Wall time"),
     "data_pct": Label("Data loading"),
     "data_s": Label("Data loading"),
@@ -311,6 +316,20 @@ LABELS: dict[str, Label] = {
 #: a share of the step in the verdict, of the peak in the optimizer-state finding)
 WITHIN: dict[tuple[str, str], Label] = {
     ("optimizer_state", "optimizer_pct"): Label("Optimizer state's share of the peak"),
+    # the verdict's shares are of the traced step (the profiler on), not of the step time
+    **{
+        ("verdict", f"{part}_pct"): Label(f"{text}, share of the traced step")
+        for part, text in (
+            ("data", "Data loading"),
+            ("forward", "Forward"),
+            ("backward", "Backward"),
+            ("optimizer", "Optimizer"),
+            ("comm", "Communication"),
+            ("h2d", "Host-to-device copies"),
+            ("other", "Other"),
+            ("untraced", "Untraced"),
+        )
+    },
 }
 
 #: a key's words that are its unit, and how they read

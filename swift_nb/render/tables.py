@@ -29,6 +29,14 @@ ENERGY_KEYS = (
 FOLDER, TRACE = "Folder", "Trace"
 
 
+def step_time_label(summary: dict) -> str:
+    """The Summary's step-time row: median and 90th percentile over the steps the run's step
+    time is read from (``record.step_durations``), and which those are."""
+    if summary.get("step_time_basis", "profiler off") == "profiler off":
+        return "Step time (median / 90th percentile, profiler off)"
+    return "Step time (median / 90th percentile, every step: none ran with the profiler off)"
+
+
 def is_imported(run: Run) -> bool:
     """Whether the run was imported from a profiler trace (``swift_nb.import_trace``)."""
     return bool(run.source.get("imported_from"))
@@ -55,10 +63,15 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
         (label("steps"), str(s.get("steps", 0))),
         (label("wall_s"), fmt_seconds(run.wall_s)),
         (
-            "Step time (median / 90th percentile)",
+            step_time_label(s),
             f"{fmt_seconds(s.get('step_time_median_s'))} / {fmt_seconds(s.get('step_time_p90_s'))}",
         ),
-        ("Throughput", fmt_rate(s.get("steps_per_s"), "steps/s")),
+        (label("steps_per_s"), fmt_rate(s.get("steps_per_s"), "steps/s")),
+        *(
+            [(label("step_time_traced_median_s"), fmt_seconds(s["step_time_traced_median_s"]))]
+            if s.get("step_time_traced_median_s")
+            else []
+        ),
         *(
             [
                 (
@@ -200,7 +213,7 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
         columns={
             "started_at": "started",
             "wall_s": "wall",
-            "step_time_median_s": "step (median)",
+            "step_time_median_s": "step (median, profiler off)",
             "peak_mem_bytes": "peak memory",
             "device_idle_pct": "GPU idle",
             "device_compute_pct": "GPU compute",

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
+from swift_nb.capture.models import repeated_blocks
 from swift_nb.toggles._distributed import DataParallel, restore_parameters
 from swift_nb.toggles.base import Toggle
-from swift_nb.toggles.grad_checkpointing import repeated_blocks
 
 
 class FSDP(DataParallel, Toggle):

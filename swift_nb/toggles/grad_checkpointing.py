@@ -27,6 +27,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
+from swift_nb.capture.models import repeated_blocks
 from swift_nb.toggles.base import Toggle, hf_model
 
 
@@ -174,19 +175,3 @@ def under_adapters(model: nn.Module) -> tuple[str, nn.Module]:
     if inner is model:
         return "", model
     return next((path for path, m in model.named_modules() if m is inner), ""), inner
-
-
-def repeated_blocks(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
-    """The ``(path, blocks)`` of the container of ≥ 2 same-type modules holding the most
-    parameters (the transformer blocks), or None."""
-    best: tuple[int, str, list[nn.Module]] | None = None
-    for path, mod in model.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
-            continue
-        children = list(mod.children())
-        if len(children) < 2 or len({type(c) for c in children}) != 1:
-            continue
-        size = sum(p.numel() for p in mod.parameters())
-        if size and (best is None or size > best[0]):
-            best = (size, path, children)
-    return None if best is None else (best[1], best[2])

@@ -37,10 +37,10 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from swift_nb.capture.models import repeated_blocks
 from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.core.quiet import quiet_import
 from swift_nb.toggles.base import Toggle, ToggleReport, find_models, find_optimizers
-from swift_nb.toggles.grad_checkpointing import repeated_blocks
 
 
 def linear_layer(module: nn.Module) -> bool:

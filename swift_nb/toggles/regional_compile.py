@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from swift_nb.toggles.grad_checkpointing import repeated_blocks
+from swift_nb.capture.models import repeated_blocks
 from swift_nb.toggles.torch_compile import _ABSENT, TorchCompile, _compiled
 
 

@@ -16,7 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 CUDA_ONLY = ["quickstart_nvml", "max_memory_allocated", "cuda_oom", "energy"]
-ON_CPU_TOO = ["flash_attention", "forecast", "lora", "cost_ratio", "import_trace", "tokens"]
+ON_CPU_TOO = ["flash_attention", "forecast", "lora", "cost_ratio", "import_trace", "tokens", "memory_kit"]
 RECORD_KEYS = {"name", "title", "ok", "skipped", "seconds", "details", "error"}
 
 

@@ -58,7 +58,7 @@ def test_8bit_state_is_a_quarter_and_the_forecast_of_the_toggled_run_holds(tmp_p
     toggled = _profile(tmp_path / "toggled", model, opt, ["optim_8bit"])
     measured = measure(toggled)
     assert type(opt) is torch.optim.AdamW  # the user's object, given back
-    assert "optim_8bit" in measured.toggles
+    assert "optim_8bit" in measured.toggles and measured.optimizer == "AdamW8bit"
     assert measured.categories["optimizer_state"] <= 0.3 * base.categories["optimizer_state"]
     assert predicted.categories["optimizer_state"] == pytest.approx(
         measured.categories["optimizer_state"], rel=0.02

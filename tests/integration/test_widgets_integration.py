@@ -43,7 +43,7 @@ def test_results_panel_tabs_reuse_the_report_sections(tmp_path):
     files = text("Files")
     assert "trace.json.gz" in files and "ui.perfetto.dev" in files and "report.html" in files
     assert str(run.path) in files
-    assert "swift-nb-summary" in text("Summary") and "Throughput" in text("Summary")
+    assert "swift-nb-summary" in text("Summary") and "Steps per second" in text("Summary")
 
 
 def test_a_registered_section_reaches_the_report_the_panel_and_the_static_outputs(monkeypatch):

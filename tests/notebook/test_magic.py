@@ -153,6 +153,7 @@ def test_a_cuda_only_toggle_is_refused_naming_cuda_before_the_cell_runs(kernel, 
     res = kernel.execute(f"%%swift_profile {flag} --out {tmp_path}\nran = True")
     assert expected in res.text("stderr") + res.text("stdout") + str(res.of_type("error"))
     assert kernel.eval("ran") is False
+    kernel.execute("del net")
 
 
 def test_plan_shows_what_would_make_the_newest_run_fit(kernel, tmp_path):

@@ -40,6 +40,11 @@ BIG_BYTES = (2048 * 3072 + 3072) * 4
 
 def test_the_magic_names_stale_models_and_describes_the_lora_model(kernel, tmp_path):
     pytest.importorskip("peft")
+    # the kernel is shared: models other tests left in its namespace would be stale here too
+    kernel.execute(
+        "for _k in [k for k, v in list(globals().items()) if isinstance(v, torch.nn.Module) and k[0] != '_']:\n"
+        "    del globals()[_k]"
+    )
     assert kernel.execute(EARLIER_CELL).status == "ok"
     try:
         res = kernel.execute(

@@ -43,8 +43,9 @@ def _no_env_price(monkeypatch):
 
 def test_the_arithmetic_is_exact_against_wall_time_and_steps():
     # 7 200 s of wall time at $3.60 per device-hour on one machine: $7.20; a median step
-    # of 0.5 s: 1 000 steps are 500 s, $0.50; idle 40 % of it: $0.20.
-    run = _run([0.4, 0.5, 0.5, 0.6, 2.0], 7200.0, device_idle_pct=40.0)
+    # of 0.5 s (the first step, lazy initialisation, left out): 1 000 steps are 500 s, $0.50;
+    # idle 40 % of it: $0.20.
+    run = _run([9.0, 0.4, 0.5, 0.5, 0.6], 7200.0, device_idle_pct=40.0)
     out = cost.cost_summary(run, price_per_hour=3.6)
     assert out["cost_usd"] == pytest.approx(7.2, rel=1e-12)
     assert out["cost_per_1k_steps_usd"] == pytest.approx(0.5, rel=1e-12)

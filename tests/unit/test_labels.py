@@ -86,7 +86,7 @@ def test_every_key_the_advisor_writes_has_a_label_written_beside_it():
 
 
 def test_the_labels_read_as_the_issue_asks():
-    assert (label("step_s"), value_text("step_s", 0.3037)) == ("Step time", "303.7 ms")
+    assert (label("step_s"), value_text("step_s", 0.3037)) == ("Step time, traced (profiler on)", "303.7 ms")
     assert (label("data_pct"), value_text("data_pct", 0.0)) == ("Data loading", "0 %")
     assert value_text("score_tensors_kept_at_peak", 8) == "8"
     assert label("score_tensors_kept_at_peak") == "Score matrices kept for backward at the peak"

@@ -21,7 +21,7 @@ from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace.shapes import input_dims
 from swift_nb.analysis.trace.tables import Trace, load_trace, parse_events
 from swift_nb.core.errors import ConfigError, RecordError
-from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run
+from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run, repeated_blocks
 from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES, dtype_name
 
 
@@ -413,8 +413,12 @@ def _matrices(trace: Trace, ops: pd.DataFrame, step: int) -> dict[tuple[int, int
 
 
 def _blocks(ops: pd.DataFrame, trace: Trace, ctx: Mapping[str, Any]) -> tuple[int, str]:
-    """How many blocks repeat, and what says so: attention calls per step in the trace (one
-    per transformer block, as the advisor counts them), else the run's context; 0 unknown."""
+    """How many blocks repeat, and what says so, as the advisor counts them: the model's own
+    repeated modules (``context["repeated_blocks"]``), else attention calls per step in the
+    trace (one per transformer block), else the run's context; 0 unknown."""
+    found = repeated_blocks(ctx)
+    if found is not None:
+        return found
     n_steps = max(1, len(trace.steps))
     _, _, eager = eager_attention(ops, n_steps)
     calls = max(eager, round(int(ops["name"].eq(SDPA).sum()) / n_steps))

@@ -85,7 +85,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         {
             "variant": table["variant"],
             "status": table["status"],
-            "step (median)": [_num(x, fmt_seconds) for x in table["step_time_median_s"]],
+            "step (median, profiler off)": [_num(x, fmt_seconds) for x in table["step_time_median_s"]],
             "step × base": [_ratio(x) for x in table["step_time_ratio"]],
             **_compile_columns(table),
             "steps/s": [_num(x, lambda v: f"{v:.2f}") for x in table["steps_per_s"]],
@@ -138,7 +138,7 @@ def _compiles(table: pd.DataFrame) -> bool:
 
 
 def _compile_columns(table: pd.DataFrame) -> dict[str, list[str]]:
-    """Compile time apart from the steady steps, when a variant compiled: "step (median)"
+    """Compile time apart from the steady steps, when a variant compiled: "step (median, profiler off)"
     is then the median of the steps that did not compile."""
     if not _compiles(table):
         return {}
@@ -178,7 +178,7 @@ def compare_table_html(table: pd.DataFrame) -> str:
 def compare_table_text(table: pd.DataFrame) -> str:
     """The comparison as text: the main columns, then each variant's reasoning and notes."""
     shown = display_table(table)
-    cols = ["variant", "status", "step (median)", "step × base", "peak memory", "memory × base"]
+    cols = ["variant", "status", "step (median, profiler off)", "step × base", "peak memory", "memory × base"]
     if _compiles(table):
         cols[3:3] = ["compile", "recompiles", "graph breaks"]
     if "peak predicted" in shown:

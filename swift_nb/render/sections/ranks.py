@@ -83,7 +83,7 @@ def build(inputs: ReportInputs) -> list[Part] | None:
         table = per_rank[[c for c in PER_RANK_TABLE if c in per_rank.columns]].copy()
         if "collective_share" in table:
             table["collective_pct"] = 100.0 * pd.to_numeric(table.pop("collective_share"), errors="coerce")
-        table = table.rename(columns={"busy_s": "work_s", "step_time_median_s": "step_time_s"})
+        table = table.rename(columns={"busy_s": "work_s"})
         parts += [
             FigurePart(
                 lambda: per_rank_figure(per_rank),

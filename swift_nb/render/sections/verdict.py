@@ -50,7 +50,7 @@ def build(inputs: ReportInputs) -> list[Part]:
         # nbconvert's HTML, feed readers and copied text show no styles.
         f"<p class='verdict'><strong class='kind'>{escape(verdict.kind)}</strong> — "
         f"{escape(verdict.reason)}</p>"
-        f"{evidence_html(ordered(verdict)) if verdict.evidence else ''}"
+        f"{evidence_html(ordered(verdict), within='verdict') if verdict.evidence else ''}"
     ]
 
 

@@ -13,11 +13,17 @@ from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.advisor.frameworks import Recorded
 from swift_nb.analysis.advisor.words import pct
 from swift_nb.core.units import fmt_bytes
+from swift_nb.record import repeated_blocks as repeated
 
 
 def _blocks(ev: Evidence, context: Mapping[str, Any]) -> tuple[int, str]:
-    """How many blocks repeat, and what says so: the attention calls per step in the
-    trace (one per transformer block), else the run's context; 0 when nothing tells."""
+    """How many blocks repeat, and what says so: the model's own repeated modules as the
+    capture recorded them, else the attention calls per step in the trace (one per
+    transformer block, though a layer may call attention more than once), else the run's
+    context; 0 when nothing tells."""
+    found = repeated(context)
+    if found is not None:
+        return found
     if ev.attention_calls > 1:
         return ev.attention_calls, "attention layers per step in the trace"
     for key in ("n_layer", "num_hidden_layers"):
