@@ -13,7 +13,7 @@ and cold from its run folder (with HolisticTraceAnalysis's parse of the same fil
 fixed cost of an isolated rerun over the bare cell, and (``--ranks``) the gather of a
 1000-step job of 4 ranks. Prints a Markdown table.
 
-    python benchmarks/cost.py [--cell-s 15] [--rounds 3] [--big-layers 14] [--no-hta] [--no-rerun] [--ranks]
+    python benchmarks/cost.py [--cell-s 15] [--rounds 3] [--threads N] [--big-layers 14] [--no-hta] [--no-rerun] [--ranks]
 """
 
 from __future__ import annotations
@@ -193,7 +193,17 @@ def main() -> None:
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--no-rerun", action="store_true")
     ap.add_argument("--ranks", action="store_true", help="also gather a 1000-step job of 4 ranks")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's intra-op threads (default torch's: every core); 1 on a 2-core machine leaves a core free, "
+        "as a GPU host's CPU mostly is",
+    )
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    print(f"torch threads: {torch.get_num_threads()}")
 
     imp_s, ext_s = import_costs(3)
 

@@ -122,3 +122,16 @@ def test_a_step_fake_tensors_cannot_run_falls_back_to_the_formula_and_says_so():
     assert f.categories["optimizer_state"] >= 2 * params * 4
     (said,) = [line for line in f.derivation if "could not run on fake tensors" in line]
     assert "DataDependentOutputException" in said and "lower bound" in said
+
+
+def test_plan_for_a_model_from_its_config(proxy):
+    """plan(model=): the toggles tried on a model never run here, its step on fake tensors
+    at the target shape (bf16 AdamW), this run its proxy; on a 24 GB card a 4× larger
+    Llama fits as it is, and LoRA and 8-bit moments are among the plans."""
+    cfg = _config(512, 4)
+    table = swift_nb.plan(proxy, "RTX4090-24GB", batch_size=B, seq_len=T, model=cfg, progress=False)
+    plans = set(table["toggles"])
+    assert {"none", "optim_8bit", "lora"} <= plans
+    assert table.loc[table["toggles"] == "none", "fits"].item()
+    tiny = swift_nb.plan(proxy, memory_bytes=1e6, batch_size=B, seq_len=T, model=cfg, progress=False)
+    assert not tiny["fits"].any()
