@@ -34,7 +34,7 @@ def step_time_label(summary: dict) -> str:
     time is read from (``record.step_durations``), and which those are."""
     if summary.get("step_time_basis", "profiler off") == "profiler off":
         return "Step time (median / 90th percentile, profiler off)"
-    return "Step time (median / 90th percentile, every step: none ran with the profiler off)"
+    return "Step time (median / 90th percentile, every step: fewer than 3 ran with the profiler off)"
 
 
 def is_imported(run: Run) -> bool:

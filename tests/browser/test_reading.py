@@ -153,7 +153,7 @@ def test_no_heading_is_an_identifier(pages):
         keys = [h for h in page.headings if IDENTIFIER.fullmatch(h) or _key_not_words(h)]
         assert not keys, keys
     # the verdict's and the findings' evidence is among what was read
-    assert "Step time" in report.headings and "Peak tensor memory" in report.headings
+    assert "Step time, traced (profiler on)" in report.headings and "Peak tensor memory" in report.headings
 
 
 def test_no_cell_is_over_the_limit(pages):

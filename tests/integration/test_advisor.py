@@ -210,7 +210,7 @@ def test_predicted_peaks_are_what_the_toggles_then_measure(runs_dir):
     attention, activations = findings["eager_attention"], findings["activations"]
     # the blocks are counted in the trace: 2 attention layers, not a default
     assert activations.evidence["blocks"] == 2, activations.evidence
-    assert "one of 2 blocks (attention layers per step in the trace)" in activations.predicted_effect
+    assert "one of 2 blocks (the model's 2 × Block (model.blocks))" in activations.predicted_effect
     # what eager attention holds at the peak, found in the trace's allocations: per layer the
     # probabilities and the causal mask kept for backward, and 2 gradient buffers in it
     ev = attention.evidence
@@ -233,16 +233,16 @@ def _mlp():
     )
 
 
-def test_checkpointing_prediction_without_attention_says_the_blocks_are_unknown(runs_dir):
-    """Repeated MLP blocks: the trace does not count them, so the finding says so instead of
-    inventing a count; the comparison predicts from the blocks the toggle checkpointed."""
+def test_checkpointing_prediction_without_attention_counts_the_models_blocks(runs_dir):
+    """Repeated MLP blocks: no attention in the trace counts them, the model's own repeated
+    modules do (context repeated_blocks); the comparison's prediction holds."""
     x = torch.randn(512, 64)
     (base, _), table = _toggled_runs(
         runs_dir, _mlp, lambda model: model(x).square().mean(), ("baseline", "grad_checkpointing")
     )
     (f,) = [f for f in advise(base)[1] if f.id == "activations"]
-    assert "the trace does not show how many blocks repeat" in f.predicted_effect, f.predicted_effect
-    assert "blocks" not in f.evidence and not re.search(r"\d+ blocks", f.predicted_effect)
+    assert "one of 3 blocks (the model's 3 × Sequential (model))" in f.predicted_effect, f.predicted_effect
+    assert f.evidence["blocks"] == 3
     row = table.loc["grad_checkpointing"]
     assert abs(row["peak_mem_bytes"] - row["predicted_peak_bytes"]) / row["predicted_peak_bytes"] <= 0.25, row
     assert "differs from the prediction" not in row["notes"]
@@ -264,7 +264,8 @@ def test_activations_and_optimizer_state(runs_dir):
     (f,) = [f for f in findings if f.id == "activations"]
     assert f.toggle == "grad_checkpointing" and f.evidence["activations_pct"] >= 50
     # counted in the trace (2 scaled_dot_product_attention calls per step), not taken on trust
-    assert f.evidence["blocks"] == 2 and f.evidence["blocks_from"] == "attention layers per step in the trace"
+    # the model's own repeated modules (context repeated_blocks), not a count taken on trust
+    assert f.evidence["blocks"] == 2 and f.evidence["blocks_from"] == "the model's 2 × Block (model.blocks)"
     assert "optimizer_state" not in _ids(findings)
 
     _, findings = advise(_profile(runs_dir, _big_matrices_loop, matrix_shapes=[[1024, 1024], [1024, 1024]]))

@@ -58,8 +58,9 @@ def test_a_run_with_toggles_leaves_no_thread_hook_or_patch(tmp_path):
             model(x, x).backward()
             opt.step()
             opt.zero_grad()
+    # the idle helper (one per process, documented in the README: it stays for the next run)
     left = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
-    assert left == [], left
+    assert set(left) <= {"swift_nb-helper"}, left
     assert _globals() == hooks
     assert _patched() == patched
     assert not torch.autograd.profiler._is_profiler_enabled

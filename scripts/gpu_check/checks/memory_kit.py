@@ -52,10 +52,13 @@ def check(ctx: Ctx) -> None:
             (found["optim_8bit"]["optimizer_state_mib"] or 0)
             <= 0.3 * (found["plain"]["optimizer_state_mib"] or 0),
         )
-    ctx.expect(
-        "regional_compile compiles in at most 0.6x the whole model's time",
-        (found["regional_compile"]["compile_s"] or 0) <= 0.6 * (found["torch_compile"]["compile_s"] or 0),
-    )
+    blocks = found["regional_compile"]["toggle_report"][0]["details"].get("compiled_blocks", 0)
+    ctx.expect("regional_compile compiles every repeated block", blocks == ctx.config().n_layer)
+    if ctx.cuda:  # Inductor's compile time; the smoke's aot_eager on a tiny model says nothing of it
+        ctx.expect(
+            "regional_compile compiles in at most 0.6x the whole model's time",
+            (found["regional_compile"]["compile_s"] or 0) <= 0.6 * (found["torch_compile"]["compile_s"] or 0),
+        )
     if not ctx.cuda:
         for name in ("activation_offload", "fp8"):
             try:
