@@ -58,9 +58,14 @@ class ActivationOffload(Toggle):
     def _pack(self, t: torch.Tensor) -> Any:
         if (
             t.device.type == "cpu"
-            or t.untyped_storage().data_ptr() in self._weights
+            or t.layout != torch.strided
             or t.numel() * t.element_size() < MIN_OFFLOAD_BYTES
         ):
+            return t
+        try:
+            if t.untyped_storage().data_ptr() in self._weights:
+                return t
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage of its own (a subclass)
             return t
         host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
         host.copy_(t, non_blocking=True)
