@@ -476,7 +476,7 @@ def test_activation_memory_names_checkpointing_and_bf16(runs_dir):
     )
     f = found["fp32_activations"]
     act, peak = f.evidence["activations_bytes"], f.evidence["peak_bytes"]
-    assert f.evidence["predicted_peak_bytes"] == peak - act / 2 and act / peak >= 0.5
+    assert f.evidence["predicted_peak_bytes"] == pytest.approx(peak - act + 0.6 * act) and act / peak >= 0.5
     assert f.suggestion.startswith(
         "Train in mixed precision: set TrainingArguments(bf16=True) (`trainer` has bf16=False)."
     )

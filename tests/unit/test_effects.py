@@ -38,7 +38,7 @@ def test_attention_autocast_and_sequence_parallel():
     assert effects.score_matrix_bytes(shape) == 8 * 1024 * 1024 * 4
     assert effects.eager_score_bytes(shape, layers=3) == 5 * 8 * 1024 * 1024 * 4
     assert effects.without_scores(10.0, 12.0) == 0.0
-    assert effects.autocast_activations(8.0) == 4.0 and effects.autocast_weight_copies(8.0) == 4.0
+    assert effects.autocast_activations(8.0) == pytest.approx(4.8) and effects.autocast_weight_copies(8.0) == 4.0
     assert effects.sequence_parallel_activations(8.0, 4) == 2.0
 
 
@@ -62,7 +62,7 @@ def test_a_step_that_did_not_fit_gets_each_toggles_share():
     assert by["flash_attention"].activations == 500.0
     assert by["grad_checkpointing"].activations == 400.0  # A/L kept again + each block's input, A/L
     assert by["flash_attention,grad_checkpointing"].activations == 250.0
-    assert by["bf16_autocast"].activations == 400.0
+    assert by["bf16_autocast"].activations == pytest.approx(480.0)
     assert by["galore"].state == pytest.approx(200.0 * effects.galore_square_ratio(1e6))
     # no scores, no blocks, bf16 already, SGD: nothing a toggle can do
     assert effects.step_fixes(800.0, 0.0, None, False, 200.0, 4e6, "SGD") == []

@@ -211,7 +211,8 @@ def test_toggles_checkpointing_autocast_and_sequence_parallel(adam):
     assert half["activations"] == pytest.approx(50 * MIB)
     auto = forecast(adam, toggles=["bf16_autocast"]).categories
     assert auto["parameters"] == 4 * P and auto["optimizer_state"] == 8 * P
-    assert auto["activations"] == 50 * MIB and auto["other"] == 5 * MIB + 2 * P  # + bf16 weight copies
+    # × AUTOCAST_ACTIVATIONS (0.6), and bf16 copies of the weights in other
+    assert auto["activations"] == pytest.approx(60 * MIB) and auto["other"] == pytest.approx(6 * MIB + 2 * P)
     sp = forecast(adam, toggles=["sequence_parallel:sp_size=4"]).categories
     assert sp["activations"] == 25 * MIB and sp["other"] == 10 * MIB / 4
     with pytest.raises(ConfigError, match="n_layer"):

@@ -367,7 +367,8 @@ class CategoryPricer:
         if applied.new_autocast and cfg.dtype == "float32":
             mult = effects.autocast_activations(mult)
             text += (
-                "; × ½ under bf16 autocast (it keeps softmax and norms in fp32 on some devices: expect more)"
+                f"; × {effects.AUTOCAST_ACTIVATIONS:g} under bf16 autocast (matmul outputs in bf16; norms, softmax and "
+                "the residual stream stay fp32)"
             )
         if applied.sp_size > 1:
             mult = effects.sequence_parallel_activations(mult, applied.sp_size)
