@@ -38,7 +38,9 @@ def test_attention_autocast_and_sequence_parallel():
     assert effects.score_matrix_bytes(shape) == 8 * 1024 * 1024 * 4
     assert effects.eager_score_bytes(shape, layers=3) == 5 * 8 * 1024 * 1024 * 4
     assert effects.without_scores(10.0, 12.0) == 0.0
-    assert effects.autocast_activations(8.0) == pytest.approx(4.8) and effects.autocast_weight_copies(8.0) == 4.0
+    assert (
+        effects.autocast_activations(8.0) == pytest.approx(4.8) and effects.autocast_weight_copies(8.0) == 4.0
+    )
     assert effects.sequence_parallel_activations(8.0, 4) == 2.0
 
 
