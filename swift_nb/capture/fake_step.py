@@ -11,18 +11,30 @@ step, with the state in place as from the second step of a real run on. The resu
 categories are swift_nb's: parameters that train, frozen parameters (weights without
 ``requires_grad``, and buffers), gradients, optimizer state, activations (what forward keeps
 for backward) and other (backward's temporaries).
+
+The optimizer runs as torch runs it on CUDA by default (``foreach``): its update holds one
+more copy of Adam's second moments (their square root) while it runs. MemTracker books what
+the update allocates as optimizer state; the state itself (the moments) is counted apart
+and the rest named in the notes.
+
+``setup(module)``, a context manager, changes the fake model before its step (the toggles
+that run on fake tensors: LoRA, gradient checkpointing) and yields the model to step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.core.model_presets import preset
+from swift_nb.core.units import fmt_bytes
 
 _OPTIMIZERS = ("AdamW", "Adam", "SGD")
 _DTYPES = {
@@ -56,6 +68,16 @@ class FakeStep:
     seq_len: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    #: the fine-tuning the stepped model had (``swift_nb.capture.finetune.describe``)
+    finetune: dict[str, Any] = field(default_factory=dict)
+    #: bytes the optimizer's update allocated beyond its state (within ``optimizer_state``)
+    update_bytes: float = 0.0
+    #: the dtype of the parameters it trains (LoRA's fp32 adapters on a bf16 base)
+    trained_dtype: str | None = None
+
+
+#: what a setup gives ``fake_step``: a context manager around the step, yielding the model
+Setup = Callable[[Any], AbstractContextManager[Any]]
 
 
 def build(model: Any) -> tuple[str, Callable[[], Any]]:
@@ -114,8 +136,10 @@ def fake_step(
     dtype: str = "bfloat16",
     optimizer: str = "AdamW",
     progress: Callable[[str], None] | None = None,
+    setup: Setup | None = None,
 ) -> FakeStep:
-    """One steady training step of ``model`` on fake tensors, measured (see the module)."""
+    """One steady training step of ``model`` on fake tensors, measured (see the module);
+    ``setup`` changes the model before it (toggles)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -143,20 +167,29 @@ def fake_step(
             torch.set_default_dtype(default)
         if not isinstance(module, torch.nn.Module):
             raise ConfigError("model", "must build an nn.Module", type(module).__name__)
-        found = _shapes(module)
-        categories, fell_back = _run(module, optimizer, batch_size, seq_len, found["vocab"], say, name)
+        found = _shapes(module)  # the model's own layers, before any adapter
+        with _moves_in_place(), (setup(module) if setup else contextlib.nullcontext(module)) as stepped:
+            found.update(_counts(stepped))
+            ran = _run(stepped, optimizer, batch_size, seq_len, found["vocab"], say, name)
     seconds = time.perf_counter() - t0
     say(f"{name}: done in {seconds:.1f} s")
     notes = []
-    if fell_back is not None:
+    if ran.fell_back is not None:
         notes.append(
-            f"{FELL_BACK} ({fell_back}): parameters, gradients and the optimizer's state by formula, "
+            f"{FELL_BACK} ({ran.fell_back}): parameters, gradients and the optimizer's state by formula, "
             "exact; the activations and temporaries are not counted (0): the peak is a lower bound"
+        )
+    elif ran.update_bytes:
+        notes.append(
+            f"{optimizer}'s update, as torch runs it on CUDA by default (foreach), holds {fmt_bytes(ran.update_bytes)} "
+            "beyond its state while it runs (the second moments' square root); fused=True holds none"
         )
     return FakeStep(
         notes=notes,
+        finetune=ran.finetune,
+        update_bytes=ran.update_bytes,
         name=name,
-        categories=categories,
+        categories=ran.categories,
         dtype=_DTYPES[dtype],
         optimizer=optimizer,
         batch_size=batch_size,
@@ -166,11 +199,44 @@ def fake_step(
     )
 
 
+@contextlib.contextmanager
+def _moves_in_place() -> Iterator[None]:
+    """``nn.Module.to`` on fake tensors, as toggles call it (peft moves each adapter to its
+    base layer's device): torch replaces a fake parameter by swapping it with its copy, and
+    refuses (the fake tensor is weakly referenced). On fake tensors every tensor already is
+    where the step runs, so a move changes only the dtype, in place."""
+    import torch
+
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None:
+            for t in itertools.chain(self.parameters(), self.buffers()):
+                if t.is_floating_point() and t.dtype != dtype:
+                    t.data = t.data.to(dtype)
+        return self
+
+    torch.nn.Module.to = to  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original  # type: ignore[method-assign]
+
+
+def _counts(module: Any) -> dict[str, Any]:
+    """The parameters the stepped model holds, those it trains and their dtype."""
+    trained = [p for p in module.parameters() if p.requires_grad]
+    return {
+        "params": sum(p.numel() for p in module.parameters()),
+        "trainable": sum(p.numel() for p in trained),
+        "trained_dtype": str(trained[0].dtype).removeprefix("torch.") if trained else None,
+    }
+
+
 def _shapes(module: Any) -> dict[str, Any]:
     import torch
 
-    params = sum(p.numel() for p in module.parameters())
-    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     matrices: dict[tuple[int, int], int] = {}
     for m in module.modules():
         if isinstance(m, torch.nn.Linear):
@@ -182,8 +248,6 @@ def _shapes(module: Any) -> dict[str, Any]:
     hidden = getattr(cfg, "hidden_size", None) or (emb.embedding_dim if emb is not None else None)
     blocks = int(getattr(cfg, "num_hidden_layers", 0) or 0)
     return {
-        "params": params,
-        "trainable": trainable,
         "matrices": matrices,
         "blocks": blocks,
         "hidden": hidden,
@@ -191,24 +255,41 @@ def _shapes(module: Any) -> dict[str, Any]:
     }
 
 
-def _run(
-    module, optimizer: str, batch: int, seq: int, vocab: int | None, say, name: str
-) -> tuple[dict[str, float], str | None]:
-    """The step's categories at its peak, and why it fell back to the formula (None: it ran)."""
+@dataclass
+class _Ran:
+    categories: dict[str, float]
+    fell_back: str | None  # why the step fell back to the formula (None: it ran)
+    finetune: dict[str, Any]
+    update_bytes: float = 0.0
+
+
+def _run(module, optimizer: str, batch: int, seq: int, vocab: int | None, say, name: str) -> _Ran:
+    """The step's categories at its peak (see ``_Ran``)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from swift_nb.capture.finetune import describe
+
     trained = [p for p in module.parameters() if p.requires_grad]
-    opt = getattr(torch.optim, optimizer)(trained, lr=1e-4)
+    opt = getattr(torch.optim, optimizer)(trained, lr=1e-4, foreach=True)
+    finetune = describe({"model": module}, [opt])
     # the optimizer's state made first (as a first step makes it), so one tracked step is a
-    # steady one: forward, backward and the update with the state in place
+    # steady one: forward, backward and the update with the state in place; what the update
+    # holds beyond the state while it runs is read from this first one
     for p in trained:
         p.grad = torch.zeros_like(p)
-    opt.step()
+    first = MemTracker()
+    first.track_external(opt)
+    with first:
+        opt.step()
+    update = max(0.0, _booked(first.get_tracker_snapshot("peak")).get("Optstate", 0.0) - _state_bytes(opt))
     opt.zero_grad(set_to_none=True)
     ids = torch.randint(0, vocab or 2, (batch, seq))
     tracker = MemTracker()
     tracker.track_external(module, opt)
+    for p in module.parameters():  # MemTracker hooks every parameter's gradient, and a frozen
+        if not p.requires_grad:  # one (LoRA's base) has none to hook: marked as hooked already
+            tracker._param_to_grad_hook_handles[p] = (_NO_HOOK, _NO_HOOK)
     with tracker:
         say(f"{name}: a fake step (batch {batch} × {seq} tokens) …")
         try:
@@ -220,13 +301,8 @@ def _run(
         except Exception as e:
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             say(f"{name}: its step cannot run on fake tensors ({reason}); weights by formula")
-            return _by_formula(module, opt), reason
-    peak = tracker.get_tracker_snapshot("peak")
-    by_kind: dict[str, float] = {}
-    for stats in peak.values():
-        for kind, nbytes in stats.items():
-            key = getattr(kind, "value", str(kind))
-            by_kind[key] = by_kind.get(key, 0.0) + float(nbytes)
+            return _Ran(_by_formula(module, opt), reason, finetune, update)
+    by_kind = _booked(tracker.get_tracker_snapshot("peak"))
     frozen = sum(p.numel() * p.element_size() for p in module.parameters() if not p.requires_grad)
     params = by_kind.get("Parameter", 0.0)
     temp = by_kind.get("Temp", 0.0) + by_kind.get("Other", 0.0)
@@ -235,15 +311,45 @@ def _run(
     # peak held exactly one more fp32 copy of B·T × V among backward's temporaries, and
     # nothing else apart. That copy is taken off where the peak holds it.
     temp -= min(temp, float(batch * seq * (vocab or 0) * 4))
-    return {
+    # the state alone: at a peak during the update MemTracker books the update's temporaries
+    # as state too; they are ``update`` (the forecast adds them at the update's moment)
+    state = min(by_kind.get("Optstate", 0.0), _state_bytes(opt))
+    categories = {
         "parameters": params - frozen,
         "frozen_parameters": frozen + by_kind.get("Buffer", 0.0),
         "gradients": by_kind.get("Gradient", 0.0),
-        "optimizer_state": by_kind.get("Optstate", 0.0),
+        "optimizer_state": state,
         "activations": by_kind.get("Activation", 0.0),
         "logits": 0.0,
         "other": temp,
-    }, None
+    }
+    return _Ran(categories, None, finetune, update)
+
+
+class _NoHook:
+    """A hook handle for a parameter MemTracker is not to hook (see ``_run``)."""
+
+    def remove(self) -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
+
+
+def _booked(snapshot: dict) -> dict[str, float]:
+    """A MemTracker snapshot's bytes by the kind it booked them as, over every device."""
+    by_kind: dict[str, float] = {}
+    for stats in snapshot.values():
+        for kind, nbytes in stats.items():
+            key = getattr(kind, "value", str(kind))
+            by_kind[key] = by_kind.get(key, 0.0) + float(nbytes)
+    return by_kind
+
+
+def _state_bytes(opt) -> float:
+    return float(
+        sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if hasattr(t, "numel"))
+    )
 
 
 #: what ``fake_step`` notes when it fell back to the formula (read by ``FakeStep.notes``)
@@ -256,9 +362,7 @@ def _by_formula(module, opt) -> dict[str, float]:
     state as it was made; the activations unknown (0), which the forecast says."""
     trained = [p for p in module.parameters() if p.requires_grad]
     frozen = [p for p in module.parameters() if not p.requires_grad]
-    state = sum(
-        t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if hasattr(t, "numel")
-    )
+    state = _state_bytes(opt)
     nbytes = float(sum(p.numel() * p.element_size() for p in trained))
     return {
         "parameters": nbytes,

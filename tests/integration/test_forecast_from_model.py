@@ -30,7 +30,9 @@ def _config(hidden: int, layers: int) -> transformers.LlamaConfig:
 def _measured(out, cfg, toggles=()):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # foreach, as torch runs AdamW on CUDA and the forecast from a config assumes (on the
+    # CPU torch would update one tensor at a time)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     ids = torch.randint(0, cfg.vocab_size, (B, T))
     with swift_nb.profile(
         out_dir=out, wait=0, warmup=1, active=2, report=False, toggles=list(toggles)

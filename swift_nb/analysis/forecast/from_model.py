@@ -8,13 +8,14 @@ Nothing calibrates it unless a measured proxy run is given (the forecast says so
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from swift_nb.analysis.forecast.measure import Measured, ScoreBytes, _split
+from swift_nb.analysis.forecast.measure import Measured, ScoreBytes, _compute_dtype, _frozen, _split
 from swift_nb.record import MEMORY_CATEGORIES
-from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES
+from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES, dtype_name
 
 
 class Stepped(Protocol):
@@ -33,11 +34,18 @@ class Stepped(Protocol):
     batch_size: int
     seq_len: int
     seconds: float
+    finetune: dict[str, Any]
+    trained_dtype: str | None
+    update_bytes: float
 
 
-def measured_from(step: Stepped, proxy: Measured | None = None) -> Measured:
+def measured_from(
+    step: Stepped, proxy: Measured | None = None, on_fake: Sequence[str] = (), by_formula: Sequence[str] = ()
+) -> Measured:
     """``step`` as a forecast reads a run. ``proxy``: a measured run of the same family,
-    whose peak beyond its categories (the CUDA allocator's workspaces) is carried over."""
+    whose peak beyond its categories (the CUDA allocator's workspaces) is carried over.
+    ``on_fake``: the toggles the step ran with (their effect is in its numbers);
+    ``by_formula``: the toggles the forecast prices by ``swift_nb.analysis.effects``."""
     cats = {c: float(step.categories.get(c, 0.0)) for c in MEMORY_CATEGORIES}
     row = _split([cats[c] for c in MEMORY_CATEGORIES], [0.0, 0.0, 0.0, 0.0])
     # the moment before the update: every gradient alive, the activations gone (where a
@@ -53,6 +61,12 @@ def measured_from(step: Stepped, proxy: Measured | None = None) -> Measured:
         "MemTracker; nothing was allocated",
     ]
     notes += list(getattr(step, "notes", []))
+    if on_fake:
+        notes.append(f"run on the fake model, by their own code: {', '.join(on_fake)}")
+    if by_formula:
+        notes.append(
+            f"priced by formula (they do not run on fake tensors): {', '.join(by_formula)}"
+        )
     if proxy is None:
         notes.append(
             "uncalibrated: fake tensors count what the step's tensors hold; a device adds its allocator's "
@@ -63,14 +77,17 @@ def measured_from(step: Stepped, proxy: Measured | None = None) -> Measured:
             f"calibrated by the run {proxy.run_id}: {proxy.untracked_bytes / 2**20:.1f} MiB its peak held beyond "
             "its categories (the allocator's workspaces) carried over"
         )
+    finetune = dict(getattr(step, "finetune", None) or {})
+    dtype = dtype_name(getattr(step, "trained_dtype", None) or step.dtype)
+    frozen_dtype, _ = _frozen(finetune, step.dtype, cats["frozen_parameters"])
     return Measured(
         run_id=f"model:{step.name}",
         categories=cats,
         timeline=np.array([row, before_update], dtype=float),
         batch_size=step.batch_size,
         seq_len=step.seq_len,
-        dtype=step.dtype,
-        element_bytes=DTYPE_BYTES.get(step.dtype, 2),
+        dtype=dtype,
+        element_bytes=DTYPE_BYTES.get(dtype, 2),
         params=step.trainable,
         optimizer=step.optimizer,
         world_size=1,
@@ -79,14 +96,16 @@ def measured_from(step: Stepped, proxy: Measured | None = None) -> Measured:
         blocks=step.blocks,
         blocks_from="config",
         hidden=step.hidden,
-        toggles=set(),
+        toggles=set(on_fake),
         traced=False,
         untracked_bytes=proxy.untracked_bytes if proxy is not None else 0.0,
         notes=notes,
         vocab=step.vocab,
         frozen_params=frozen,
-        frozen_dtype=step.dtype,
-        compute_dtype=step.dtype,
+        frozen_dtype=frozen_dtype,
+        compute_dtype=_compute_dtype(finetune, dtype, frozen_dtype),
+        finetune=finetune,
+        update_bytes=float(getattr(step, "update_bytes", 0.0)),
         on_cuda=proxy.on_cuda if proxy is not None else False,
     )
 

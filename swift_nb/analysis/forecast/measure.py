@@ -110,6 +110,10 @@ class Measured:
     real_share: float = 1.0  # real tokens of those computed (capture.tokens; 1: no padding seen)
     on_cuda: bool = False
     params_small: int | None = None  # elements in tensors of < 4 096 (None: not recorded)
+    #: what the optimizer's update holds beyond its state while it runs (foreach's copy of
+    #: the second moments), added at the timeline's last row, the update's moment; a step
+    #: on fake tensors measures it apart (0: within the measured categories)
+    update_bytes: float = 0.0
 
     @property
     def hf_causal_lm(self) -> bool:

@@ -159,6 +159,23 @@ class CategoryPricer:
             text += f" + {fmt_bytes(extra)} of step counters and the like as measured"
         return value, text + _shard_text(shard, "optimizer state") + f" = {fmt_bytes(value)}"
 
+    def _update(self, cfg: Config, state: float) -> tuple[float, list[str]]:
+        """What the optimizer's update holds beyond its state while it runs (measured apart:
+        ``Measured.update_bytes``), as much more as the state is; none for bitsandbytes'
+        8-bit optimizer, whose update is one fused kernel."""
+        m = self.m
+        if not m.update_bytes:
+            return 0.0, []
+        if Applied(cfg.toggles, m.toggles).optim_8bit:
+            return 0.0, ["the update: AdamW8bit updates in one kernel, holding nothing beyond its state"]
+        measured = m.categories["optimizer_state"]
+        value = m.update_bytes * (state / measured if measured else 1.0)
+        return value, [
+            f"the update (other, at its moment): {fmt_bytes(m.update_bytes)} measured beyond the state while "
+            f"{m.optimizer} updates (foreach), × the state's {fmt_bytes(state)}/{fmt_bytes(measured)} "
+            f"= {fmt_bytes(value)}"
+        ]
+
     def _adam8bit(self, ad: Adapters | None, extra: float) -> tuple[float, str]:
         """AdamW8bit's state (``effects.adam8bit_state``) for the parameters the configuration
         trains: 8-bit moments for tensors of ≥ 4 096 elements, fp32 for smaller ones."""
@@ -414,6 +431,8 @@ class CategoryPricer:
         cats[:, col["frozen_parameters"]] += 0.0 if measured_frozen else frozen
         cats[:, col["optimizer_state"]] += 0.0 if measured_state else state
         cats[:, col["other"]] += other_extra
+        update, u_line = self._update(cfg, state)
+        cats[-1, col["other"]] += update
         at = int(np.argmax(cats.sum(axis=1)))
         lines = [
             p_line,
@@ -425,6 +444,7 @@ class CategoryPricer:
             x_line,
             *pack_lines,
             *extra_lines,
+            *u_line,
         ]
         if at:
             lines.append(
