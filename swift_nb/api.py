@@ -402,54 +402,21 @@ def _from_model(
 ) -> Any:
     """``forecast`` of a model from its config: its step on fake tensors, read as a run."""
     from swift_nb.analysis.forecast import forecast as forecast_run
-    from swift_nb.analysis.forecast import measure
-    from swift_nb.analysis.forecast.from_model import measured_from
-    from swift_nb.capture.fake_step import fake_step, on_stderr
+    from swift_nb.model_forecast import measured_model
     from swift_nb.vocabulary.forecast_spec import parse_toggles
 
     wanted = parse_toggles(toggles)
-    setup, on_fake = _on_fake_model(wanted)
-    step = fake_step(
+    measured = measured_model(
         model,
+        proxy,
         batch_size or 1,
         seq_len or 2048,
         dtype or "bfloat16",
         optimizer or "AdamW",
-        progress=on_stderr if progress else None,
-        setup=setup,
+        wanted,
+        progress,
     )
-    if progress:
-        sys.stderr.write("\n")
-    by_formula = [t for t in wanted if t not in ON_FAKE_MODEL]
-    measured = measured_from(step, measure(proxy) if proxy is not None else None, on_fake, by_formula)
     return forecast_run(measured, device, toggles=wanted, world_size=world_size)
-
-
-#: the toggles a model forecast from its config runs on the fake model itself, by their own
-#: code → the toggle run; QLoRA as LoRA: a 4-bit base cannot be quantized on fake tensors, so
-#: the forecast prices its frozen weights at NF4's packed size
-ON_FAKE_MODEL = {"lora": "lora", "qlora": "lora", "grad_checkpointing": "grad_checkpointing"}
-
-
-def _on_fake_model(wanted: Mapping[str, Mapping[str, Any]]) -> tuple[Callable[[Any], Any] | None, list[str]]:
-    """What changes the fake model before its step (``fake_step``'s ``setup``): the toggles
-    of ``wanted`` that run on fake tensors, applied to it and undone after; and their ids."""
-    import contextlib
-
-    from swift_nb.toggles import applied
-
-    on_fake = {ON_FAKE_MODEL[t]: dict(p) for t, p in wanted.items() if t in ON_FAKE_MODEL}
-    if not on_fake:
-        return None, []
-    built = build(on_fake)  # refused here, before the model is built, when they cannot be
-
-    @contextlib.contextmanager
-    def setup(module: Any) -> Any:
-        namespace = {"model": module}
-        with applied(namespace, built):
-            yield namespace["model"]
-
-    return setup, list(on_fake)
 
 
 def plan(
@@ -514,14 +481,8 @@ def plan(
 def _fake_measured(
     model: Any, proxy: Run | None, batch_size: int | None, seq_len: int | None, progress: bool
 ) -> Any:
-    """``model``'s step on fake tensors at the target shape (bf16, AdamW), read as a run."""
-    from swift_nb.analysis.forecast import measure
-    from swift_nb.analysis.forecast.from_model import measured_from
-    from swift_nb.capture.fake_step import fake_step, on_stderr
+    """``model``'s step on fake tensors at the target shape (bf16, AdamW), read as a run: the
+    plans' toggles are priced by formula on it."""
+    from swift_nb.model_forecast import measured_model
 
-    step = fake_step(
-        model, batch_size or 1, seq_len or 2048, "bfloat16", "AdamW", progress=on_stderr if progress else None
-    )
-    if progress:
-        sys.stderr.write("\n")
-    return measured_from(step, measure(proxy) if proxy is not None else None)
+    return measured_model(model, proxy, batch_size or 1, seq_len or 2048, "bfloat16", "AdamW", (), progress)

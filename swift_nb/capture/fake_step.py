@@ -36,7 +36,7 @@ from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.core.model_presets import preset
 from swift_nb.core.units import fmt_bytes
 
-_OPTIMIZERS = ("AdamW", "Adam", "SGD")
+OPTIMIZERS = ("AdamW", "Adam", "SGD")
 _DTYPES = {
     "float32": "float32",
     "fp32": "float32",
@@ -143,9 +143,9 @@ def fake_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if optimizer not in _OPTIMIZERS:
+    if optimizer not in OPTIMIZERS:
         raise ConfigError(
-            "optimizer", f"must be one of {', '.join(_OPTIMIZERS)} for a model from its config", optimizer
+            "optimizer", f"must be one of {', '.join(OPTIMIZERS)} for a model from its config", optimizer
         )
     if dtype not in _DTYPES:
         raise ConfigError("dtype", f"must be one of {', '.join(sorted(set(_DTYPES.values())))}", dtype)
@@ -168,7 +168,7 @@ def fake_step(
         if not isinstance(module, torch.nn.Module):
             raise ConfigError("model", "must build an nn.Module", type(module).__name__)
         found = _shapes(module)  # the model's own layers, before any adapter
-        with _moves_in_place(), (setup(module) if setup else contextlib.nullcontext(module)) as stepped:
+        with _moves_in_place(), setup(module) if setup else contextlib.nullcontext(module) as stepped:
             found.update(_counts(stepped))
             ran = _run(stepped, optimizer, batch_size, seq_len, found["vocab"], say, name)
     seconds = time.perf_counter() - t0
@@ -348,7 +348,12 @@ def _booked(snapshot: dict) -> dict[str, float]:
 
 def _state_bytes(opt) -> float:
     return float(
-        sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if hasattr(t, "numel"))
+        sum(
+            t.numel() * t.element_size()
+            for s in opt.state.values()
+            for t in s.values()
+            if hasattr(t, "numel")
+        )
     )
 
 

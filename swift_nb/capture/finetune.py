@@ -174,7 +174,36 @@ def _base_model(model: nn.Module) -> dict[str, Any]:
         inner = nxt
     config = getattr(inner, "config", None)
     name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
-    return {"class": type(inner).__name__, "name_or_path": name or None}
+    out: dict[str, Any] = {"class": type(inner).__name__, "name_or_path": name or None}
+    shape = _config_fields(config)
+    if shape:
+        out["config"] = shape
+    return out
+
+
+def _config_fields(config: Any) -> dict[str, Any] | None:
+    """A transformers config as the fields that differ from its class's defaults, with its
+    ``model_type``: what ``AutoConfig.for_model`` rebuilds it from (a forecast steps the same
+    model on fake tensors); None for anything else or a config that cannot say."""
+    if not (hasattr(config, "model_type") and callable(getattr(config, "to_diff_dict", None))):
+        return None
+    try:
+        fields = config.to_diff_dict()
+    except Exception:  # a config subclass that cannot serialize itself: not recorded
+        return None
+    fields = {k: v for k, v in fields.items() if _plain(v) and not k.startswith("_")}
+    return {**fields, "model_type": config.model_type}
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is JSON as it is (a run's context is written as JSON)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _from_peft(m: Any) -> bool:

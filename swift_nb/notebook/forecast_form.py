@@ -143,21 +143,23 @@ class ForecastForm:
 
     def _forecast_model(self, name: str) -> Forecast:
         """The preset ``name`` at the form's configuration, from one step on fake tensors
-        (this run its proxy); the step is taken once per model, batch, sequence, dtype and
-        optimizer."""
-        from swift_nb.analysis.forecast.from_model import measured_from
-        from swift_nb.capture.fake_step import fake_step
+        (this run its proxy) with the toggles that run there; the step is taken once per
+        model, batch, sequence, dtype, optimizer and those toggles."""
+        from swift_nb.model_forecast import ON_FAKE_MODEL, measured_model
+        from swift_nb.vocabulary.forecast_spec import parse_toggles
 
         kw = self.kwargs()
         batch, seq = kw["batch_size"] or 1, kw["seq_len"] or 2048
         optimizer = kw["optimizer"] if kw["optimizer"] in ("AdamW", "Adam", "SGD") else "AdamW"
-        key = (name, batch, seq, kw["dtype"], optimizer)
+        on_fake = {t: p for t, p in parse_toggles(kw["toggles"]).items() if t in ON_FAKE_MODEL}
+        key = (name, batch, seq, kw["dtype"], optimizer, repr(sorted(on_fake.items())))
         if key not in self._fake:
             self.output.value = (
                 self._html() + f"<p class='empty'>Running a step of {escape(name)} on fake tensors …</p>"
             )
-            step = fake_step(name, batch, seq, kw["dtype"], optimizer)
-            self._fake[key] = measured_from(step, self._measured)
+            self._fake[key] = measured_model(
+                name, self._measured, batch, seq, kw["dtype"], optimizer, on_fake, progress=False
+            )
         return forecast(self._fake[key], kw["device"], toggles=kw["toggles"], world_size=kw["world_size"])
 
     def plan(self) -> pd.DataFrame | None:

@@ -36,6 +36,7 @@ LAYERS = ("swift_nb", "swift_nb.analysis", "swift_nb.capture", "swift_nb.noteboo
 MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.core": ("test_trace_names.py", "test_options.py", "test_forecast.py", "test_gc_pause.py"),
     "swift_nb.capture.fake_step": ("test_forecast_from_model.py",),
+    "swift_nb.model_forecast": ("test_forecast_from_model.py",),
     "swift_nb.importing": (
         "test_import.py",
         "test_gpu_traces.py",

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from swift_nb.analysis.forecast.measure import Measured, ScoreBytes, _compute_dtype, _frozen, _split
+from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
 from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES, dtype_name
 
@@ -40,13 +41,23 @@ class Stepped(Protocol):
 
 
 def measured_from(
-    step: Stepped, proxy: Measured | None = None, on_fake: Sequence[str] = (), by_formula: Sequence[str] = ()
+    step: Stepped,
+    proxy: Measured | None = None,
+    on_fake: Sequence[str] = (),
+    by_formula: Sequence[str] = (),
+    proxy_peaks: tuple[float, float, float] | str | None = None,
 ) -> Measured:
     """``step`` as a forecast reads a run. ``proxy``: a measured run of the same family,
     whose peak beyond its categories (the CUDA allocator's workspaces) is carried over.
     ``on_fake``: the toggles the step ran with (their effect is in its numbers);
-    ``by_formula``: the toggles the forecast prices by ``swift_nb.analysis.effects``."""
+    ``by_formula``: the toggles the forecast prices by ``swift_nb.analysis.effects``;
+    ``proxy_peaks``: the proxy's own step measured, on fake tensors, and of that what varies
+    with the step (activations and other tensors): the difference scales the step's own
+    activations and other tensors (or why there is none)."""
     cats = {c: float(step.categories.get(c, 0.0)) for c in MEMORY_CATEGORIES}
+    ratio, ratio_line = _ratio(proxy_peaks)
+    for c in ("activations", "other"):
+        cats[c] *= ratio
     row = _split([cats[c] for c in MEMORY_CATEGORIES], [0.0, 0.0, 0.0, 0.0])
     # the moment before the update: every gradient alive, the activations gone (where a
     # step peaks once checkpointing or a smaller batch shrinks the activations)
@@ -64,9 +75,7 @@ def measured_from(
     if on_fake:
         notes.append(f"run on the fake model, by their own code: {', '.join(on_fake)}")
     if by_formula:
-        notes.append(
-            f"priced by formula (they do not run on fake tensors): {', '.join(by_formula)}"
-        )
+        notes.append(f"priced by formula (they do not run on fake tensors): {', '.join(by_formula)}")
     if proxy is None:
         notes.append(
             "uncalibrated: fake tensors count what the step's tensors hold; a device adds its allocator's "
@@ -77,6 +86,7 @@ def measured_from(
             f"calibrated by the run {proxy.run_id}: {proxy.untracked_bytes / 2**20:.1f} MiB its peak held beyond "
             "its categories (the allocator's workspaces) carried over"
         )
+        notes.append(ratio_line)
     finetune = dict(getattr(step, "finetune", None) or {})
     dtype = dtype_name(getattr(step, "trained_dtype", None) or step.dtype)
     frozen_dtype, _ = _frozen(finetune, step.dtype, cats["frozen_parameters"])
@@ -107,6 +117,28 @@ def measured_from(
         finetune=finetune,
         update_bytes=float(getattr(step, "update_bytes", 0.0)),
         on_cuda=proxy.on_cuda if proxy is not None else False,
+    )
+
+
+def peak_of(m: Measured) -> float:
+    """The peak of a fake step read as a run, as the forecast prices it unchanged: its
+    peak's row, or the moment before the update with what the update holds."""
+    rows = m.timeline.sum(axis=1)
+    return float(max(rows[0], rows[-1] + m.update_bytes))
+
+
+def _ratio(peaks: tuple[float, float, float] | str | None) -> tuple[float, str]:
+    """What scales the step's activations and other tensors (1: nothing), and its line."""
+    if peaks is None or isinstance(peaks, str):
+        return 1.0, f"the proxy's own step not compared on fake tensors: {peaks or 'no proxy run'}"
+    measured, fake, variable = peaks
+    if not variable:
+        return 1.0, "the proxy's own step on fake tensors holds nothing that varies with the step to scale"
+    # what the proxy's fake step missed, as a share of what varies with its step
+    ratio = max(0.0, 1.0 + (measured - fake) / variable)
+    return ratio, (
+        f"the proxy's own step on fake tensors counts {fmt_bytes(fake)}, measured {fmt_bytes(measured)} "
+        f"({(measured / fake - 1) * 100:+.1f} %): activations and other tensors × {ratio:.3f}"
     )
 
 

@@ -1,0 +1,92 @@
+"""A model forecast from its config, composed: its training step on fake tensors
+(``swift_nb.capture.fake_step``) with the toggles that run there applied by their own code,
+a measured proxy's corrections, read as a run (``swift_nb.analysis.forecast.from_model``)
+that the forecast and the planner price as they price a profiled one.
+
+What a proxy run gives: the bytes its peak held beyond its categories (the CUDA allocator's
+workspaces), and, where it recorded its model's config, the ratio of what it measured to
+what its own step on fake tensors counts: the fake step misses what only the device makes
+(a kernel's workspace, an implementation's buffers), and what it misses grows with the step
+as activations and temporaries do; they are scaled by it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from swift_nb.analysis.forecast import measure
+from swift_nb.analysis.forecast.from_model import measured_from, peak_of
+from swift_nb.analysis.forecast.measure import Measured
+from swift_nb.capture.fake_step import OPTIMIZERS, fake_step, on_stderr
+from swift_nb.record import Run
+from swift_nb.toggles import applied, build
+from swift_nb.vocabulary.forecast_spec import parse_toggles
+
+#: the toggles a model forecast from its config runs on the fake model itself, by their own
+#: code → the toggle run; QLoRA as LoRA: a 4-bit base cannot be quantized on fake tensors, so
+#: the forecast prices its frozen weights at NF4's packed size
+ON_FAKE_MODEL = {"lora": "lora", "qlora": "lora", "grad_checkpointing": "grad_checkpointing"}
+
+
+def measured_model(
+    model: Any,
+    proxy: Run | Measured | None,
+    batch_size: int,
+    seq_len: int,
+    dtype: str,
+    optimizer: str,
+    toggles: Any = (),
+    progress: bool = True,
+) -> Measured:
+    """``model``'s step on fake tensors at the target configuration, with the ``toggles``
+    that run on fake tensors applied (the others are the forecast's to price, said so),
+    calibrated by ``proxy`` (see the module), read as a run."""
+    wanted = parse_toggles(toggles)
+    setup, on_fake = _setup(wanted)
+    say = on_stderr if progress else None
+    step = fake_step(model, batch_size, seq_len, dtype, optimizer, progress=say, setup=setup)
+    pm = proxy if isinstance(proxy, Measured) or proxy is None else measure(proxy)
+    ratio = _proxy_ratio(pm, say) if pm is not None else None
+    if progress:
+        sys.stderr.write("\n")
+    by_formula = [t for t in wanted if t not in ON_FAKE_MODEL]
+    return measured_from(step, pm, on_fake, by_formula, ratio)
+
+
+def _setup(wanted: Mapping[str, Mapping[str, Any]]) -> tuple[Callable[[Any], Any] | None, list[str]]:
+    """What changes the fake model before its step (``fake_step``'s ``setup``): the toggles
+    of ``wanted`` that run on fake tensors, applied to it and undone after; and their ids."""
+    on_fake = {ON_FAKE_MODEL[t]: dict(p) for t, p in wanted.items() if t in ON_FAKE_MODEL}
+    if not on_fake:
+        return None, []
+    built = build(on_fake)  # refused here, before the model is built, when they cannot be
+
+    @contextlib.contextmanager
+    def setup(module: Any) -> Iterator[Any]:
+        namespace = {"model": module}
+        with applied(namespace, built):
+            yield namespace["model"]
+
+    return setup, list(on_fake)
+
+
+def _proxy_ratio(pm: Measured, say: Callable[[str], None] | None) -> tuple[float, float, float] | str:
+    """(what ``pm`` measured, what its own step on fake tensors counts, of that its
+    activations and other tensors): its categories' totals at the peak; or why they are not
+    compared."""
+    config = (pm.finetune.get("base_model") or {}).get("config")
+    if not config:
+        return "the proxy run did not record its model's config (a transformers model records it)"
+    if pm.toggles or pm.finetune.get("method") not in (None, "full"):
+        return f"the proxy run trained with {', '.join(sorted(pm.toggles)) or pm.finetune.get('method')}"
+    if not (pm.batch_size and pm.seq_len) or (pm.optimizer or "") not in OPTIMIZERS:
+        return "the proxy run's batch, sequence or optimizer is not one a fake step takes"
+    from transformers import AutoConfig
+
+    rebuilt = AutoConfig.for_model(**config)
+    own = fake_step(rebuilt, pm.batch_size, pm.seq_len, pm.dtype, pm.optimizer or "AdamW", progress=say)
+    mine = measured_from(own)
+    return pm.total, peak_of(mine), mine.categories["activations"] + mine.categories["other"]
