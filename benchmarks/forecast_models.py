@@ -1,52 +1,132 @@
 """Models forecast from their configs (``swift_nb.forecast(model=...)``: one training step on
-fake tensors, nothing allocated): the time each takes on this machine, the peak in bf16 as a
-full fine-tune (AdamW), under LoRA r=16 and QLoRA r=16 (by the forecast's formulas from the
-full step), at 1 × 2048 tokens, and whether each fits on a 24, 40 and 80 GB card.
+fake tensors, nothing allocated).
 
-The proxies — small Llama configs profiled for real on this CPU against their fake
-forecasts — are in tests/integration/test_forecast_from_model.py (within 2 % and 10 %).
+1. Proxies: small Llama configs profiled for real on this CPU (fp32, AdamW foreach) against
+   their forecasts from config, category by category; a model 4x the proxy's size forecast
+   with the proxy's run, plain, under LoRA r=16 and gradient checkpointing (both run on the
+   fake model).
+2. Presets at 1 x 2048 tokens in bf16 with AdamW: the time each fake step takes here (full,
+   and LoRA's own), the peak as a full fine-tune, under LoRA r=16 and QLoRA r=16 (LoRA's
+   step, its base at NF4's packed size), and whether each fits on a 24, 40 and 80 GB card.
 
-    python benchmarks/forecast_models.py [--models llama-2-7b,llama-3-8b,llama-3-70b]
+    python benchmarks/forecast_models.py [--models llama-2-7b,llama-3-8b,llama-3-70b] [--no-proxies]
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 import warnings
 
-from swift_nb.analysis.forecast import forecast
-from swift_nb.analysis.forecast.from_model import measured_from
-from swift_nb.capture.fake_step import fake_step
+import torch
+
+import swift_nb
+from swift_nb.analysis.forecast import forecast, measure
 from swift_nb.core.units import fmt_bytes
+from swift_nb.model_forecast import measured_model
+from swift_nb.record import MEMORY_CATEGORIES
 
 CARDS = ("RTX4090-24GB", "A100-40GB", "H100-80GB")
-METHODS = (("full", []), ("LoRA r=16", ["lora(r=16)"]), ("QLoRA r=16", ["qlora(r=16)"]))
+B, T = 2, 128
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="llama-2-7b,llama-3-8b,llama-3-70b")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
+def _config(hidden: int, layers: int):
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=2000,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+def _profiled(out: str, cfg, toggles=()):
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    with swift_nb.profile(
+        out_dir=out, wait=0, warmup=1, active=2, report=False, toggles=list(toggles)
+    ) as run:
+        for _ in range(4):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return run
+
+
+def proxies() -> None:
+    print("## Proxies: measured here (CPU, fp32) against the forecast from config, MiB\n")
+    print(f"{'case':>22} {'category':>18} {'measured':>10} {'forecast':>10} {'error':>8}")
+    out = tempfile.mkdtemp()
+    small = _profiled(out, _config(128, 2))
+    cases = [("proxy 128x2, itself", _config(128, 2), (), None, small)]
+    for label, toggles in (
+        ("4x", ()),
+        ("4x LoRA r=16", ("lora:r=16",)),
+        ("4x checkpointing", ("grad_checkpointing",)),
+    ):
+        cases.append((label, _config(256, 4), toggles, small, _profiled(out, _config(256, 4), toggles)))
+    for label, cfg, toggles, proxy, run in cases:
+        f = swift_nb.forecast(
+            proxy, model=cfg, dtype="fp32", batch_size=B, seq_len=T, toggles=list(toggles), progress=False
+        )
+        measured = measure(run).categories
+        rows = [
+            (c, measured[c], f.categories[c]) for c in MEMORY_CATEGORIES if measured[c] or f.categories[c]
+        ]
+        rows.append(("peak", float(run.summary["peak_mem_bytes"]), f.total_bytes))
+        for c, m, p in rows:
+            err = f"{(p / m - 1) * 100:+.1f} %" if m else "—"
+            print(f"{label:>22} {c:>18} {m / 2**20:>10.2f} {p / 2**20:>10.2f} {err:>8}")
+
+
+def presets(models: list[str]) -> None:
+    print("\n## Presets at 1 x 2048 tokens, bf16, AdamW (foreach)\n")
     print(
-        f"{'model':>12} {'fake step s':>11} {'params':>14} {'method':>11} {'peak':>10}  "
+        f"{'model':>12} {'method':>11} {'fake step s':>11} {'peak':>10}  "
         + "  ".join(f"{c:>13}" for c in CARDS)
     )
-    for name in args.models.split(","):
-        t0 = time.perf_counter()
-        step = fake_step(name, 1, 2048, "bfloat16", "AdamW")
-        seconds = time.perf_counter() - t0
-        measured = measured_from(step)
-        for method, toggles in METHODS:
+    for name in models:
+        steps = {}
+        for method, toggles in (("full", ()), ("LoRA r=16", ("lora(r=16)",))):
+            t0 = time.perf_counter()
+            steps[method] = (
+                measured_model(name, None, 1, 2048, "bfloat16", "AdamW", toggles, False),
+                time.perf_counter() - t0,
+            )
+        for method, toggles, step in (
+            ("full", [], "full"),
+            ("LoRA r=16", ["lora(r=16)"], "LoRA r=16"),
+            ("QLoRA r=16", ["qlora(r=16)"], "LoRA r=16"),
+        ):
+            measured, seconds = steps[step]
             fits = []
             for card in CARDS:
                 f = forecast(measured, card, toggles=toggles)
                 fits.append("fits" if f.fits else f"short {fmt_bytes(-f.headroom_bytes)}")
+            shown = f"{seconds:.1f}" if step == method else "(LoRA's)"
             print(
-                f"{name:>12} {seconds:>11.1f} {step.params:>14,} {method:>11} {fmt_bytes(f.total_bytes):>10}  "
+                f"{name:>12} {method:>11} {shown:>11} {fmt_bytes(f.total_bytes):>10}  "
                 + "  ".join(f"{x:>13}" for x in fits)
             )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="llama-2-7b,llama-3-8b,qwen2.5-7b,llama-3-70b")
+    parser.add_argument("--no-proxies", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    if not args.no_proxies:
+        proxies()
+    presets(args.models.split(","))
 
 
 if __name__ == "__main__":

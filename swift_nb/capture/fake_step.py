@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from swift_nb.capture.memory.categories import Logits, is_logits
 from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.core.model_presets import preset
 from swift_nb.core.units import fmt_bytes
@@ -170,7 +171,7 @@ def fake_step(
         found = _shapes(module)  # the model's own layers, before any adapter
         with _moves_in_place(), setup(module) if setup else contextlib.nullcontext(module) as stepped:
             found.update(_counts(stepped))
-            ran = _run(stepped, optimizer, batch_size, seq_len, found["vocab"], say, name)
+            ran = _run(stepped, optimizer, batch_size, seq_len, found["vocab"], found["hidden"], say, name)
     seconds = time.perf_counter() - t0
     say(f"{name}: done in {seconds:.1f} s")
     notes = []
@@ -263,13 +264,15 @@ class _Ran:
     update_bytes: float = 0.0
 
 
-def _run(module, optimizer: str, batch: int, seq: int, vocab: int | None, say, name: str) -> _Ran:
+def _run(
+    module, optimizer: str, batch: int, seq: int, vocab: int | None, hidden: int | None, say, name: str
+) -> _Ran:
     """The step's categories at its peak (see ``_Ran``)."""
     import torch
 
     from swift_nb.capture.finetune import describe
 
-    tracker_class = _peak_tracker()
+    tracker_class = _peak_tracker((vocab, hidden) if vocab and hidden else None)
 
     trained = [p for p in module.parameters() if p.requires_grad]
     opt = getattr(torch.optim, optimizer)(trained, lr=1e-4, foreach=True)
@@ -309,7 +312,8 @@ def _run(module, optimizer: str, batch: int, seq: int, vocab: int | None, say, n
     by_kind = _booked(tracker.get_tracker_snapshot("peak"))
     frozen = sum(p.numel() * p.element_size() for p in module.parameters() if not p.requires_grad)
     params = by_kind.get("Parameter", 0.0)
-    temp = by_kind.get("Temp", 0.0) + by_kind.get("Other", 0.0)
+    in_logits = tracker.logits_at_peak  # the loss's logits, a category of their own
+    temp = by_kind.get("Temp", 0.0) + by_kind.get("Other", 0.0) - in_logits.get("Temp", 0.0)
     # the state alone: at a peak during the update MemTracker books the update's temporaries
     # as state too; they are ``update`` (the forecast adds them at the update's moment)
     state = min(by_kind.get("Optstate", 0.0), _state_bytes(opt))
@@ -318,27 +322,48 @@ def _run(module, optimizer: str, batch: int, seq: int, vocab: int | None, say, n
         "frozen_parameters": frozen + by_kind.get("Buffer", 0.0),
         "gradients": by_kind.get("Gradient", 0.0),
         "optimizer_state": state,
-        "activations": by_kind.get("Activation", 0.0),
-        "logits": 0.0,
+        "activations": by_kind.get("Activation", 0.0) - in_logits.get("Activation", 0.0),
+        "logits": sum(in_logits.values()),
         "other": temp,
     }
     return _Ran(categories, None, finetune, update)
 
 
-def _peak_tracker() -> type:
-    """PyTorch's MemTracker keeping the step's peak alone. Its per-module peaks (not read
-    here) cost a pass over every tracked module at each operation: on a 7B Llama that was
-    70 % of the step's time, and the pass grows with the layers."""
+def _peak_tracker(logits: Logits | None) -> type:
+    """PyTorch's MemTracker keeping the step's peak alone, with the bytes of the loss's
+    logits alive at it (tensors of their shape, ``capture.memory.categories.is_logits``,
+    among what forward keeps and the temporaries, by the kind they were booked as). Its
+    per-module peaks (not read here) cost a pass over every tracked module at each
+    operation: on a 7B Llama that was 70 % of the step's time, growing with the layers."""
     from torch.distributed._tools import mem_tracker
 
     total = mem_tracker._TOTAL_KEY
+    kinds = (mem_tracker._MemRefType.ACT, mem_tracker._MemRefType.TEMP)
 
     class PeakTracker(mem_tracker.MemTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.logits_alive: dict[int, tuple[str, int]] = {}  # id(winfo) → (kind, bytes)
+            self.logits_at_peak: dict[str, float] = {}
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            key = id(winfo)
+            if u_type == mem_tracker._UpdateType.DEL:
+                self.logits_alive.pop(key, None)
+            elif winfo.reftype in kinds and is_logits(winfo.mem_consumed, logits):
+                self.logits_alive[key] = (winfo.reftype.value, winfo.mem_consumed)
+            else:
+                self.logits_alive.pop(key, None)
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap[total]:
                     self._peak_mem[dev] = snap[total]
                     self._peak_mem_snap[dev] = dict(snap)
+                    self.logits_at_peak = {}
+                    for kind, nbytes in self.logits_alive.values():
+                        self.logits_at_peak[kind] = self.logits_at_peak.get(kind, 0.0) + nbytes
 
     return PeakTracker
 

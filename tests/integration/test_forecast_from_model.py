@@ -65,13 +65,10 @@ def test_the_proxy_forecast_from_its_config_is_its_measured_peak(proxy):
     f = _fake(_config(128, 2))
     measured = proxy.summary["memory_categories_at_peak"]
     assert f.total_bytes == pytest.approx(proxy.summary["peak_mem_bytes"], rel=0.02)
-    for category in ("parameters", "optimizer_state"):
-        assert f.categories[category] == pytest.approx(measured[category], rel=0.02, abs=1024)
-    # what backward holds: gradients, activations, logits and temporaries together (the replay
-    # may book a few gradients' bytes on another of these, once even below zero)
-    parts = ("gradients", "activations", "logits", "other")
-    rest = sum(measured[c] for c in parts)
-    assert sum(f.categories[c] for c in parts) == pytest.approx(rest, rel=0.02)
+    # category by category, the loss's logits told apart by their shape as the capture does
+    for category, value in measured.items():
+        assert f.categories[category] == pytest.approx(value, rel=0.02, abs=1024), category
+    assert f.categories["logits"] > 0
     assert any("fake tensors" in line for line in f.derivation)
     assert any(line.startswith("uncalibrated") for line in f.derivation)
     # the update's foreach copy of the second moments, measured apart, is in the peak: the
