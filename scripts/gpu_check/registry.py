@@ -18,6 +18,7 @@ from .checks import (
     lora,
     max_memory,
     memory_kit,
+    model_forecast,
     quickstart_nvml,
     tokens,
 )
@@ -45,5 +46,6 @@ CHECKS = [
     Check("import_trace", import_trace.TITLE, import_trace.check, cuda_only=False, limit_s=120),
     Check("tokens", tokens.TITLE, tokens.check, cuda_only=False, limit_s=180),
     Check("memory_kit", memory_kit.TITLE, memory_kit.check, cuda_only=False, limit_s=240),
+    Check("model_forecast", model_forecast.TITLE, model_forecast.check, cuda_only=False, limit_s=180),
 ]
 BY_NAME = {c.name: c for c in CHECKS}
