@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "swift_nb"
 SCRIPTS = PACKAGE.parent / "scripts"
 
 #: the package's top: its entry points, nothing else
-TOP_MODULES = {"api", "cli", "demo", "monitor", "reporting", "trackers"}
+TOP_MODULES = {"api", "cli", "demo", "model_forecast", "monitor", "reporting", "trackers"}
 MAX_TOP_MODULES = 8
 MAX_MODULES_PER_FOLDER = 20
 MAX_MODULE_LINES = 600
