@@ -334,7 +334,8 @@ def forecast(
     ``swift_nb.capture.fake_step``) at ``batch_size`` (default 1) × ``seq_len`` (default
     2048) in ``dtype`` (default bf16) with ``optimizer`` (default AdamW). With ``model``,
     ``run`` is a measured proxy of the same family whose allocator workspaces are carried
-    over; without it the forecast says it is uncalibrated.
+    over, and whose step time, scaled by FLOPs, gives the target's on the proxy's card; without
+    it the forecast says it is uncalibrated and gives no step time.
 
     Args:
         run: a profiled run (its model forecast), or with ``model`` a proxy run.
@@ -346,7 +347,7 @@ def forecast(
         world_size: the ranks the step is spread over.
         calibration: a second run of the same model (not with ``model``).
         optimizer: a class name.
-        steps: price that many steps (a measured run only: a fake step has no time).
+        steps: price that many steps (with ``model``, a proxy run's step scaled by FLOPs).
         price_per_hour: USD per device-hour.
         model: the model to forecast from its config (see above).
         progress: a progress line on stderr while the fake step runs.
@@ -379,44 +380,24 @@ def forecast(
             steps,
             price_per_hour,
         )
-    if calibration is not None or steps is not None:
-        raise ConfigError(
-            "model", "forecasts memory: calibration= and steps= need a measured run of the model", model
-        )
-    return _from_model(
-        model, run, device, batch_size, seq_len, dtype, toggles, world_size, optimizer, progress
-    )
+    if calibration is not None:
+        raise ConfigError("model", "calibration= needs a measured run of the model itself", model)
+    from swift_nb.model_forecast import forecast_model
 
-
-def _from_model(
-    model: Any,
-    proxy: Run | None,
-    device: str | float,
-    batch_size: int | None,
-    seq_len: int | None,
-    dtype: str | None,
-    toggles: Any,
-    world_size: int | None,
-    optimizer: str | None,
-    progress: bool,
-) -> Any:
-    """``forecast`` of a model from its config: its step on fake tensors, read as a run."""
-    from swift_nb.analysis.forecast import forecast as forecast_run
-    from swift_nb.model_forecast import measured_model
-    from swift_nb.vocabulary.forecast_spec import parse_toggles
-
-    wanted = parse_toggles(toggles)
-    measured = measured_model(
+    return forecast_model(
         model,
-        proxy,
-        batch_size or 1,
-        seq_len or 2048,
-        dtype or "bfloat16",
-        optimizer or "AdamW",
-        wanted,
+        run,
+        device,
+        batch_size,
+        seq_len,
+        dtype,
+        toggles,
+        world_size,
+        optimizer,
+        steps,
+        price_per_hour,
         progress,
     )
-    return forecast_run(measured, device, toggles=wanted, world_size=world_size)
 
 
 def plan(

@@ -15,12 +15,16 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
-from swift_nb.analysis.forecast import measure
-from swift_nb.analysis.forecast.from_model import measured_from, peak_of
+from swift_nb.analysis.forecast import forecast, measure
+from swift_nb.analysis.forecast.from_model import measured_from, peak_of, step_time
 from swift_nb.analysis.forecast.measure import Measured
+from swift_nb.analysis.forecast.predict import priced
+from swift_nb.analysis.forecast.result import Forecast
 from swift_nb.capture.fake_step import OPTIMIZERS, fake_step, on_stderr
+from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run
 from swift_nb.toggles import applied, build
 from swift_nb.vocabulary.forecast_spec import parse_toggles
@@ -29,6 +33,47 @@ from swift_nb.vocabulary.forecast_spec import parse_toggles
 #: code → the toggle run; QLoRA as LoRA: a 4-bit base cannot be quantized on fake tensors, so
 #: the forecast prices its frozen weights at NF4's packed size
 ON_FAKE_MODEL = {"lora": "lora", "qlora": "lora", "grad_checkpointing": "grad_checkpointing"}
+
+
+def forecast_model(
+    model: Any,
+    proxy: Run | None,
+    device: str | float,
+    batch_size: int | None,
+    seq_len: int | None,
+    dtype: str | None,
+    toggles: Any,
+    world_size: int | None,
+    optimizer: str | None,
+    steps: int | None,
+    price_per_hour: float | None,
+    progress: bool,
+) -> Forecast:
+    """``swift_nb.forecast(model=...)``: the model's step on fake tensors priced as a run on
+    ``device``; with a proxy that has a step time, the target's step on the proxy's card by
+    FLOPs (and ``steps`` priced), else no step time."""
+    wanted = parse_toggles(toggles)
+    pm = measure(proxy) if proxy is not None else None
+    measured = measured_model(
+        model,
+        pm,
+        batch_size or 1,
+        seq_len or 2048,
+        dtype or "bfloat16",
+        optimizer or "AdamW",
+        wanted,
+        progress,
+    )
+    fc = forecast(measured, device, toggles=wanted, world_size=world_size)
+    step_s, line = step_time(measured, pm, list(wanted), cuda=pm is not None and pm.on_cuda)
+    fc = replace(fc, step_s=step_s, derivation=[*fc.derivation, line])
+    if steps is None:
+        return fc
+    if step_s is None:
+        raise ConfigError(
+            "steps", "needs a step time: pass a proxy run of the family profiled on the card", steps
+        )
+    return priced(fc, measured, steps, step_s, price_per_hour)
 
 
 def measured_model(

@@ -96,6 +96,31 @@ def test_a_model_four_times_larger_with_the_proxys_run(out, proxy, toggles):
         assert f"run on the fake model, by their own code: {ran}" in f.derivation
 
 
+def test_the_step_time_comes_from_the_proxys_by_flops_or_not_at_all(proxy):
+    """With a proxy run, the target's step on the proxy's machine: its median step × the
+    FLOPs ratio (6 per parameter but the embedding's, 12·L·d·T of attention, per token), and
+    steps priced from it; without one, no step time, and steps= is refused."""
+    big, small = _config(256, 4), _config(128, 2)
+
+    def flops(cfg):
+        real = transformers.LlamaForCausalLM(cfg)
+        n = sum(p.numel() for p in real.parameters()) - cfg.vocab_size * cfg.hidden_size
+        return B * T * (6 * n + 12 * cfg.num_hidden_layers * cfg.hidden_size * T)
+
+    f = _fake(big, run=proxy)
+    assert f.step_s == pytest.approx(proxy.summary["step_time_median_s"] * flops(big) / flops(small), rel=1e-6)
+    (line,) = [x for x in f.derivation if x.startswith("step time:")]
+    assert "by FLOPs on the card the proxy ran on" in line
+    priced = swift_nb.forecast(
+        proxy, model=big, dtype="fp32", batch_size=B, seq_len=T, steps=100, price_per_hour=2.0, progress=False
+    )
+    assert priced.cost_usd == pytest.approx(100 * f.step_s / 3600 * 2.0, rel=1e-6)
+    alone = _fake(big)
+    assert alone.step_s is None and any(x.startswith("step time: not predicted") for x in alone.derivation)
+    with pytest.raises(ConfigError, match="needs a step time"):
+        swift_nb.forecast(model=big, steps=100, progress=False)
+
+
 def test_qlora_prices_its_base_at_nf4s_packed_size_and_other_toggles_say_they_are_formulas():
     """QLoRA's adapters run on the fake model as LoRA's; its 4-bit base cannot be quantized on
     fake tensors: every linear layer but the output's at NF4 (two weights a byte, an fp32

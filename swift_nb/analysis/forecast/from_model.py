@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from swift_nb.analysis.effects import step_factor
 from swift_nb.analysis.forecast.measure import Measured, ScoreBytes, _compute_dtype, _frozen, _split
 from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES
@@ -139,6 +140,36 @@ def _ratio(peaks: tuple[float, float, float] | str | None) -> tuple[float, str]:
     return ratio, (
         f"the proxy's own step on fake tensors counts {fmt_bytes(fake)}, measured {fmt_bytes(measured)} "
         f"({(measured / fake - 1) * 100:+.1f} %): activations and other tensors × {ratio:.3f}"
+    )
+
+
+def step_flops(m: Measured) -> float:
+    """A training step's matmul FLOPs, the usual estimate: per token, 6 per parameter
+    (forward 2, backward 4; the embedding's lookup none) and attention's 12 · layers · width ·
+    sequence (its scores and their use, forward and backward)."""
+    tokens = (m.batch_size or 1) * (m.seq_len or 1)
+    params = m.params + m.frozen_params - (m.vocab or 0) * (m.hidden or 0)
+    return float(tokens * (6 * max(params, 0) + 12 * m.blocks * (m.hidden or 0) * (m.seq_len or 0)))
+
+
+def step_time(
+    target: Measured, proxy: Measured | None, toggles: Sequence[str], cuda: bool
+) -> tuple[float | None, str]:
+    """The target's step on the proxy's card: the proxy's measured median step scaled by
+    ``step_flops`` (both models plain), times the toggles' factors
+    (``effects.step_factor``); None without a proxy's step time, and the line that says so."""
+    if proxy is None or not proxy.step_s:
+        return None, "step time: not predicted (a proxy run of the family on the card gives one, by FLOPs)"
+    mine, theirs = step_flops(target), step_flops(proxy)
+    if not theirs:
+        return None, "step time: not predicted (the proxy's FLOPs are unknown)"
+    factor, why = step_factor(toggles, cuda, eager_scores=False, real_share=1.0)
+    value = proxy.step_s * mine / theirs * factor
+    text = f"step time: the proxy's median {proxy.step_s * 1e3:.1f} ms × its FLOPs ratio {mine / theirs:.3g}"
+    if why:
+        text += f" × {factor:.2f} ({'; '.join(why)})"
+    return value, (
+        f"{text} = {value * 1e3:.1f} ms, an estimate by FLOPs on the card the proxy ran on, not on another"
     )
 
 

@@ -105,7 +105,7 @@ def forecast(
     out = _result(m, dev, cfg, peak, (max_batch, max_seq), _expected_error(m, cal, cfg))
     if steps is None:
         return out
-    return _priced(out, m, steps, m.step_s, price_per_hour)
+    return priced(out, m, steps, m.step_s, price_per_hour)
 
 
 def _device_price(device: str, given: float | None) -> tuple[float | None, str]:
@@ -120,7 +120,7 @@ def _device_price(device: str, given: float | None) -> tuple[float | None, str]:
     return (listed.usd_per_hour, f"{listed.source}, {listed.as_of}") if listed else (None, "")
 
 
-def _priced(fc: Forecast, m: Measured, steps: int, run_step_s: float | None, given: float | None) -> Forecast:
+def priced(fc: Forecast, m: Measured, steps: int, run_step_s: float | None, given: float | None) -> Forecast:
     """``fc`` with ``steps`` steps priced on its device: the run's median step scaled by the
     tokens per step (batch × sequence), over its ranks, at the given price, else
     ``$SWIFT_NB_PRICE_PER_HOUR``, else the device's list price."""
