@@ -108,7 +108,9 @@ def test_the_step_time_comes_from_the_proxys_by_flops_or_not_at_all(proxy):
         return B * T * (6 * n + 12 * cfg.num_hidden_layers * cfg.hidden_size * T)
 
     f = _fake(big, run=proxy)
-    assert f.step_s == pytest.approx(proxy.summary["step_time_median_s"] * flops(big) / flops(small), rel=1e-6)
+    assert f.step_s == pytest.approx(
+        proxy.summary["step_time_median_s"] * flops(big) / flops(small), rel=1e-6
+    )
     (line,) = [x for x in f.derivation if x.startswith("step time:")]
     assert "by FLOPs on the card the proxy ran on" in line
     priced = swift_nb.forecast(
