@@ -127,8 +127,10 @@ def test_the_panel_form_forecasts_without_rerunning(tmp_path):
     form.batch.value, form.seq.value, form.dtype.value = 1, 512, "bfloat16"
     seven = form.press()
     assert seven is not None and seven.run_id == "model:llama-2-7b" and seven.fits
-    assert "On RTX4090-24GB (batch 1 × 512 tokens, bfloat16" in form.output.value
+    # QLoRA's adapters run on the fake model (trained in fp32, as peft makes them on a bf16 base)
+    assert "On RTX4090-24GB (batch 1 × 512 tokens" in form.output.value
     assert any(line.startswith("llama-2-7b: one training step on fake tensors") for line in seven.derivation)
+    assert "run on the fake model, by their own code: lora" in seven.derivation
     panel = results_panel(run, [])
     memory_tab = panel.children[1].children[TABS.index("Memory")]
     assert any("swift-nb-forecast" in w._dom_classes for w in memory_tab.children)
