@@ -1,6 +1,8 @@
 """The quickstart notebook in a real JupyterLab, driven by Debian's Chromium through
 Playwright: the live panel renders and reaches the last step, the results tabs render and
-the Memory tab shows its figure, and our outputs log no JavaScript errors.
+the Memory tab shows its figure, and our outputs log no JavaScript errors. Then a 40-step
+cell added to it, without ``--steps``, ends with a full bar: the panel learns the total
+only as the steps come, and sends the bound before the value.
 
 Screenshots of both panels land in the test's folder; with ``SWIFT_NB_SCREENSHOTS=1`` they
 are also copied to ``docs/live_panel.png`` and ``docs/results_panel.png``.
@@ -169,6 +171,43 @@ ALL_CELLS_RAN = """() => {
 }"""
 
 
+FORTY_STEPS = """%%swift_profile --no-report
+import torch
+tiny = torch.nn.Linear(16, 16)
+tiny_opt = torch.optim.SGD(tiny.parameters(), lr=0.01)
+for _ in range(40):
+    tiny(torch.randn(4, 16)).sum().backward()
+    tiny_opt.step()
+    tiny_opt.zero_grad()
+"""
+
+RUN_NEW_LAST_CELL = """(source) => {
+  const nb = window.jupyterapp.shell.currentWidget;
+  const cells = nb.content.model.sharedModel;
+  cells.insertCell(cells.cells.length, {cell_type: 'code', source});
+  nb.content.activeCellIndex = nb.content.widgets.length - 1;
+  window.jupyterapp.commands.execute('notebook:run-cell');
+}"""
+
+LAST_CELL_RAN = """() => {
+  const nb = window.jupyterapp.shell.currentWidget;
+  const last = nb.content.widgets[nb.content.widgets.length - 1];
+  return last.model.executionCount !== null && nb.sessionContext.session.kernel.status === 'idle';
+}"""
+
+
+def _forty_steps_without_a_hint(page) -> None:
+    """A cell of 40 steps the magic was told nothing about ends with a full bar at 40 / 40."""
+    page.evaluate(RUN_NEW_LAST_CELL, FORTY_STEPS)
+    page.wait_for_function(LAST_CELL_RAN, polling=250)
+    last = page.locator(".jp-Notebook .jp-CodeCell").last
+    step = last.locator(".swift-nb-live .swift-nb-step").first
+    step.wait_for()
+    assert step.get_attribute("data-step") == "40" == step.get_attribute("data-total")
+    bar = last.locator(".swift-nb-live .widget-hprogress .progress-bar")
+    assert bar.evaluate("b => b.style.width") == "100%"
+
+
 def test_quickstart_in_jupyterlab(lab, browser, tmp_path):
     base, token, _root = lab
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -222,6 +261,7 @@ def test_quickstart_in_jupyterlab(lab, browser, tmp_path):
     results.screenshot(path=tmp_path / "results_advice.png")
     tabs.filter(has_text="Memory").click()
 
+    _forty_steps_without_a_hint(page)
     ours = errors[before_run:]
     assert not ours, "\n".join(ours)
 
