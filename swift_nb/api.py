@@ -367,19 +367,8 @@ def forecast(
             raise ConfigError(
                 "run", "give a profiled run, or model= (a preset's name, a config or a callable)", None
             )
-        return forecast_run(
-            run,
-            device,
-            batch_size,
-            seq_len,
-            dtype,
-            toggles,
-            world_size,
-            calibration,
-            optimizer,
-            steps,
-            price_per_hour,
-        )
+        shape = (batch_size, seq_len, dtype, toggles, world_size, calibration, optimizer)
+        return forecast_run(run, device, *shape, steps, price_per_hour)
     if calibration is not None:
         raise ConfigError("model", "calibration= needs a measured run of the model itself", model)
     from swift_nb.model_forecast import forecast_model

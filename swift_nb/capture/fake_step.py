@@ -297,11 +297,7 @@ def _run(
     with tracker:
         say(f"{name}: a fake step (batch {batch} × {seq} tokens) …")
         try:
-            out = module(input_ids=ids, labels=ids)
-            loss = out.loss if hasattr(out, "loss") else out.float().mean()
-            # the output's logits and key/value cache are let go before backward, as a
-            # training loop (or Trainer's compute_loss) keeping the loss alone lets them go
-            del out
+            loss = _loss(module, ids, vocab)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -366,6 +362,35 @@ def _peak_tracker(logits: Logits | None) -> type:
                         self.logits_at_peak[kind] = self.logits_at_peak.get(kind, 0.0) + nbytes
 
     return PeakTracker
+
+
+def _loss(module: Any, ids: Any, vocab: int | None) -> Any:
+    """The step's loss: a Hugging Face model's own (given the tokens as labels); a model that
+    takes the tokens alone, its output's cross-entropy against them where the output is as
+    wide as the vocabulary (the log-probabilities an LM's loss holds), else its mean. The
+    output itself (logits, a key/value cache) is let go before backward, as a loop keeping
+    the loss alone (or Trainer's ``compute_loss``) lets it go."""
+    import inspect
+
+    import torch
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    keywords = "input_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    # (asked before the call: MemTracker counts a module called twice as two iterations)
+    out = module(input_ids=ids, labels=ids) if keywords or not params else module(ids)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        logits = getattr(out, "logits", out)
+        logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+        if vocab and logits.dim() >= 2 and logits.shape[-1] == vocab and logits.shape[:-1] == ids.shape:
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2).float(), ids.flatten())
+        else:
+            loss = logits.float().mean()
+    del out
+    return loss
 
 
 class _NoHook:

@@ -163,6 +163,30 @@ def test_bad_models_are_errors_that_say_what():
         swift_nb.forecast()
 
 
+def test_a_plain_module_taking_the_tokens_alone_is_stepped_with_its_cross_entropy():
+    """A callable building a plain ``nn.Module`` whose forward takes the token ids alone and
+    returns logits: stepped on fake tensors (not the formula), its loss the cross-entropy of
+    the logits against the tokens, whose fp32 log-probabilities the peak holds."""
+
+    class TinyLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(1000, 32)
+            self.block = torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)
+            )
+            self.head = torch.nn.Linear(32, 1000)
+
+        def forward(self, ids):
+            return self.head(self.block(self.embed(ids)))
+
+    f = swift_nb.forecast(model=TinyLM, dtype="fp32", batch_size=4, seq_len=64, progress=False)
+    assert not any("could not run on fake tensors" in line for line in f.derivation)
+    params = 1000 * 32 + 32 * 64 + 64 + 64 * 32 + 32 + 32 * 1000 + 1000
+    assert f.categories["parameters"] == params * 4
+    assert f.total_bytes > 4 * params * 4 + 4 * 64 * 1000 * 4  # weights, grads, state, a B·T × V copy
+
+
 def test_a_step_fake_tensors_cannot_run_falls_back_to_the_formula_and_says_so():
     class DataDependent(torch.nn.Module):
         def __init__(self):

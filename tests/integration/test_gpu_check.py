@@ -16,7 +16,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 CUDA_ONLY = ["quickstart_nvml", "max_memory_allocated", "cuda_oom", "energy"]
-ON_CPU_TOO = ["flash_attention", "forecast", "lora", "cost_ratio", "import_trace", "tokens", "memory_kit"]
+ON_CPU_TOO = [
+    "flash_attention",
+    "forecast",
+    "lora",
+    "cost_ratio",
+    "import_trace",
+    "tokens",
+    "memory_kit",
+    "model_forecast",
+]
 RECORD_KEYS = {"name", "title", "ok", "skipped", "seconds", "details", "error"}
 
 
