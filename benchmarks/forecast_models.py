@@ -52,9 +52,9 @@ def _profiled(out: str, cfg, toggles=()):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     ids = torch.randint(0, cfg.vocab_size, (B, T))
     with swift_nb.profile(
-        out_dir=out, wait=0, warmup=1, active=2, report=False, toggles=list(toggles)
+        out_dir=out, wait=0, warmup=1, active=3, report=False, toggles=list(toggles)
     ) as run:
-        for _ in range(4):
+        for _ in range(5):
             model(input_ids=ids, labels=ids).loss.backward()
             opt.step()
             opt.zero_grad()
