@@ -78,6 +78,11 @@ def main() -> None:
         with swift_nb.profile(wait=0, warmup=1, active=args.active, label=args.label, out_dir=out) as run:
             train(args.steps)
         print(f"RUN {rank} {run.path}", flush=True)
+    if args.skip_rank >= 0:
+        # the rank that never profiles waits for the others before tearing its group down:
+        # destroyed while rank 0 still waited on the store, it aborted once under load
+        # ("terminate called without an active exception")
+        dist.barrier()
     dist.destroy_process_group()
 
 
