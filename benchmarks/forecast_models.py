@@ -15,11 +15,11 @@ fake tensors, nothing allocated).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 import warnings
-
-import torch
+from pathlib import Path
 
 import swift_nb
 from swift_nb.analysis.forecast import forecast, measure
@@ -27,52 +27,25 @@ from swift_nb.core.units import fmt_bytes
 from swift_nb.model_forecast import measured_model
 from swift_nb.record import MEMORY_CATEGORIES
 
+# the proxy model and its profiled loop are the tests' own (tests/support/llama_proxy.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.llama_proxy import B, T, config, profiled, step_peak
+
 CARDS = ("RTX4090-24GB", "A100-40GB", "H100-80GB")
-B, T = 2, 128
-
-
-def _config(hidden: int, layers: int):
-    import transformers
-
-    return transformers.LlamaConfig(
-        vocab_size=2000,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-
-
-def _profiled(out: str, cfg, toggles=()):
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    ids = torch.randint(0, cfg.vocab_size, (B, T))
-    with swift_nb.profile(
-        out_dir=out, wait=0, warmup=1, active=3, report=False, toggles=list(toggles)
-    ) as run:
-        for _ in range(5):
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-    return run
 
 
 def proxies() -> None:
     print("## Proxies: measured here (CPU, fp32) against the forecast from config, MiB\n")
     print(f"{'case':>22} {'category':>18} {'measured':>10} {'forecast':>10} {'error':>8}")
     out = tempfile.mkdtemp()
-    small = _profiled(out, _config(128, 2))
-    cases = [("proxy 128x2, itself", _config(128, 2), (), None, small)]
+    small = profiled(out, config(128, 2))
+    cases = [("proxy 128x2, itself", config(128, 2), (), None, small)]
     for label, toggles in (
         ("4x", ()),
         ("4x LoRA r=16", ("lora:r=16",)),
         ("4x checkpointing", ("grad_checkpointing",)),
     ):
-        cases.append((label, _config(256, 4), toggles, small, _profiled(out, _config(256, 4), toggles)))
+        cases.append((label, config(256, 4), toggles, small, profiled(out, config(256, 4), toggles)))
     for label, cfg, toggles, proxy, run in cases:
         f = swift_nb.forecast(
             proxy, model=cfg, dtype="fp32", batch_size=B, seq_len=T, toggles=list(toggles), progress=False
@@ -81,8 +54,8 @@ def proxies() -> None:
         rows = [
             (c, measured[c], f.categories[c]) for c in MEMORY_CATEGORIES if measured[c] or f.categories[c]
         ]
-        step_peak = float(run.steps["peak_tensor_bytes"].dropna().median())  # a typical step's
-        rows.append(("peak", step_peak, f.total_bytes))
+        peak = step_peak(run)  # a typical step's
+        rows.append(("peak", peak, f.total_bytes))
         for c, m, p in rows:
             err = f"{(p / m - 1) * 100:+.1f} %" if m else "—"
             print(f"{label:>22} {c:>18} {m / 2**20:>10.2f} {p / 2**20:>10.2f} {err:>8}")

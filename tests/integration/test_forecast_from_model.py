@@ -14,35 +14,7 @@ from swift_nb.core.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
 
-B, T = 2, 128
-
-
-def _config(hidden: int, layers: int) -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(
-        vocab_size=2000,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-
-
-def _measured(out, cfg, toggles=()):
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg)
-    # foreach, as torch runs AdamW on CUDA and the forecast from a config assumes (on the
-    # CPU torch would update one tensor at a time)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    ids = torch.randint(0, cfg.vocab_size, (B, T))
-    with swift_nb.profile(
-        out_dir=out, wait=0, warmup=1, active=3, report=False, toggles=list(toggles)
-    ) as run:
-        for _ in range(5):
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-    return run
+from support.llama_proxy import B, T, config, profiled, step_peak  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +24,7 @@ def out(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def proxy(out):
-    return _measured(out, _config(128, 2))
-
-
-def _step_peak(run) -> float:
-    """The measured peak of a typical step: the median over the recorded steps (one step of a
-    CPU run may hold some tensors of the one before a little longer: +0.5 MiB was seen once)."""
-    return float(run.steps["peak_tensor_bytes"].dropna().median())
+    return profiled(out, config(128, 2))
 
 
 def _fake(cfg, run=None, toggles=()):
@@ -68,9 +34,9 @@ def _fake(cfg, run=None, toggles=()):
 
 
 def test_the_proxy_forecast_from_its_config_is_its_measured_peak(proxy):
-    f = _fake(_config(128, 2))
+    f = _fake(config(128, 2))
     measured = proxy.summary["memory_categories_at_peak"]
-    assert f.total_bytes == pytest.approx(_step_peak(proxy), rel=0.02)
+    assert f.total_bytes == pytest.approx(step_peak(proxy), rel=0.02)
     # category by category, the loss's logits told apart by their shape as the capture does
     for category, value in measured.items():
         assert f.categories[category] == pytest.approx(value, rel=0.02, abs=1024), category
@@ -90,10 +56,10 @@ def test_the_proxy_forecast_from_its_config_is_its_measured_peak(proxy):
 def test_a_model_four_times_larger_with_the_proxys_run(out, proxy, toggles):
     """Within 2 % (the target is 10 %): LoRA and checkpointing run on the fake model by their
     own code, and the proxy's own fake step agrees with its measurement."""
-    big = _config(256, 4)
-    measured = _measured(out, big, [t.replace("(r=16)", ":r=16") for t in toggles])
+    big = config(256, 4)
+    measured = profiled(out, big, [t.replace("(r=16)", ":r=16") for t in toggles])
     f = _fake(big, run=proxy, toggles=toggles)
-    assert f.total_bytes == pytest.approx(_step_peak(measured), rel=0.02)
+    assert f.total_bytes == pytest.approx(step_peak(measured), rel=0.02)
     assert any(line.startswith("calibrated by the run") for line in f.derivation)
     (own,) = [line for line in f.derivation if line.startswith("the proxy's own step on fake tensors counts")]
     assert "(+0.0 %)" in own and "× 1.000" in own
@@ -106,7 +72,7 @@ def test_the_step_time_comes_from_the_proxys_by_flops_or_not_at_all(proxy):
     """With a proxy run, the target's step on the proxy's machine: its median step × the
     FLOPs ratio (6 per parameter but the embedding's, 12·L·d·T of attention, per token), and
     steps priced from it; without one, no step time, and steps= is refused."""
-    big, small = _config(256, 4), _config(128, 2)
+    big, small = config(256, 4), config(128, 2)
 
     def flops(cfg):
         real = transformers.LlamaForCausalLM(cfg)
@@ -133,7 +99,7 @@ def test_qlora_prices_its_base_at_nf4s_packed_size_and_other_toggles_say_they_ar
     """QLoRA's adapters run on the fake model as LoRA's; its 4-bit base cannot be quantized on
     fake tensors: every linear layer but the output's at NF4 (two weights a byte, an fp32
     absmax per 64), the rest in bf16. An 8-bit optimizer is priced by formula, and says so."""
-    cfg = _config(256, 4)
+    cfg = config(256, 4)
     f = swift_nb.forecast(model=cfg, batch_size=B, seq_len=T, toggles=["qlora(r=16)"], progress=False)
     real = transformers.LlamaForCausalLM(cfg)
     linear = [
@@ -217,7 +183,7 @@ def test_plan_for_a_model_from_its_config(proxy):
     """plan(model=): the toggles tried on a model never run here, its step on fake tensors
     at the target shape (bf16 AdamW), this run its proxy; on a 24 GB card a 4× larger
     Llama fits as it is, and LoRA and 8-bit moments are among the plans."""
-    cfg = _config(512, 4)
+    cfg = config(512, 4)
     table = swift_nb.plan(proxy, "RTX4090-24GB", batch_size=B, seq_len=T, model=cfg, progress=False)
     plans = set(table["toggles"])
     assert {"none", "optim_8bit", "lora"} <= plans
