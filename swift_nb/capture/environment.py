@@ -29,7 +29,7 @@ def environment(ranks: RankInfo | None = None) -> dict[str, Any]:
     rank, world = rank_info()
     env: dict[str, Any] = {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # not TorchVersion: unpickling that imports torch (the helper)
         "platform": platform.platform(),
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count(),

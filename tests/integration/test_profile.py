@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -59,6 +61,20 @@ def test_steps_equal_optimizer_steps_and_phases_follow_schedule(runs_dir):
     assert (run.steps["trigger"] == "optimizer").all()
     assert run.summary["recorded_steps"] == [2, 3]
     assert run.steps["peak_tensor_bytes"].notna().tolist() == [False, False, True, True, False, False, False]
+
+
+def test_the_run_the_helper_draws_from_unpickles_without_importing_torch(runs_dir):
+    """The finished run goes to the helper, which never imports torch, for its figures
+    (``api._draw_elsewhere``): a torch object in the record (``torch.__version__`` is a
+    TorchVersion) would make it import torch first, a second at the end of a first run."""
+    with swift_nb.profile(out_dir=runs_dir, report=False) as run:
+        train(6)
+    assert type(run.environment["torch"]) is str
+    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print(sorted(m for m in sys.modules if m == 'torch'))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(replace(run)), capture_output=True, check=True
+    )
+    assert out.stdout.decode().strip() == "[]", out.stdout
 
 
 def test_repeat_cycles_are_merged_into_one_trace(runs_dir):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 
@@ -36,6 +37,23 @@ def fake_pynvml(counter: bool = True, devices: int = 1, clock=time.perf_counter)
     nv.nvmlDeviceGetPowerUsage = lambda h: int(WATTS * 1000)
     nv.nvmlDeviceGetTotalEnergyConsumption = energy_mj
     return nv
+
+
+class SamplerClock:
+    """``time.perf_counter`` for a sampler (``Sampler(clock=...)``) that remembers, per thread,
+    the moment it last returned: ``fake_pynvml(clock=c.last)`` then counts joules up to the
+    sample's own timestamp, so that a thread preempted between its clock and the counter (a
+    loaded machine) cannot skew the power the run computes."""
+
+    def __init__(self) -> None:
+        self._seen = threading.local()
+
+    def __call__(self) -> float:
+        self._seen.t = time.perf_counter()
+        return self._seen.t
+
+    def last(self) -> float:
+        return getattr(self._seen, "t", None) or time.perf_counter()
 
 
 def wait_for_rows(sampler, n: int, at_least_s: float = 0.0, limit_s: float = 30.0) -> None:

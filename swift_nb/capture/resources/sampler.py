@@ -245,24 +245,9 @@ class Sampler:
                 if self._tick % self._stride == 0:
                     self._sample("periodic")
 
-    def _sample(self, kind: str) -> None:
-        row: dict[str, Any] = dict.fromkeys(SAMPLE_COLUMNS, math.nan)  # missing reads stay NaN
-        row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
-        try:
-            with self._proc.oneshot():
-                row["cpu_pct"] = self._cpu_percent()
-                row["rss_bytes"] = self._rss()
-            vm = psutil.virtual_memory()
-            row["sys_mem_used_bytes"] = vm.total - vm.available
-            row["sys_mem_pct"] = vm.percent
-        except psutil.Error as e:
-            self._note(f"psutil sampling failed once ({e}); values missing in that sample")
-        if self._cuda:
-            import torch
-
-            for i in self._cuda:
-                row[f"cuda{i}_allocated_bytes"] = torch.cuda.memory_allocated(i)
-                row[f"cuda{i}_reserved_bytes"] = torch.cuda.memory_reserved(i)
+    def _read_counters(self, row: dict[str, Any]) -> None:
+        """The energy counters (RAPL's, then NVML's with the GPUs' other metrics) into ``row``;
+        a source that fails is noted once and read no more."""
         if self._rapl is not None:
             try:
                 row.update(self._rapl.read())
@@ -279,6 +264,26 @@ class Sampler:
                 )
                 self._nvml.close()
                 self._nvml = None
+
+    def _sample(self, kind: str) -> None:
+        row: dict[str, Any] = dict.fromkeys(SAMPLE_COLUMNS, math.nan)  # missing reads stay NaN
+        row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
+        self._read_counters(row)  # next to the timestamp: energy over time is their ratio
+        try:
+            with self._proc.oneshot():
+                row["cpu_pct"] = self._cpu_percent()
+                row["rss_bytes"] = self._rss()
+            vm = psutil.virtual_memory()
+            row["sys_mem_used_bytes"] = vm.total - vm.available
+            row["sys_mem_pct"] = vm.percent
+        except psutil.Error as e:
+            self._note(f"psutil sampling failed once ({e}); values missing in that sample")
+        if self._cuda:
+            import torch
+
+            for i in self._cuda:
+                row[f"cuda{i}_allocated_bytes"] = torch.cuda.memory_allocated(i)
+                row[f"cuda{i}_reserved_bytes"] = torch.cuda.memory_reserved(i)
         with self._lock:
             self._rows.append(row)
             self._unjournaled.append(row)
