@@ -21,6 +21,7 @@ from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
 from swift_nb.core.devices import DEFAULT_DEVICE
 from swift_nb.core.errors import RecordWriteWarning
+from swift_nb.core.gc_pause import paused
 from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead
 from swift_nb.render.figure_cache import FigureCache
@@ -70,22 +71,25 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
         return Reported(_write_failed(session.run, e), None, [])
     built = session.take_trace_tables()
     o = session.options
+    # The collector is paused while the run is analysed: its passes over the whole heap
+    # (the training's objects, a notebook's) took 0.2 s of a later run's 0.5 s here.
     try:
-        if not o.report:
-            price(run, o.price_per_hour, o.price_per_kwh)
-            save_meta(run)
-            reported = Reported(run, None, [])
-        elif not isinstance(ahead := session.on_trace, ReportAhead):
-            reported = report(run, price_per_hour=o.price_per_hour, price_per_kwh=o.price_per_kwh)
-        else:
-            ahead.take(built)
-            reported = report(
-                run,
-                figures=ahead.figures,
-                drawing=_draw_elsewhere(run),
-                price_per_hour=o.price_per_hour,
-                price_per_kwh=o.price_per_kwh,
-            )
+        with paused():
+            if not o.report:
+                price(run, o.price_per_hour, o.price_per_kwh)
+                save_meta(run)
+                reported = Reported(run, None, [])
+            elif not isinstance(ahead := session.on_trace, ReportAhead):
+                reported = report(run, price_per_hour=o.price_per_hour, price_per_kwh=o.price_per_kwh)
+            else:
+                ahead.take(built)
+                reported = report(
+                    run,
+                    figures=ahead.figures,
+                    drawing=_draw_elsewhere(run),
+                    price_per_hour=o.price_per_hour,
+                    price_per_kwh=o.price_per_kwh,
+                )
     except OSError as e:
         return Reported(_write_failed(run, e), None, [])
     log_to(reported.run, o.log_to)

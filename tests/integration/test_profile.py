@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import subprocess
 import sys
@@ -75,6 +76,22 @@ def test_the_run_the_helper_draws_from_unpickles_without_importing_torch(runs_di
         [sys.executable, "-c", code], input=pickle.dumps(replace(run)), capture_output=True, check=True
     )
     assert out.stdout.decode().strip() == "[]", out.stdout
+
+
+def test_the_collector_is_paused_while_the_run_is_reported_then_back_on(runs_dir, monkeypatch):
+    from swift_nb import api
+
+    seen = []
+
+    def spied(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    real = api.report
+    monkeypatch.setattr(api, "report", spied)
+    with swift_nb.profile(out_dir=runs_dir) as run:
+        train(6)
+    assert run.status == "ok" and seen == [False] and gc.isenabled()
 
 
 def test_repeat_cycles_are_merged_into_one_trace(runs_dir):
