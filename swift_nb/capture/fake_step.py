@@ -171,7 +171,10 @@ def fake_step(
         found = _shapes(module)  # the model's own layers, before any adapter
         with _moves_in_place(), setup(module) if setup else contextlib.nullcontext(module) as stepped:
             found.update(_counts(stepped))
-            ran = _run(stepped, optimizer, batch_size, seq_len, found["vocab"], found["hidden"], say, name)
+            with _quiet_module_tracking():
+                ran = _run(
+                    stepped, optimizer, batch_size, seq_len, found["vocab"], found["hidden"], say, name
+                )
     seconds = time.perf_counter() - t0
     say(f"{name}: done in {seconds:.1f} s")
     notes = []
@@ -254,6 +257,24 @@ def _shapes(module: Any) -> dict[str, Any]:
         "hidden": hidden,
         "vocab": vocab,
     }
+
+
+@contextlib.contextmanager
+def _quiet_module_tracking() -> Iterator[None]:
+    """MemTracker's module tracker warns ("The module hierarchy tracking maybe be messed
+    up", twice a step on a transformers Llama) and sets ``warnings.formatwarning`` for the
+    whole process. It concerns the per-module statistics, which the fake step does not keep
+    (``_peak_tracker``: the step's peak alone): the warning stays out of the user's cell,
+    and the process's formatter is put back."""
+    import warnings
+
+    formatter = warnings.formatwarning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+        try:
+            yield
+        finally:
+            warnings.formatwarning = formatter
 
 
 @dataclass
