@@ -25,6 +25,7 @@ from swift_nb.core.gc_pause import paused
 from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead
 from swift_nb.render.figure_cache import FigureCache
+from swift_nb.render.sections import Section
 
 # the reading half of the API, torch-free, named here too: the magic, the monitor and the
 # reruns compose it with capture
@@ -56,7 +57,12 @@ class ReportAhead:
                 self.figures.put(key, built.png(key))
 
 
-def finish(session: Session, status: str = "ok", error: BaseException | None = None) -> Reported:
+def finish(
+    session: Session,
+    status: str = "ok",
+    error: BaseException | None = None,
+    on_analysed: Callable[[Run, list[Section]], None] | None = None,
+) -> Reported:
     """Stop a session, save its record, then (its options' ``report``) analyze it and
     write the report; without, the record is complete and ``swift-nb report`` analyses it
     later. A session made with a ``ReportAhead`` hands its figures to the report.
@@ -64,7 +70,7 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
     Never raises its own failure to write (a full disk, the folder removed while the cell
     ran) into the user's code after the training has run: that is said once, as a
     ``RecordWriteWarning``, with the run's notes; what was written stays readable and the
-    Run in memory is complete."""
+    Run in memory is complete. ``on_analysed``: as ``report`` takes it."""
     try:
         run = session.stop(status, error)
     except OSError as e:
@@ -80,7 +86,12 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
                 save_meta(run)
                 reported = Reported(run, None, [])
             elif not isinstance(ahead := session.on_trace, ReportAhead):
-                reported = report(run, price_per_hour=o.price_per_hour, price_per_kwh=o.price_per_kwh)
+                reported = report(
+                    run,
+                    price_per_hour=o.price_per_hour,
+                    price_per_kwh=o.price_per_kwh,
+                    on_analysed=on_analysed,
+                )
             else:
                 ahead.take(built)
                 reported = report(
@@ -89,6 +100,7 @@ def finish(session: Session, status: str = "ok", error: BaseException | None = N
                     drawing=_draw_elsewhere(run),
                     price_per_hour=o.price_per_hour,
                     price_per_kwh=o.price_per_kwh,
+                    on_analysed=on_analysed,
                 )
     except OSError as e:
         return Reported(_write_failed(run, e), None, [])

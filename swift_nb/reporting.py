@@ -51,6 +51,7 @@ def report(
     drawing: Callable[[], FigureCache | None] | None = None,
     price_per_hour: float | None = None,
     price_per_kwh: float | None = None,
+    on_analysed: Callable[[Run, list[Section]], None] | None = None,
 ) -> Reported:
     """Analyze a saved run and write its ``report.html``. When the analysis cannot run (a
     damaged trace, steps.csv missing, a failing analysis), ``analysis`` is None and the
@@ -74,6 +75,9 @@ def report(
             else ``$SWIFT_NB_PRICE_PER_HOUR`` or the GPU's list price).
         price_per_kwh: USD per kWh, kept in the run's context, for its money keys (default:
             the price it was captured or imported with, else ``$SWIFT_NB_PRICE_PER_KWH``).
+        on_analysed: called with the run and the report's sections the moment they are
+            built, before any figure is drawn or the report written (a notebook shows the
+            Summary and the verdict with it); its failure is not the report's.
 
     Returns:
         A ``Reported``: the run, its analyses (``analysis``; None when they could not run)
@@ -113,11 +117,17 @@ def report(
             }
         )
     price(run)  # again, with the device's idle share, which it prices
+    sections = report_sections(run, **analysis_fields(analysis), not_analyzed=failure)
+    if on_analysed is not None:
+        try:
+            on_analysed(run, sections)
+        except Exception:  # what is shown early is shown again once the figures are drawn
+            pass
     figures = figures if figures is not None else FigureCache()
     if drawing is not None:
         _take_drawn(figures, drawing)
     _reuse_earlier_figures(run, figures)
-    sections = report_sections(run, figures, **analysis_fields(analysis), not_analyzed=failure)
+    figures.hand_out(sections)
     write_report(run, document_html(run, sections))
     save_meta(run)
     return Reported(run, analysis, sections)

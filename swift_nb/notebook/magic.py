@@ -16,7 +16,7 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import ArgDecorator, argument, construct_parser, magic_arguments
-from IPython.display import display
+from IPython.display import DisplayHandle, display
 
 from swift_nb import toggles as toggle_registry
 from swift_nb import vocabulary
@@ -25,7 +25,7 @@ from swift_nb.capture import helper
 from swift_nb.capture.session import Session, cell_source
 from swift_nb.core.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
-from swift_nb.notebook.panel import show_run
+from swift_nb.notebook.panel import show_first, show_run
 from swift_nb.record import Run, load_run, runs
 from swift_nb.render.tables import runs_html, runs_text
 from swift_nb.vocabulary.options import ProfileOptions, argparse_specs, flag_of
@@ -199,13 +199,15 @@ class SwiftMagics(Magics):
             for report in undo_toggles(session, toggles):
                 print(report)
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
-            reported = finish(session, _cell_status(result, err), err)
+            first: list[DisplayHandle | None] = []  # a kernel's frontend replaces it in place
+            early = (lambda r, s: first.append(show_first(r, s))) if widgets_available(self.shell) else None
+            reported = finish(session, _cell_status(result, err), err, early)
             run = reported.run
             actions = None
             if live is not None:
                 live.close(run)
                 actions = _rerun_controls(self.shell, session.options, cell, run, reported)
-            show_run(run, reported.sections, panel=live is not None, actions=actions)
+            show_run(run, reported.sections, live is not None, actions, first[0] if first else None)
         if err is not None:
             raise ProfiledCellError(run.id)
 

@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from html import escape
 
 import ipywidgets as widgets
-from IPython.display import display
+from IPython.display import DisplayHandle, display
 
 from swift_nb.core.units import fmt_bytes
 from swift_nb.notebook.forecast_form import ForecastForm, has_memory
 from swift_nb.notebook.timeline_widget import TimelineWidget
 from swift_nb.record import Run
 from swift_nb.render.html import empty
-from swift_nb.render.sections import TABS, FigurePart, Section
+from swift_nb.render.sections import FIRST, TABS, FigurePart, Section
 from swift_nb.render.sections.timeline import TimelinePart, not_drawn
 from swift_nb.render.tables import summary_html, summary_text
 
@@ -54,17 +54,33 @@ PERFETTO_NOTE = (
 )
 
 
+def show_first(run: Run, sections: Sequence[Section]) -> DisplayHandle | None:
+    """The Summary and the verdict (``sections.FIRST``), shown the moment the run is
+    analysed, while its figures are still drawn; ``show_run`` puts its first output in
+    their place, so that nothing is shown twice."""
+    first = [s for s in sections if s.kind in FIRST]
+    html = summary_html(run) + "".join(f"<div class='swift-nb-section'>{s.html()}</div>" for s in first)
+    text = "\n".join([summary_text(run), *(f"[{s.title}: the figures follow]" for s in first)])
+    return display({"text/html": html, "text/plain": text}, raw=True, display_id=True)
+
+
 def show_run(
-    run: Run, sections: Sequence[Section], panel: bool = True, actions: widgets.Widget | None = None
+    run: Run,
+    sections: Sequence[Section],
+    panel: bool = True,
+    actions: widgets.Widget | None = None,
+    first: DisplayHandle | None = None,
 ) -> None:
     """Display a saved run: the results panel when ``panel`` (a kernel with a widget
-    frontend; ``actions`` go to its Advice tab), then the static outputs, always."""
+    frontend; ``actions`` go to its Advice tab), then the static outputs, always. ``first``:
+    what ``show_first`` showed, which the first of these outputs replaces."""
     if panel:
         tabs = results_panel(run, sections, actions)
         bundle = tabs._repr_mimebundle_()
         bundle["text/plain"] = "swift_nb results panel (needs a running kernel; the same results follow)"
-        display(bundle, raw=True)
-    show_static(run, sections)
+        _show(bundle, first)
+        first = None
+    show_static(run, sections, first)
 
 
 def results_panel(
@@ -176,10 +192,11 @@ def _timeline_widget(part: TimelinePart, viewers: list[TimelineWidget]) -> widge
     return viewer
 
 
-def show_static(run: Run, sections: Sequence[Section]) -> None:
+def show_static(run: Run, sections: Sequence[Section], first: DisplayHandle | None = None) -> None:
     """The run's report, section by section, as static outputs: HTML for text and tables,
-    image/png for figures, each with a plain-text fallback for terminals."""
-    display({"text/html": summary_html(run), "text/plain": summary_text(run)}, raw=True)
+    image/png for figures, each with a plain-text fallback for terminals. The Summary
+    replaces ``first`` when given."""
+    _show({"text/html": summary_html(run), "text/plain": summary_text(run)}, first)
     for section in sections:
         if not section.static:
             continue
@@ -194,6 +211,13 @@ def show_static(run: Run, sections: Sequence[Section]) -> None:
         _display_html(html, section.title)
     if "report" in run.files:
         print(f"report: {run.path / run.files['report']}")
+
+
+def _show(bundle: dict[str, str], instead_of: DisplayHandle | None) -> None:
+    if instead_of is None:
+        display(bundle, raw=True)
+    else:
+        instead_of.update(bundle, raw=True)
 
 
 def _display_figure(part: FigurePart) -> None:

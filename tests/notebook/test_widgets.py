@@ -43,8 +43,13 @@ class Execution:
         return [m for m in self.msgs if m["msg_type"] in types]
 
     def views(self) -> list[dict]:
-        """display_data outputs that are widget views, in order: live panel, results panel."""
-        return [m for m in self.of_type("display_data") if WIDGET_VIEW in m["content"]["data"]]
+        """Outputs that are widget views, in order: live panel, results panel (put in the
+        place of the first results)."""
+        return [
+            m
+            for m in self.of_type("display_data", "update_display_data")
+            if WIDGET_VIEW in m["content"]["data"]
+        ]
 
     def live_comms(self) -> dict[str, str]:
         """comm id → model name of the live panel's widgets: those opened before it was shown."""
@@ -144,6 +149,25 @@ def test_interrupt_stops_the_panel_and_shows_the_partial_run(kernel, tmp_path):
     summary = next(d["text/html"] for d in statics if "swift-nb-summary" in d.get("text/html", ""))
     assert "interrupted" in summary
     assert kernel.eval("sorted(t.name for t in __import__('threading').enumerate())") == threads_before
+
+
+def test_the_summary_and_verdict_come_first_and_the_results_panel_takes_their_place(kernel, tmp_path):
+    ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
+    assert ex.status == "ok"
+    shown = ex.of_type("display_data", "update_display_data")
+    first = next(
+        i for i, m in enumerate(shown) if "swift-nb-summary" in m["content"]["data"].get("text/html", "")
+    )
+    early = shown[first]
+    assert early["msg_type"] == "display_data" and "<h2>Verdict</h2>" in early["content"]["data"]["text/html"]
+    assert not any("image/png" in m["content"]["data"] for m in shown[:first]), "before any figure"
+    display_id = early["content"]["transient"]["display_id"]
+    replaced = [m for m in shown if m["content"].get("transient", {}).get("display_id") == display_id][1:]
+    assert [m["msg_type"] for m in replaced] == ["update_display_data"]
+    assert WIDGET_VIEW in replaced[0]["content"]["data"], "the results panel in their place"
+    later = [m["content"]["data"] for m in shown[first + 1 :] if m["msg_type"] == "display_data"]
+    assert sum("swift-nb-summary" in d.get("text/html", "") for d in later) == 1, "the static Summary, once"
+    assert sum("<h4>Verdict</h4>" in d.get("text/html", "") for d in later) == 1, "the static verdict, once"
 
 
 def test_no_widgets_flag_shows_static_outputs_only(kernel, tmp_path):

@@ -45,4 +45,8 @@ SECTIONS: list[SectionKind] = [
     notes.SECTION,
 ]
 
-__all__ = ["SECTIONS", "TABS", "FigurePart", "ReportInputs", "Section", "SectionKind"]
+#: the sections a notebook shows with the Summary the moment its run is analysed, before
+#: any figure is drawn (they have none): what happened and what bounds the step
+FIRST: tuple[SectionKind, ...] = (oom.SECTION, verdict.SECTION)
+
+__all__ = ["FIRST", "SECTIONS", "TABS", "FigurePart", "ReportInputs", "Section", "SectionKind"]
