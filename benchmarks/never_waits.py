@@ -239,6 +239,7 @@ def main() -> None:
             dict(
                 median=statistics.median(after) / med,
                 worst=max(after) / med,
+                worst_at=after.index(max(after)) + 1,
                 over=sum(1 for s in after if s > 1.25 * med),
                 bare_worst=max(bare_steps[export + 1 :]) / med,
                 bare_over=sum(1 for s in bare_steps[export + 1 :] if s > 1.25 * med),
@@ -288,6 +289,11 @@ def main() -> None:
         + " ".join(f"{w:.2f}" for w in walls["profiled"])
         + "; whole run / bare per round "
         + " ".join(f"{r['wall']:.3f}" for r in rounds)
+    )
+    print(
+        "worst step after the window per round (x bare median, which step after the export; "
+        "the bare run's own worst): "
+        + "; ".join(f"{r['worst']:.2f} at +{r['worst_at']} ({r['bare_worst']:.2f})" for r in rounds)
     )
 
 

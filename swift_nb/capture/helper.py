@@ -144,9 +144,14 @@ class HelperProcess:
         except OSError as e:
             self.error = e
             return
-        # From its first instruction (its imports too) it gives way to the training.
+        # From its first instruction (its imports too) it gives way to the training: niced,
+        # and on Linux in the idle class, which runs only where a core has nothing else to
+        # run; a training whose intra-op threads fill every core, and spin-wait on each
+        # other, is not slowed by a helper holding one of them.
         try:
             os.setpriority(os.PRIO_PROCESS, self.proc.pid, _NICE)
+            if _NICE >= 19 and hasattr(os, "SCHED_IDLE"):
+                os.sched_setscheduler(self.proc.pid, os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             pass
         self._reader = threading.Thread(target=self._read, name="swift_nb-helper", daemon=True)
