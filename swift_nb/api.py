@@ -23,7 +23,7 @@ from swift_nb.core.devices import DEFAULT_DEVICE
 from swift_nb.core.errors import RecordWriteWarning
 from swift_nb.core.gc_pause import paused
 from swift_nb.record import Run, save_meta
-from swift_nb.render.document import build_ahead, draw_run_ahead
+from swift_nb.render.document import build_ahead, draw_run_ahead, draw_run_and_timeline_ahead
 from swift_nb.render.figure_cache import FigureCache
 from swift_nb.render.sections import Section
 
@@ -38,6 +38,9 @@ OPTION_NAMES = frozenset(f.name for f in fields(ProfileOptions))
 
 #: what the helper draws of a finished run (``_draw_elsewhere``)
 DRAW_RUN_AHEAD = f"{draw_run_ahead.__module__}:{draw_run_ahead.__name__}"
+DRAW_RUN_AND_TIMELINE_AHEAD = (
+    f"{draw_run_and_timeline_ahead.__module__}:{draw_run_and_timeline_ahead.__name__}"
+)
 
 
 class ReportAhead:
@@ -62,6 +65,7 @@ def finish(
     status: str = "ok",
     error: BaseException | None = None,
     on_analysed: Callable[[Run, list[Section]], None] | None = None,
+    timeline_png: bool = False,
 ) -> Reported:
     """Stop a session, save its record, then (its options' ``report``) analyze it and
     write the report; without, the record is complete and ``swift-nb report`` analyses it
@@ -70,7 +74,9 @@ def finish(
     Never raises its own failure to write (a full disk, the folder removed while the cell
     ran) into the user's code after the training has run: that is said once, as a
     ``RecordWriteWarning``, with the run's notes; what was written stays readable and the
-    Run in memory is complete. ``on_analysed``: as ``report`` takes it."""
+    Run in memory is complete. ``on_analysed``: as ``report`` takes it. ``timeline_png``:
+    the trace's timeline will be shown as a PNG (a notebook's static outputs); the helper
+    draws it with the other figures."""
     try:
         run = session.stop(status, error)
     except OSError as e:
@@ -97,7 +103,7 @@ def finish(
                 reported = report(
                     run,
                     figures=ahead.figures,
-                    drawing=_draw_elsewhere(run),
+                    drawing=_draw_elsewhere(run, timeline_png),
                     price_per_hour=o.price_per_hour,
                     price_per_kwh=o.price_per_kwh,
                     on_analysed=on_analysed,
@@ -130,16 +136,17 @@ def log_to(run: Run, trackers: Sequence[str]) -> None:
             pass
 
 
-def _draw_elsewhere(run: Run) -> Callable[[], Any] | None:
-    """The figures the record alone determines, given to this process's helper to draw
-    while the analysis runs here (None: no helper is running; they are drawn here)."""
+def _draw_elsewhere(run: Run, timeline_png: bool = False) -> Callable[[], Any] | None:
+    """The figures the record alone determines (with ``timeline_png``, the trace's timeline
+    too), given to this process's helper to draw while the analysis runs here (None: no
+    helper is running; they are drawn here)."""
     if run.path is None:
         return None
     helper = Helper(Path(run.path), lambda said: None)  # failing, they are drawn here: nothing lost
     helper.start(launch=False)
     if not helper.alive:
         return None
-    pending = helper.submit(DRAW_RUN_AHEAD, replace(run))
+    pending = helper.submit(DRAW_RUN_AND_TIMELINE_AHEAD if timeline_png else DRAW_RUN_AHEAD, replace(run))
 
     def drawn() -> Any:
         try:

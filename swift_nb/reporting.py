@@ -87,23 +87,7 @@ def report(
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
     price(run, price_per_hour, price_per_kwh)  # the prices in its context: the verdict's words use them
-    analysis, failure = None, None
-    if steps_missing(run):
-        failure = STEPS_MISSING
-    else:
-        try:
-            trace = None
-            if run.trace_path is not None:  # tables of a trace the run did not keep are not its own
-                trace = trace_tables
-                if trace is None and trace_events is not None:
-                    trace = parse_events(trace_events)
-                if trace is not None and not tables_fresh(run.trace_path):
-                    save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
-            analysis = analyze(run, trace=trace, ranks=ranks)
-        except RecordError as e:
-            failure = f"{e.path.name} is damaged ({e.problem}): the analysis could not run"
-        except Exception as e:  # a bug in an analysis must not cost the user the run
-            failure = f"the analysis failed ({type(e).__name__}: {e}); the run's data is intact"
+    analysis, failure = _analysed(run, trace_events, trace_tables, ranks)
     if failure is not None and failure not in run.problems:
         run.problems.append(failure)
         if failure not in run.notes:
@@ -131,6 +115,30 @@ def report(
     write_report(run, document_html(run, sections))
     save_meta(run)
     return Reported(run, analysis, sections)
+
+
+def _analysed(
+    run: Run,
+    trace_events: list[dict] | None,
+    trace_tables: Trace | None,
+    ranks: dict[int, RankAnalysis] | None,
+) -> tuple[Analysis | None, str | None]:
+    """The run's analyses, or None and why they could not run."""
+    if steps_missing(run):
+        return None, STEPS_MISSING
+    try:
+        trace = None
+        if run.trace_path is not None:  # tables of a trace the run did not keep are not its own
+            trace = trace_tables
+            if trace is None and trace_events is not None:
+                trace = parse_events(trace_events)
+            if trace is not None and not tables_fresh(run.trace_path):
+                save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
+        return analyze(run, trace=trace, ranks=ranks), None
+    except RecordError as e:
+        return None, f"{e.path.name} is damaged ({e.problem}): the analysis could not run"
+    except Exception as e:  # a bug in an analysis must not cost the user the run
+        return None, f"the analysis failed ({type(e).__name__}: {e}); the run's data is intact"
 
 
 def _take_drawn(figures: FigureCache, drawing: Callable[[], FigureCache | None]) -> None:

@@ -9,6 +9,7 @@ the user or the trace is escaped.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
@@ -28,6 +29,7 @@ from swift_nb.render.sections import memory as memory_section
 from swift_nb.render.sections import timeline as timeline_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs, Section
 from swift_nb.render.sections.operators import operator_parts
+from swift_nb.render.sections.timeline import TimelinePart
 from swift_nb.render.timeline.view import script_sources
 
 __all__ = [
@@ -111,10 +113,12 @@ def build_ahead(events: list[dict], trace_path: Path, written: Path) -> FigureCa
     return figures
 
 
-def draw_run_ahead(run: Run) -> FigureCache:
+def draw_run_ahead(run: Run, trace_timeline: bool = False) -> FigureCache:
     """The figures that the run's record alone determines (utilisation and memory over
-    time), drawn and returned: in the helper process, while the training process analyses
-    the run (``swift_nb.api.finish``). The report's figures that show the same take them."""
+    time; with ``trace_timeline``, the trace's timeline as the PNG a notebook's static
+    outputs show), drawn and returned: in the helper process, while the training process
+    analyses the run (``swift_nb.api.finish``). The report's figures that show the same
+    take them."""
     figures = FigureCache()
     inputs = ReportInputs(run, timeline=memory_timeline(run))
     for kind in (timeline_section.SECTION, memory_section.SECTION):
@@ -122,7 +126,15 @@ def draw_run_ahead(run: Run) -> FigureCache:
         for part in section.parts if section is not None else ():
             if isinstance(part, FigurePart):
                 figures.keep(part)
+            elif trace_timeline and isinstance(part, TimelinePart) and part.key is not None:
+                with contextlib.suppress(Exception):  # drawn, or its failure said, where it is shown
+                    figures.put(part.key, part.png)
     return figures
+
+
+def draw_run_and_timeline_ahead(run: Run) -> FigureCache:
+    """``draw_run_ahead`` with the trace's timeline: for a notebook, which shows it."""
+    return draw_run_ahead(run, trace_timeline=True)
 
 
 def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 import swift_nb
 from swift_nb.capture import helper
 from swift_nb.record import load_run, tables_path
+from swift_nb.render.sections.timeline import TimelinePart
 
 
 def _train(steps: int, at_step=None) -> None:
@@ -239,6 +240,40 @@ def test_figures_are_drawn_in_the_helper_not_in_the_training_process(tmp_path):
     again = swift_nb.report(path).run.path / "report.html"  # drawn here, in one process
     assert sorted(re.findall(r"data-figure='([0-9a-f]{40})'", again.read_text(encoding="utf-8"))) == keys
     assert drawn == again.read_text(encoding="utf-8")
+
+
+def test_a_notebooks_timeline_png_is_drawn_in_the_helper_too(tmp_path):
+    """A notebook shows the trace's timeline as a PNG among its static outputs
+    (``finish(timeline_png=True)``, as the magic calls it): the helper draws that one too,
+    and it is the PNG this process would draw."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        from swift_nb.api import ReportAhead, finish
+        from swift_nb.capture.session import Session
+        from swift_nb.render.sections.timeline import TimelinePart
+        from swift_nb.vocabulary.options import ProfileOptions
+        from test_helper import _train
+        options = ProfileOptions(out_dir={str(tmp_path)!r}, wait=1, warmup=1, active=3)
+        session = Session(options, on_trace=ReportAhead())
+        session.start()
+        _train(8)
+        reported = finish(session, timeline_png=True)
+        part = next(p for s in reported.sections for p in s.parts if isinstance(p, TimelinePart))
+        handed = part.drawn is not None
+        assert "image/png" in part.outputs()[0]
+        open({str(tmp_path / "timeline.png")!r}, "wb").write(part.png)
+        print(handed, "matplotlib" in sys.modules, reported.run.path)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    handed, imported, path = out.stdout.split()[-3:]
+    assert handed == "True", "the helper's PNG was not handed to the timeline"
+    assert imported == "False", "the training process drew the timeline"
+    here = TimelinePart(swift_nb.load_run(path)).png
+    assert (tmp_path / "timeline.png").read_bytes() == here
 
 
 def test_prewarmed_helper_waits_at_low_priority_for_the_first_run(tmp_path):

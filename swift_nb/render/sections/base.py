@@ -104,6 +104,7 @@ class EmbeddedPart(Protocol):
 
     alt: str
     caption: str
+    drawn: bytes | None
 
     @property
     def key(self) -> str | None: ...

@@ -45,16 +45,25 @@ CAPTION = (
 class TimelinePart:
     """The trace's timeline among a section's parts: in report.html the viewer with the
     events embedded (``html``); in static outputs a PNG of the whole timeline
-    (``outputs``); the results panel puts the widget in its place. Not a figure of the
-    figure cache (``key`` None): the report keeps no image of it to reuse. ``places``: the
+    (``outputs``); the results panel puts the widget in its place. ``places``: the
     findings' windows the viewer zooms to. The timeline is read when first needed, once for
-    the report and the panel."""
+    the report and the panel. Its PNG is a figure of the figure cache (``key``, ``drawn``):
+    the helper draws it while a profiled run is analysed (``document.draw_run_ahead``); the
+    report keeps no image of it to reuse."""
 
     run: Run
     findings: Sequence[Finding] = field(default_factory=list)
     alt: str = "The trace's timeline"
     caption: str = CAPTION
-    key: None = None
+    drawn: bytes | None = field(default=None, repr=False)
+
+    @cached_property
+    def key(self) -> str | None:
+        """What the PNG shows: the trace and the record's counters on its clock."""
+        run, trace = self.run, self.run.trace_path
+        if trace is None:
+            return None
+        return figure_key("trace_timeline", run.steps, run.samples, run.memory, trace=trace.name)
 
     @cached_property
     def timeline(self) -> Timeline:
@@ -70,7 +79,7 @@ class TimelinePart:
 
     @cached_property
     def png(self) -> bytes:
-        return figure_png(self.figure)
+        return self.drawn if self.drawn is not None else figure_png(self.figure)
 
     def outputs(self) -> list[dict[str, str]]:
         try:

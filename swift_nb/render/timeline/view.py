@@ -92,6 +92,8 @@ def timeline_figure(timeline: Timeline, width_px: int = 1000, width_in: float = 
     """The whole timeline as a static figure: each span track's rows as bars (from
     ``Timeline.query`` at ``width_px``), each counter as a filled line, on a shared time
     axis in ms from the trace's start."""
+    from matplotlib.ticker import NullLocator
+
     tracks = timeline.tracks.reset_index(drop=True)
     items = timeline.query(width_px=width_px)
     counters = timeline.counters(width_px=width_px)
@@ -102,12 +104,18 @@ def timeline_figure(timeline: Timeline, width_px: int = 1000, width_in: float = 
     fig = new_figure(width_in, 0.9 + sum(heights) + 0.08 * len(heights))
     w, h = fig.get_size_inches()
     fig.subplots_adjust(left=2.0 / w, right=1 - 0.2 / w, top=1 - 0.35 / h, bottom=0.5 / h, hspace=0.15)
-    axes = fig.subplots(len(tracks), 1, sharex=True, gridspec_kw={"height_ratios": heights}, squeeze=False)[
-        :, 0
-    ]
+    # one time axis, drawn under the last track: the others get no ticks at all (not
+    # shared ones hidden), which would be most of the figure's drawing time
+    axes = fig.subplots(len(tracks), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
     t0 = timeline.start_us
+    span_ms = max(timeline.end_us - t0, 1e-3) / 1000
     for ax, track in zip(axes, tracks.itertuples(index=False), strict=True):
-        ax.set_yticks([])
+        ax.set_xlim(0, span_ms)
+        if ax is not axes[-1]:
+            ax.xaxis.set_major_locator(NullLocator())
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(NullLocator())
+        ax.yaxis.set_minor_locator(NullLocator())
         for side in ("top", "right", "left"):
             ax.spines[side].set_visible(False)
         ax.set_ylabel(
@@ -134,7 +142,6 @@ def timeline_figure(timeline: Timeline, width_px: int = 1000, width_in: float = 
             )
             ax.broken_barh(spans, (-depth - 0.9, 0.8), color=KIND_COLORS.get(track.kind, "#4c72b0"), lw=0)
         ax.set_ylim(-int(track.max_depth) - 1, 0)
-    axes[-1].set_xlim(0, max(timeline.end_us - t0, 1e-3) / 1000)
     axes[-1].set_xlabel("time since the trace's start (ms)")
     axes[0].set_title(
         "Timeline of the profiled steps (swift_nb.timeline(run) opens it zoomable)", fontsize=9, loc="left"
