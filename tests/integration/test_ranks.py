@@ -167,7 +167,9 @@ def test_fsdp_records_all_gather_and_reduce_scatter(tmp_path_factory):
 
 
 def test_slow_rank_is_the_straggler(tmp_path_factory):
-    job = _job(tmp_path_factory, "slow", 2, "--sleep-rank", "1", "--sleep-s", "0.1", "--steps", "6")
+    # 0.3 s a step: the sleep outweighs what a loaded machine does to either rank's time
+    # outside the all-reduce (at 0.1 s, a busy machine once measured the sleeper 0.073 s busy)
+    job = _job(tmp_path_factory, "slow", 2, "--sleep-rank", "1", "--sleep-s", "0.3", "--steps", "6")
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
     pr = per_rank(job.run)
     assert list(pr["straggler"]) == [False, True], pr
