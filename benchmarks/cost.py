@@ -117,7 +117,7 @@ def big_trace(layers: int, active: int, after: int, hta: bool, root: str) -> dic
     out = {"finish_s": time.perf_counter() - t}
     t = time.perf_counter()
     ahead.take(session.take_trace_tables())
-    reported = report(run, figures=ahead.figures, drawing=_draw_elsewhere(run))
+    reported = report(run, figures=ahead.figures, drawing=_draw_elsewhere(run, timeline_png=True))
     show(reported)
     out["warm_s"] = time.perf_counter() - t
     run = reported.run
@@ -218,6 +218,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="swift_nb_cost_")
     proc = psutil.Process()
     tail_s: list[float] = []
+    first_s: list[float] = []
     hook_s: list[float] = []
 
     def bare():
@@ -240,7 +241,12 @@ def main() -> None:
             return cell(model, opt, batches)
         finally:
             t = time.perf_counter()
-            show(finish(s))
+            # as the magic: the Summary and verdict shown once analysed, the helper drawing
+            # the static timeline too
+            reported = finish(
+                s, on_analysed=lambda r, sections: first_s.append(time.perf_counter() - t), timeline_png=True
+            )
+            show(reported)
             tail_s.append(time.perf_counter() - t)
 
     modes = {"bare": bare, "capture": capture, "full": full}
@@ -300,7 +306,8 @@ def main() -> None:
             _ratio(bare_out + statistics.median(hook_s), bare_out),
             "≤ 1.02×",
         ),
-        ("last step → results visible (median)", f"{statistics.median(tail_s):.2f} s", "≤ 0.5 s"),
+        ("last step → Summary and verdict shown (median)", f"{statistics.median(first_s):.2f} s", "≤ 0.3 s"),
+        ("last step → every result shown (median)", f"{statistics.median(tail_s):.2f} s", ""),
         (
             f"{big['mb']:.0f} MB trace ({big['events']:,} events): capture's finish after the last step "
             f"(the cell ran {args.big_after} steps past the schedule)",
