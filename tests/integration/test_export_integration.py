@@ -20,15 +20,16 @@ from swift_nb.trackers import export
 
 
 def _wandb_records(folder: Path, wait_s: float = 60.0) -> list:
-    """The records of W&B's offline run file (``run-*.wandb``), once it holds its run and
-    its summary: W&B's service process writes the file, and on a loaded machine it may
-    still be writing when ``finish()`` has returned."""
+    """The records of W&B's offline run file (``run-*.wandb``), once it holds its ``exit``
+    record, the last one ``finish()`` writes: W&B's service process writes the file, and
+    it may still be writing when ``finish()`` has returned (waiting for the run and a
+    summary only, one run in six read 12 of 30 steps' history)."""
     deadline = time.monotonic() + wait_s
     while True:
         files = list(folder.rglob("run-*.wandb"))
         records = _read_wandb_file(files[0]) if files else []
         kinds = {r.WhichOneof("record_type") for r in records}
-        if {"run", "summary"} <= kinds or time.monotonic() > deadline:
+        if "exit" in kinds or time.monotonic() > deadline:
             return records
         time.sleep(0.5)
 
