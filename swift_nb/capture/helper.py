@@ -132,6 +132,7 @@ class HelperProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env["SWIFT_NB_HELPER_PARENT"] = str(os.getpid())
+        env["SWIFT_NB_HELPER_JOBS"] = str(self.jobs)
         try:
             self.proc = subprocess.Popen(
                 [PYTHON, "-m", "swift_nb.capture.helper"],
@@ -369,8 +370,17 @@ def _watch_parent(parent: int) -> None:
     """Leave as soon as the training process is gone (its pipe may outlive it in a child)."""
     while True:
         if os.getppid() != parent:
-            os._exit(0)
+            _leave()
         threading.Event().wait(1.0)
+
+
+def _leave() -> None:
+    """End the helper, and remove its jobs' folder: a training process that ended without
+    its ``atexit`` (``os._exit``, a signal, a rank torn down) cannot."""
+    jobs = os.environ.get("SWIFT_NB_HELPER_JOBS")
+    if jobs:
+        shutil.rmtree(jobs, ignore_errors=True)
+    os._exit(0)
 
 
 def _warm() -> None:
@@ -407,6 +417,7 @@ def serve() -> None:
         os.replace(tmp, result_file)
         answers.write(f"{result_file}\n".encode())
         answers.flush()
+    _leave()  # stdin closed: the training process closed it, or is gone
 
 
 def _picklable(e: BaseException) -> BaseException:

@@ -100,25 +100,34 @@ def test_helper_digests_at_low_priority_and_serves_the_next_run(tmp_path):
     _complete(second)
 
 
-def test_helper_leaves_with_its_process(tmp_path):
+@pytest.mark.parametrize("ending", ["exit", "os._exit"])
+def test_helper_leaves_with_its_process_and_leaves_nothing(tmp_path, ending):
+    """Whether the training process exits (its ``atexit`` ends the helper) or is gone
+    without running any (``os._exit``, as a killed rank is), the helper leaves and its jobs'
+    folder does not stay behind in the temporary directory."""
     code = textwrap.dedent(
         f"""
-        import sys
+        import os, sys
         sys.path.insert(0, {str(os.path.dirname(__file__))!r})
         import swift_nb
+        from swift_nb.capture import helper
         from test_helper import _train
         prof = swift_nb.profile(out_dir={str(tmp_path)!r}, wait=1, warmup=1, active=3)
         with prof:
             _train(8)
-        print(prof.session.digested.pid)
+        print(prof.session.digested.pid, helper.shared(start=False).jobs, flush=True)
+        if {ending!r} == "os._exit":
+            os._exit(0)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    pid = int(out.stdout.split()[-1])
+    pid_text, jobs = out.stdout.split()[-2:]
+    pid = int(pid_text)
     assert pid != os.getpid()
     gone = psutil.wait_procs([psutil.Process(pid)], timeout=10)[0] if psutil.pid_exists(pid) else True
     assert gone, "the helper outlived its process"
+    assert not Path(jobs).exists(), "the helper's jobs folder was left behind"
 
 
 def test_helper_that_cannot_start_leaves_the_work_to_this_process(tmp_path, monkeypatch):
