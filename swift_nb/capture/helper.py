@@ -50,6 +50,25 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 WARM = ("swift_nb.capture.digest", "swift_nb.render.document", "matplotlib.pyplot")
 
 
+#: the jobs' folders in the temporary directory: ``swift_nb-helper-<training pid>-<random>``
+_JOBS_PREFIX = "swift_nb-helper-"
+
+
+def _remove_stale_jobs() -> None:
+    """Remove the jobs' folders whose training process is gone: where that process and its
+    helper were killed together (a process group's SIGKILL), neither could."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_JOBS_PREFIX}*-*"):
+        pid = folder.name[len(_JOBS_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
+
+
 def resolve(target: str) -> Callable[[Any], Any]:
     """The function named ``"package.module:function"``."""
     module, _, name = target.partition(":")
@@ -125,8 +144,10 @@ class HelperProcess:
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self.error: OSError | None = None
-        # its jobs and answers, outside any run folder (a cell may remove its runs' folder)
-        self.jobs = Path(tempfile.mkdtemp(prefix="swift_nb-helper-"))
+        # its jobs and answers, outside any run folder (a cell may remove its runs' folder),
+        # named by the training process that owns them
+        _remove_stale_jobs()
+        self.jobs = Path(tempfile.mkdtemp(prefix=f"{_JOBS_PREFIX}{self.owner}-"))
 
     def start(self) -> None:
         env = dict(os.environ)

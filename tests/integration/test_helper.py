@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -98,6 +99,28 @@ def test_helper_digests_at_low_priority_and_serves_the_next_run(tmp_path):
         _train(8)
     assert again.session.digested.pid == seen["pid"]
     _complete(second)
+
+
+def test_a_helper_removes_the_jobs_folders_of_processes_gone_with_theirs(tmp_path, monkeypatch):
+    """A training process killed with its helper (a process group's SIGKILL) leaves its jobs'
+    folder: the next helper to start removes it, and never one whose process is alive."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"swift_nb-helper-{gone.pid}-abc"
+    alive = tmp_path / "swift_nb-helper-1-abc"  # init's: alive as long as the machine is
+    other = tmp_path / "swift_nb-helper-notes"
+    for folder in (stale, alive, other):
+        folder.mkdir()
+    process = helper.HelperProcess()
+    try:
+        assert process.jobs.parent == tmp_path and process.jobs.name.startswith(
+            f"swift_nb-helper-{os.getpid()}-"
+        )
+        assert not stale.exists() and alive.exists() and other.exists()
+    finally:
+        process.close()
+    assert not process.jobs.exists()
 
 
 @pytest.mark.parametrize("ending", ["exit", "os._exit"])
