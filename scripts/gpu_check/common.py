@@ -134,9 +134,12 @@ class Ctx:
             torch.cuda.synchronize()
 
     def profiled(self, label: str, cell: Callable[[], None], **options: Any):
-        """``cell`` run under ``swift_nb.profile``; the run as read back from its folder."""
+        """``cell`` run under ``swift_nb.profile``; the run as read back from its folder. No
+        report.html unless ``report=True``: the checks read the record (a check of the report
+        asks for one), and each report would cost a check seconds."""
         import swift_nb
 
+        options.setdefault("report", False)
         prof = swift_nb.profile(out_dir=self.runs, label=label, **options)
         with prof:
             cell()

@@ -29,7 +29,7 @@ def check(ctx: Ctx) -> None:
             opt.zero_grad(set_to_none=True)
         print(f"final loss {loss.item():.3f}")
 
-    run = ctx.profiled("quickstart", cell, interval_ms=50)
+    run = ctx.profiled("quickstart", cell, interval_ms=50, report=True)
     samples = run.samples
 
     def columns(pattern: str) -> list[str]:
