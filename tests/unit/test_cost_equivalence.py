@@ -293,7 +293,9 @@ def test_user_drawing_while_figures_are_drawn_ahead(tmp_path):
         opt.zero_grad()
     digest = session._trace._pending
     drawn_alongside = []
-    while not digest._done.is_set() and len(drawn_alongside) < 500:
+    # at most 40 (2 s): the helper runs only where a core is idle, and on a loaded machine
+    # this loop would keep it from ever finishing
+    while not digest._done.is_set() and len(drawn_alongside) < 40:
         drawn_alongside.append(user_png())
     run = session.stop()
     ahead.take(session.take_trace_tables())
