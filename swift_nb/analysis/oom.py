@@ -11,7 +11,8 @@ From the post-mortem (``Run.oom``, read at the failure by ``swift_nb.capture.mem
   base, a frozen encoder) are there throughout, with no gradient or state.
 - the room: the capacity less what is not tensors (the CUDA context; the process's own
   memory on CPU), less a margin (``MARGIN``) for the allocator's rounding and
-  fragmentation.
+  fragmentation; never more than what was live plus the request that failed, less the
+  same margin (that much did not fit).
 - each fix changes one term, by the formulas of ``swift_nb.analysis.effects``: FlashAttention
   drops the ``[.., T, T]`` score activations; gradient checkpointing keeps one block's
   activations plus each block's input (taken as large as one block's activations);
@@ -113,12 +114,24 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
     room = None
     if oom.capacity_bytes:
         room = int((oom.capacity_bytes - (oom.outside_tensors_bytes or 0)) * (1 - MARGIN))
+    # what was live plus the request did not fit: the room is below it, whatever the
+    # capacity less the rest measured (the process's own memory moves with its threads and
+    # arenas on CPU; fragmentation takes its share on CUDA)
+    failed_at = sum(c.values()) + float(oom.requested_bytes or 0) if oom.requested_bytes else None
+    bounded = room is not None and failed_at is not None and failed_at * (1 - MARGIN) < room
+    if bounded:
+        assert failed_at is not None
+        room = int(failed_at * (1 - MARGIN))
     formula = (
         f"need = frozen parameters {fmt_bytes(frozen)} + max(parameters + gradients + optimizer state + "
         f"activations + other, the optimizer's step: 2 × parameters + state {fmt_bytes(full_state)}); "
         f"activations {fmt_bytes(act)} = {how}"
     )
-    if room is not None:
+    if bounded:
+        formula += (
+            f"; room = (what was live + the request that failed, {fmt_bytes(failed_at or 0)}) × {1 - MARGIN:g}"
+        )
+    elif room is not None:
         formula += (
             f"; room = ({fmt_bytes(oom.capacity_bytes)} capacity − {fmt_bytes(oom.outside_tensors_bytes or 0)} "
             f"not in tensors) × {1 - MARGIN:g}"

@@ -105,6 +105,34 @@ def test_the_report_explains_it_and_names_the_fixes(outside_window):
     assert listed["status"].iloc[0] == "oom"
 
 
+def test_the_room_is_never_more_than_what_failed():
+    """The capacity less the process's other memory can measure more room than the step
+    needed (on CPU that memory moves with threads and malloc arenas): the room is then what
+    was live plus the failed request, less the margin, so a fix saving 0.1 % never fits
+    and one saving most of the activations still does."""
+    MiB = 1 << 20
+    o = OutOfMemory(
+        requested_bytes=384 * MiB,
+        phase="forward",
+        blocks=4,
+        blocks_reached=4,
+        categories={"parameters": MiB, "gradients": 0, "optimizer_state": 2 * MiB, "activations": 1400 * MiB},
+        capacity_bytes=8 << 30,  # measured: far more than the step needs
+        outside_tensors_bytes=1 << 30,
+        square_bytes=1152 * MiB,
+    )
+    d = diagnose(o, "AdamW")
+    failed_at = (MiB + 2 * MiB + 1400 * MiB + 384 * MiB) * 0.95
+    assert d.room_bytes == int(failed_at) < d.need_bytes
+    assert "room = (what was live + the request that failed, " in d.formula
+    fits = {f.toggle for f in d.fixes if f.fits}
+    assert "galore" not in fits and "flash_attention" in fits
+    # where the capacity is the tighter bound, it stays the room
+    tight = diagnose(OutOfMemory(**{**o.__dict__, "capacity_bytes": 2 << 30}), "AdamW")
+    assert tight.room_bytes == int(((2 << 30) - (1 << 30)) * 0.95)
+    assert "capacity −" in tight.formula
+
+
 def test_the_predicted_fix_does_fit(tmp_path):
     """Half the batch, predicted to fit, runs to its end under the same limit."""
     proc = subprocess.run(
