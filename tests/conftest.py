@@ -4,13 +4,19 @@ that marks its tests with the tier's name (tests/README.md)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import pytest
-from support.common import Kernel
-from support.demo_run import profile_demo_gpt
+# jsonschema (nbformat's) checks the "iri" format with rfc3987_syntax where it is installed
+# (jupyter-events asks for it), which builds a grammar at its import: 2.3 s of CPU in each
+# test process, for a format no notebook schema uses. Without it jsonschema skips that check.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]
 
-from swift_nb.record import Run
+import pytest  # noqa: E402 (after the line above)
+from support.common import Kernel  # noqa: E402 (after the line above)
+from support.demo_run import profile_demo_gpt  # noqa: E402 (after the line above)
+
+from swift_nb.record import Run  # noqa: E402 (after the line above)
 
 
 @pytest.fixture

@@ -128,9 +128,7 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
         f"activations {fmt_bytes(act)} = {how}"
     )
     if bounded:
-        formula += (
-            f"; room = (what was live + the request that failed, {fmt_bytes(failed_at or 0)}) × {1 - MARGIN:g}"
-        )
+        formula += f"; room = (what was live + the request that failed, {fmt_bytes(failed_at or 0)}) × {1 - MARGIN:g}"
     elif room is not None:
         formula += (
             f"; room = ({fmt_bytes(oom.capacity_bytes)} capacity − {fmt_bytes(oom.outside_tensors_bytes or 0)} "

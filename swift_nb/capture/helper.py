@@ -46,8 +46,13 @@ from typing import Any
 PYTHON = sys.executable
 _NICE = int(os.environ.get("SWIFT_NB_HELPER_NICE", "19"))
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-#: what the helper imports as soon as it starts, before its first job asks for them
-WARM = ("swift_nb.capture.digest", "swift_nb.render.document", "matplotlib.pyplot")
+#: what the helper imports as soon as it starts, before its first job asks for them: the
+#: digest's modules, and the figures' where its runs write reports
+WARM_DIGEST = ("swift_nb.capture.digest",)
+WARM = (*WARM_DIGEST, "swift_nb.render.document", "matplotlib.pyplot")
+#: the environment variable that tells the helper what to import first (commas); a process
+#: whose runs write no report (a rerun's worker) sets it to the digest's modules alone
+WARM_ENV = "SWIFT_NB_HELPER_WARM"
 
 
 #: the jobs' folders in the temporary directory: ``swift_nb-helper-<training pid>-<random>``
@@ -137,7 +142,8 @@ class Pending:
 class HelperProcess:
     """The helper interpreter: its pipes, and the jobs it has not answered yet, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm: tuple[str, ...] = WARM) -> None:
+        self.warm = warm
         self.proc: subprocess.Popen | None = None
         self.owner = os.getpid()  # a forked child (a DataLoader worker) does not own it
         self._pending: list[Pending] = []
@@ -154,6 +160,7 @@ class HelperProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env["SWIFT_NB_HELPER_PARENT"] = str(os.getpid())
         env["SWIFT_NB_HELPER_JOBS"] = str(self.jobs)
+        env[WARM_ENV] = ",".join(self.warm)
         try:
             self.proc = subprocess.Popen(
                 [PYTHON, "-m", "swift_nb.capture.helper"],
@@ -263,9 +270,12 @@ _shared: HelperProcess | None = None
 _shared_lock = threading.Lock()
 
 
-def shared(start: bool = True) -> HelperProcess | None:
+def shared(start: bool = True, figures: bool = True) -> HelperProcess | None:
     """This process's helper, started (or started again, if it died) when ``start``;
-    None where it is not running and not to be started."""
+    None where it is not running and not to be started. ``figures``: a helper started here
+    imports what figures need ahead too (``$SWIFT_NB_HELPER_WARM`` decides where set); a
+    run without a report needs the digest's modules alone, and saves the helper a second
+    of CPU."""
     global _shared
     with _shared_lock:
         process = _shared
@@ -274,7 +284,9 @@ def shared(start: bool = True) -> HelperProcess | None:
                 process.close()
             process = _shared = None
         if process is None and start:
-            process = HelperProcess()
+            named = os.environ.get(WARM_ENV)
+            warm = tuple(m for m in named.split(",") if m) if named is not None else None
+            process = HelperProcess(warm if warm is not None else WARM if figures else WARM_DIGEST)
             process.start()
             if process.proc is not None:
                 _shared = process
@@ -312,10 +324,11 @@ class Helper:
         self._jobs: list[Pending] = []
         self._count = itertools.count(1)
 
-    def start(self, launch: bool = True) -> None:
+    def start(self, launch: bool = True, figures: bool = True) -> None:
         """Take this process's helper, starting it where none runs (``launch``; else only
-        one already running). Never raises: without one, jobs run in this process."""
-        process = shared(start=launch)
+        one already running; ``figures``: as ``shared`` takes it). Never raises: without
+        one, jobs run in this process."""
+        process = shared(start=launch, figures=figures)
         if process is not None and process.proc is None:
             self.tell(
                 f"the helper process could not start ({process.error}); the trace was digested in this process"
@@ -406,7 +419,10 @@ def _leave() -> None:
 
 def _warm() -> None:
     """Import what jobs need, while no job waits (a failure shows when a job imports it)."""
-    for name in WARM:
+    named = os.environ.get(WARM_ENV)
+    for name in named.split(",") if named is not None else WARM:
+        if not name:
+            continue
         try:
             importlib.import_module(name)
         except Exception:

@@ -204,7 +204,7 @@ class Session:
             if self.profiler_cfg is not None:
                 # started first: its interpreter starts while the first steps run
                 self._helper = Helper(run.path, self.note)
-                self._helper.start()
+                self._helper.start(figures=self.options.report)
                 self._stderr.start()
                 self._trace = self._new_trace(self.profiler_cfg, self._helper)
                 self._trace.start()

@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from swift_nb import vocabulary
+from swift_nb.capture import helper
 from swift_nb.record import RUN_FILE, load_run, new_run_id, save
 from swift_nb.rerun.worker import PROGRESS_FILE, result_file
 from swift_nb.toggles import Toggle, get
@@ -157,6 +158,8 @@ class Worker:
         spec_path.write_text(json.dumps(self.spec))
         self._t0 = time.monotonic()
         env = {**os.environ, "MPLBACKEND": "Agg", WORKER_ENV: "1"}
+        # its run writes no report: its helper imports the digest's modules alone
+        env[helper.WARM_ENV] = ",".join(helper.WARM_DIGEST)
         cmd = [sys.executable, "-m", "swift_nb.rerun.worker", str(spec_path)]
         if self.nproc > 1:
             cmd = [

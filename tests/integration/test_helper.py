@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,6 +100,34 @@ def test_helper_digests_at_low_priority_and_serves_the_next_run(tmp_path):
         _train(8)
     assert again.session.digested.pid == seen["pid"]
     _complete(second)
+
+
+def test_a_run_without_a_report_starts_a_helper_that_imports_no_figures(tmp_path, monkeypatch):
+    """The helper a run starts imports ahead what the run's work needs: the digest's modules
+    alone without a report (a rerun's worker, a script with report=False), the figures' too
+    with one; a process's own ``$SWIFT_NB_HELPER_WARM`` decides where set."""
+    monkeypatch.delenv(helper.WARM_ENV, raising=False)
+    warm = []
+    for report in (False, True):
+        helper.stop_shared()
+        prof = swift_nb.profile(out_dir=tmp_path, report=report, **OPTIONS)
+        with prof as run:
+            _train(
+                8,
+                lambda k, p=prof: warm.append(psutil.Process(p.session.helper_pid).environ()) if k == 0 else None,
+            )
+        assert run.summary["recorded_steps"] == [2, 3, 4]
+        assert (run.path / "report.html").exists() is report
+    assert [w[helper.WARM_ENV] for w in warm] == [",".join(helper.WARM_DIGEST), ",".join(helper.WARM)]
+    helper.stop_shared()
+    monkeypatch.setenv(helper.WARM_ENV, "swift_nb.capture.digest,json")
+    assert helper.shared().warm == ("swift_nb.capture.digest", "json")
+    # a rerun's worker runs with no report, and says so to its helper
+    from swift_nb.rerun.launcher import Variant, Worker
+
+    worker = Worker([], "pass", "", tmp_path, Variant("baseline"))
+    assert worker.options.report is False
+    shutil.rmtree(worker.folder)
 
 
 def test_a_helper_removes_the_jobs_folders_of_processes_gone_with_theirs(tmp_path, monkeypatch):

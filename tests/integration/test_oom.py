@@ -24,7 +24,7 @@ from swift_nb.render.oom import oom_text
 WORKLOAD = Path(__file__).parents[1] / "workloads" / "oom_job.py"
 
 
-MiB = 1 << 20
+MIB = 1 << 20
 
 
 def _run_job(out: Path, active: int) -> swift_nb.Run:
@@ -110,19 +110,18 @@ def test_the_room_is_never_more_than_what_failed():
     needed (on CPU that memory moves with threads and malloc arenas): the room is then what
     was live plus the failed request, less the margin, so a fix saving 0.1 % never fits
     and one saving most of the activations still does."""
-    MiB = 1 << 20
     o = OutOfMemory(
-        requested_bytes=384 * MiB,
+        requested_bytes=384 * MIB,
         phase="forward",
         blocks=4,
         blocks_reached=4,
-        categories={"parameters": MiB, "gradients": 0, "optimizer_state": 2 * MiB, "activations": 1400 * MiB},
+        categories={"parameters": MIB, "gradients": 0, "optimizer_state": 2 * MIB, "activations": 1400 * MIB},
         capacity_bytes=8 << 30,  # measured: far more than the step needs
         outside_tensors_bytes=1 << 30,
-        square_bytes=1152 * MiB,
+        square_bytes=1152 * MIB,
     )
     d = diagnose(o, "AdamW")
-    failed_at = (MiB + 2 * MiB + 1400 * MiB + 384 * MiB) * 0.95
+    failed_at = (MIB + 2 * MIB + 1400 * MIB + 384 * MIB) * 0.95
     assert d.room_bytes == int(failed_at) < d.need_bytes
     assert "room = (what was live + the request that failed, " in d.formula
     fits = {f.toggle for f in d.fixes if f.fits}
@@ -190,7 +189,7 @@ def test_injected_oom_in_process(tmp_path):
     assert saved.status == "oom"
     o = saved.oom
     assert o.step == 3 and o.phase == "forward" and o.module == "net.2"
-    assert o.requested_bytes == 20 * MiB
+    assert o.requested_bytes == 20 * MIB
     assert "test_oom.py:" in o.where and o.where.endswith(" in fail")  # the deepest line of the user's code
     assert o.categories["parameters"] == sum(p.numel() * 4 for p in net.parameters())
     assert o.categories["activations"] > 0  # the first layers' outputs, saved for backward
