@@ -114,7 +114,9 @@ def test_a_run_without_a_report_starts_a_helper_that_imports_no_figures(tmp_path
         with prof as run:
             _train(
                 8,
-                lambda k, p=prof: warm.append(psutil.Process(p.session.helper_pid).environ()) if k == 0 else None,
+                lambda k, p=prof: (
+                    warm.append(psutil.Process(p.session.helper_pid).environ()) if k == 0 else None
+                ),
             )
         assert run.summary["recorded_steps"] == [2, 3, 4]
         assert (run.path / "report.html").exists() is report
