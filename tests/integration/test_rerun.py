@@ -154,11 +154,23 @@ def test_panel_rerun_button_compares_and_cancel_ends_the_worker(session_kernel, 
     assert res.status == "ok", res.outputs
     assert "Cancelled" in k.eval("ctl.status.value")
     assert k.eval("ctl.rerun.disabled") is False
-    assert _no_process_with("swift_nb.rerun.worker")
+    assert _no_process_with("swift_nb.rerun.worker", started_by=k.eval("__import__('os').getpid()"))
 
 
-def _no_process_with(marker: str) -> bool:
-    return not any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+def _no_process_with(marker: str, started_by: int | None = None) -> bool:
+    """No process runs whose command line holds ``marker``. ``started_by``: only those the
+    process ``started_by`` started, or that outlived their parent (a test of another
+    xdist worker may run reruns of its own at the same time)."""
+
+    def ours(p: psutil.Process) -> bool:
+        try:
+            return started_by is None or p.ppid() == 1 or any(a.pid == started_by for a in p.parents())
+        except psutil.Error:
+            return False
+
+    return not any(
+        marker in " ".join(p.info["cmdline"] or []) and ours(p) for p in psutil.process_iter(["cmdline"])
+    )
 
 
 FAULTY = (
