@@ -36,12 +36,15 @@ fi
 .venv/bin/mypy
 node --test tests/js/
 if [ "$fast" = 1 ]; then args=(tests/unit ${args[@]+"${args[@]}"}); fi
-# SWIFT_NB_TEST_WORKERS=auto (or N) runs one worker per core (pytest-xdist), each test file
-# on one worker so that a module's fixtures are made once, the longest tiers handed out first
-# (tests/conftest.py). The default is one process: on 2 cores, two workers overload the
-# machine enough to fail a few load-sensitive tests (tests/README.md).
-workers="${SWIFT_NB_TEST_WORKERS:-0}"
-if [ "$workers" != 0 ]; then args=(-n "$workers" --dist loadfile ${args[@]+"${args[@]}"}); fi
+# One pytest-xdist worker per core (SWIFT_NB_TEST_WORKERS=N for N, 0 for one process), each
+# test file on one worker so that a module's fixtures are made once, the longest tiers handed
+# out first (tests/conftest.py). Each worker's torch (and what its tests start) uses one
+# thread unless OMP_NUM_THREADS says otherwise: the workers share the cores already.
+workers="${SWIFT_NB_TEST_WORKERS:-auto}"
+if [ "$workers" != 0 ]; then
+  args=(-n "$workers" --dist loadfile ${args[@]+"${args[@]}"})
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+fi
 set +e
 .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
 rc=$?
