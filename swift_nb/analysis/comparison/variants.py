@@ -189,8 +189,9 @@ def rank_memory(runs: Sequence[tuple[str, Run]]) -> pd.DataFrame:
 
     measured_bytes: at the rank's step peak; forecast_bytes: the forecast's, per rank, at
     its peak (NaN for the baseline, or when no forecast can be made); held_bytes: the
-    category's own maximum in a recorded step (the median over the recorded steps, so one
-    step whose allocations the replay attributes differently does not decide it);
+    category's own maximum in a recorded step, the least over the recorded steps: what a
+    rank holds is there in every step, while a copy that outlives its step in some steps
+    is not (FSDP's rank once showed twice its gradient shard in the median step);
     forecast_held_bytes (parameters, gradients,
     optimizer state): the baseline's maximum divided as the forecast shards it
     (``effects.Applied.shards``). error_pct (%, + = more measured): held against
@@ -253,11 +254,11 @@ def rank_memory(runs: Sequence[tuple[str, Run]]) -> pd.DataFrame:
 
 
 def _held(run: Run) -> dict[str, float]:
-    """Each category's own maximum in a recorded step, the median over the recorded steps
+    """Each category's own maximum in a recorded step, the least over the recorded steps
     (bytes); the footprint's maximum when the run has no memory timeline."""
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     mem = run.memory
     if len(mem) and set(cols) <= set(mem.columns) and "step" in mem:
-        per_step = mem.groupby("step")[cols].max().median()
+        per_step = mem.groupby("step")[cols].max().min()
         return {c: float(per_step[f"{c}_bytes"]) for c in MEMORY_CATEGORIES}
     return {r.category: float(r.max_bytes) for r in memory_footprint(run).itertuples()}
