@@ -117,10 +117,9 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
     # what was live plus the request did not fit: the room is below it, whatever the
     # capacity less the rest measured (the process's own memory moves with its threads and
     # arenas on CPU; fragmentation takes its share on CUDA)
-    failed_at = sum(c.values()) + float(oom.requested_bytes or 0) if oom.requested_bytes else None
-    bounded = room is not None and failed_at is not None and failed_at * (1 - MARGIN) < room
+    failed_at = sum(c.values()) + float(oom.requested_bytes or 0)
+    bounded = bool(oom.requested_bytes) and room is not None and failed_at * (1 - MARGIN) < room
     if bounded:
-        assert failed_at is not None
         room = int(failed_at * (1 - MARGIN))
     formula = (
         f"need = frozen parameters {fmt_bytes(frozen)} + max(parameters + gradients + optimizer state + "
@@ -128,7 +127,9 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
         f"activations {fmt_bytes(act)} = {how}"
     )
     if bounded:
-        formula += f"; room = (what was live + the request that failed, {fmt_bytes(failed_at or 0)}) × {1 - MARGIN:g}"
+        formula += (
+            f"; room = (what was live + the request that failed, {fmt_bytes(failed_at)}) × {1 - MARGIN:g}"
+        )
     elif room is not None:
         formula += (
             f"; room = ({fmt_bytes(oom.capacity_bytes)} capacity − {fmt_bytes(oom.outside_tensors_bytes or 0)} "

@@ -181,3 +181,23 @@ def test_bad_limits_and_folders_are_usage_errors(gpu_pair, tmp_path, capsys):
     assert main(["diff", str(a.path), str(tmp_path / "missing")]) == 2
     out = capsys.readouterr()
     assert "not a swift_nb run folder" in out.err and out.out == ""
+
+
+def test_what_a_rank_holds_is_the_least_of_its_steps_maxima():
+    """A copy that outlives its step in some steps (twice the gradient shard, in two of three
+    steps) does not decide what the rank holds; what it holds in every step does."""
+    import pandas as pd
+
+    from swift_nb.analysis.comparison.variants import _held
+    from swift_nb.record import MEMORY_CATEGORIES
+
+    rows = []
+    for step, grads in ((1, 32), (2, 16), (3, 32)):
+        for t, live in enumerate((0, grads)):
+            row = {f"{c}_bytes": 0.0 for c in MEMORY_CATEGORIES}
+            row.update(
+                step=step, t=t, parameters_bytes=16.0, gradients_bytes=float(live), optimizer_state_bytes=32.0
+            )
+            rows.append(row)
+    held = _held(Run(id="r", memory=pd.DataFrame(rows)))
+    assert (held["parameters"], held["gradients"], held["optimizer_state"]) == (16.0, 16.0, 32.0)
