@@ -5,18 +5,24 @@ Times, over several rounds: the cell alone in this process (bare), and a whole r
 (``run_variants`` with no variant: the baseline rerun only) of the same setup + cell.
 overhead = rerun − bare setup − bare cell.
 
-    python benchmarks/rerun.py [--rounds 3] [--steps 10]
+``--compare flash_attention,grad_checkpointing`` times instead a comparison (the baseline
+and those variants) with workers forked from the session's warm server and with fresh
+worker processes (``SWIFT_NB_RERUN_FORK=0``): each worker's wall time from its start to
+its result, the session's first comparison apart from the later ones.
+
+    python benchmarks/rerun.py [--rounds 3] [--steps 10] [--compare A,B]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from swift_nb.rerun import run_variants
+from swift_nb.rerun import forkserver, parse_variants, run_variants
 
 SETUP = (
     "import torch\n"
@@ -42,11 +48,46 @@ def bare(steps: int) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
+def compare(rounds: int, steps: int, variants: str) -> None:
+    """Each worker's wall time in ``rounds`` comparisons, forked and fresh."""
+    table = []
+    with tempfile.TemporaryDirectory() as root:
+        for mode in ("forked", "fresh"):
+            os.environ[forkserver.FORK_ENV] = "1" if mode == "forked" else "0"
+            if forkserver._server is not None:  # a new session: no warm server yet
+                forkserver._server.close()
+                forkserver._server = None
+            for i in range(rounds):
+                t = time.perf_counter()
+                outcomes = run_variants(
+                    [SETUP],
+                    CELL.format(steps=steps),
+                    "--wait 0 --warmup 1 --active 2",
+                    parse_variants(variants),
+                    Path(root) / f"{mode}{i}",
+                )
+                total = time.perf_counter() - t
+                assert all(o.status == "ok" for o in outcomes), outcomes
+                walls = [o.wall_s for o in outcomes]
+                table.append((mode, i, walls, total))
+                print(
+                    f"{mode} round {i}: " + ", ".join(f"{o.variant} {o.wall_s:.2f} s" for o in outcomes),
+                    flush=True,
+                )
+    print(f"\n{'workers':>8} {'round':>6} {'baseline':>9} {'variants (median)':>18} {'comparison':>11}")
+    for mode, i, walls, total in table:
+        print(f"{mode:>8} {i:>6} {walls[0]:>9.2f} {statistics.median(walls[1:]):>18.2f} {total:>11.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--compare", help="variants: time a comparison, forked and fresh")
     args = ap.parse_args()
+    if args.compare:
+        compare(args.rounds, args.steps, args.compare)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as root:
         for i in range(args.rounds):

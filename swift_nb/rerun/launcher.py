@@ -1,8 +1,11 @@
 """Launch reruns: one worker process per variant, never touching the kernel's objects.
 
-Each worker is its own process group (``start_new_session``), so ending it — cancel,
-timeout, or clean-up after it exits — also ends every process it started (data loader
-workers, anything it spawned); nothing is left behind. One rerun at a time per process:
+A single-process worker is forked from the session's warm fork server
+(``swift_nb.rerun.forkserver``: torch and the session's training libraries already
+imported), or started fresh (``python -m swift_nb.rerun.worker SPEC``) where forking is
+off or cannot be done safely. Either way each worker is its own process group, so ending
+it — cancel, timeout, or clean-up after it exits — also ends every process it started
+(data loader workers, anything it spawned); nothing is left behind. One rerun at a time per process:
 starting another while one runs is refused (``RerunBusyError``), not queued, so two
 workers never compete for the same cores or GPU and distort each other's measurements.
 
@@ -36,7 +39,8 @@ import psutil
 from swift_nb import vocabulary
 from swift_nb.capture import helper
 from swift_nb.record import RUN_FILE, load_run, new_run_id, save
-from swift_nb.rerun.worker import PROGRESS_FILE, result_file
+from swift_nb.rerun import forkserver
+from swift_nb.rerun.files import PROGRESS_FILE, result_file
 from swift_nb.toggles import Toggle, get
 from swift_nb.vocabulary.options import ProfileOptions
 
@@ -145,7 +149,7 @@ class Worker:
         }
         self.nproc = processes(variant.toggles)
         self._groups: set[int] = set()  # the ranks' process groups (several workers)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | forkserver.Forked | None = None
         self._t0 = 0.0
         self._cancelled = False
 
@@ -161,7 +165,12 @@ class Worker:
         # its run writes no report: its helper imports the digest's modules alone
         env[helper.WARM_ENV] = ",".join(helper.WARM_DIGEST)
         cmd = [sys.executable, "-m", "swift_nb.rerun.worker", str(spec_path)]
-        if self.nproc > 1:
+        if self.nproc == 1:
+            self.log_path.write_bytes(b"")
+            self.proc = forkserver.fork_worker(spec_path, self.log_path, env)
+            if self.proc is not None:
+                return
+        else:
             cmd = [
                 sys.executable,
                 "-m",
@@ -283,13 +292,15 @@ class Worker:
             if len(failed) > 1:
                 out.notes.append(f"ranks that failed too: {', '.join(str(r) for r, _ in failed[1:])}")
         rc = self.proc.returncode
+        # a forked worker whose server ended first: its status is lost, its result is not
+        ended_badly = rc != 0 and not getattr(self.proc, "lost", False)
         if self._cancelled:
             out.status, out.error = "cancelled", "cancelled by the user"
         elif timed_out:
             out.status, out.error = "timeout", f"no result after {self.timeout_s:.0f} s; the worker was ended"
-        elif not failed and (len(results) < self.nproc or rc != 0):
+        elif not failed and (len(results) < self.nproc or ended_badly):
             out.status = "crashed"
-            out.error = _exit_reason(rc) + _tail(self.log_path)
+            out.error = _exit_reason(rc, getattr(self.proc, "lost", False)) + _tail(self.log_path)
         if out.run_path:
             self._tag(Path(out.run_path), out)
         if out.status == "ok":
@@ -338,14 +349,24 @@ def _free_port() -> int:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs. Zombies do not count: a worker's helper
+    that outlived it is reparented to pid 1, and in a container pid 1 may never reap it."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                return True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return False
 
 
-def _exit_reason(rc: int | None) -> str:
+def _exit_reason(rc: int | None, lost: bool = False) -> str:
+    if lost:
+        return "the worker ended after its fork server; its exit status is unknown"
     if rc is not None and rc < 0:
         name = signal.Signals(-rc).name
         why = " (out of memory, or killed from outside)" if -rc == signal.SIGKILL else ""

@@ -31,17 +31,11 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from swift_nb.record import RUN_FILE, atomic_write_text
+from swift_nb.rerun.files import PROGRESS_FILE, result_file
 from swift_nb.toggles import applied, get
 
-PROGRESS_FILE = "progress.json"
-RESULT_FILE = "result.json"
 #: how long a rank waits in a collective for a peer before failing (s)
 PG_TIMEOUT_S = float(os.environ.get("SWIFT_NB_RERUN_PG_TIMEOUT_S", 600))
-
-
-def result_file(rank: int) -> str:
-    """The result file of ``rank`` (rank 0's is ``result.json``)."""
-    return RESULT_FILE if rank == 0 else f"result.rank{rank}.json"
 
 
 def init_distributed() -> int:

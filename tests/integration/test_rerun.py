@@ -15,7 +15,8 @@ import pytest
 
 import swift_nb
 from swift_nb.core.errors import ConfigError
-from swift_nb.rerun import RerunBusyError, parse_variants, run_variants
+from swift_nb.rerun import RerunBusyError, launcher, parse_variants, run_variants
+from swift_nb.rerun.forkserver import WORKER_NAME
 from swift_nb.rerun.history import prepare
 from swift_nb.rerun.launcher import Worker
 from swift_nb.vocabulary.options import ProfileOptions
@@ -154,7 +155,15 @@ def test_panel_rerun_button_compares_and_cancel_ends_the_worker(session_kernel, 
     assert res.status == "ok", res.outputs
     assert "Cancelled" in k.eval("ctl.status.value")
     assert k.eval("ctl.rerun.disabled") is False
-    assert _no_process_with("swift_nb.rerun.worker", started_by=k.eval("__import__('os').getpid()"))
+    assert _no_worker_of(k.eval("__import__('os').getpid()"))
+
+
+def _no_worker_of(session: int) -> bool:
+    """No rerun worker runs that the process ``session`` started, forked (named
+    ``swift_nb-rerun``) or fresh (``python -m swift_nb.rerun.worker``)."""
+    return _no_process_with(WORKER_NAME, started_by=session) and _no_process_with(
+        "swift_nb.rerun.worker", started_by=session
+    )
 
 
 def _no_process_with(marker: str, started_by: int | None = None) -> bool:
@@ -169,7 +178,8 @@ def _no_process_with(marker: str, started_by: int | None = None) -> bool:
             return False
 
     return not any(
-        marker in " ".join(p.info["cmdline"] or []) and ours(p) for p in psutil.process_iter(["cmdline"])
+        (marker == p.info["name"] or marker in " ".join(p.info["cmdline"] or [])) and ours(p)
+        for p in psutil.process_iter(["name", "cmdline"])
     )
 
 
@@ -240,13 +250,15 @@ def test_toggle_that_does_not_apply_is_noted_and_the_run_completes(tmp_path):
 
 
 def test_a_second_rerun_while_one_runs_is_refused(tmp_path):
-    slow = "import time\ntime.sleep(8)\n"
+    go = tmp_path / "go"
+    # the first rerun's cell waits until the second has been refused
+    waiting = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
     done = threading.Event()
     errors: list[BaseException] = []
 
     def first():
         try:
-            run_variants([], slow, FLAGS, [], tmp_path / "a", timeout_s=60)
+            run_variants([], waiting, FLAGS, [], tmp_path / "a", timeout_s=60)
         except BaseException as e:  # surfaced below
             errors.append(e)
         finally:
@@ -254,10 +266,15 @@ def test_a_second_rerun_while_one_runs_is_refused(tmp_path):
 
     t = threading.Thread(target=first)
     t.start()
-    time.sleep(1.0)
-    with pytest.raises(RerunBusyError, match="a rerun is already in progress"):
-        run_variants([], slow, FLAGS, [], tmp_path / "b")
-    t.join(120)
+    deadline = time.monotonic() + 60
+    while not launcher._busy.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        with pytest.raises(RerunBusyError, match="a rerun is already in progress"):
+            run_variants([], waiting, FLAGS, [], tmp_path / "b")
+    finally:
+        go.touch()
+        t.join(120)
     assert done.is_set() and not errors
 
 
