@@ -5,8 +5,9 @@
 ``bash scripts/gpu_check.sh`` sets up a Python with a CUDA build of torch and calls this.
 The checks (``registry.CHECKS``, one file each under ``checks/``) profile the demo GPT of
 ``swift_nb.demo`` (random weights, synthetic tokens; nothing is downloaded). Each runs in a
-child process of its own (``--one NAME``) under its time limit, so a check that fails, hangs
-or leaves the device unusable costs only itself; the parent rewrites
+child process of its own (``--one NAME``, forked from this process once it has imported
+torch and swift_nb: ``fork.py``) under its time limit, so a check that fails, hangs or leaves
+the device unusable costs only itself; the parent rewrites
 ``OUT_DIR/gpu_check.json`` after every check, so a run killed half-way keeps what it
 measured. Each check's record is ``{name, title, ok, skipped, seconds, details, error}``:
 ``details["held"]`` maps each statement the check tests to whether it held, beside the
@@ -25,7 +26,6 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from . import fork
 from .common import GPU_SIZES, SMOKE_SIZES, Ctx
 from .registry import BY_NAME, CHECKS, Check
 
@@ -175,20 +176,15 @@ def in_child(name: str, out: Path, smoke: bool, limit_s: float) -> tuple[dict[st
     result = out / "results" / f"{name}.json"
     result.parent.mkdir(exist_ok=True)
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, str(PACKAGE), str(out), "--one", name]
+    argv = [str(out), "--one", name, *(["--cpu-smoke"] if smoke else [])]
     log_path = out / "logs" / f"{name}.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            cmd + (["--cpu-smoke"] if smoke else []),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: killed whole at its limit
-        )
+        # its own session (killed whole at its limit), forked from this warm process
+        proc = fork.start([sys.executable, str(PACKAGE), *argv], argv, main, log)
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.kill()
             return None, f"killed at its time limit of {limit_s:.0f} s (log: {log_path})"
     if result.exists():
         return json.loads(result.read_text(encoding="utf-8")), None

@@ -20,6 +20,7 @@ from .checks import (
     memory_kit,
     model_forecast,
     quickstart_nvml,
+    rerun_fork,
     tokens,
 )
 from .common import Ctx
@@ -39,6 +40,7 @@ CHECKS = [
     Check("max_memory_allocated", max_memory.TITLE, max_memory.check, cuda_only=True, limit_s=90),
     Check("cuda_oom", cuda_oom.TITLE, cuda_oom.check, cuda_only=True, limit_s=90),
     Check("energy", energy.TITLE, energy.check, cuda_only=True, limit_s=90),
+    Check("rerun_fork", rerun_fork.TITLE, rerun_fork.check, cuda_only=True, limit_s=150),
     Check("flash_attention", flash_attention.TITLE, flash_attention.check, cuda_only=False, limit_s=150),
     Check("forecast", forecast.TITLE, forecast.check, cuda_only=False, limit_s=120),
     Check("lora", lora.TITLE, lora.check, cuda_only=False, limit_s=150),

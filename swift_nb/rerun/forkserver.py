@@ -286,6 +286,10 @@ def _preload(first: dict[str, Any]) -> str | None:
     for p in reversed(first.get("sys_path", [])):
         if p not in sys.path:
             sys.path.insert(0, p)
+    # a library that asks torch whether CUDA is there at import asks NVML, not the CUDA
+    # driver: a driver initialised before fork() fails in every child (the workers get the
+    # session's environment back)
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     for name in [*ALWAYS, *first.get("preload", [])]:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -293,9 +297,21 @@ def _preload(first: dict[str, Any]) -> str | None:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
         return f"an imported module started a thread ({names})"
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    if (torch is not None and torch.cuda.is_initialized()) or cuda_driver_loaded():
         return "an imported module initialised CUDA"
     return None
+
+
+def cuda_driver_loaded(maps: str | None = None) -> bool:
+    """Whether this process has loaded the CUDA driver (``libcuda.so``): the CUDA runtime
+    loads it at its first call, which initialises it for this process alone. ``maps``:
+    the text of ``/proc/self/maps`` (read when None)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return False
+    return any(line.rsplit("/", 1)[-1].startswith("libcuda.so") for line in maps.splitlines())
 
 
 def _loop(requests: _Lines, protocol: int, idle_s: float) -> None:

@@ -57,17 +57,21 @@ def _state(root) -> dict:
 
 def _hover_an_op(page, root, prefix: str) -> str:
     """Move over the canvas, row by row in a few columns, until the hover names an op
-    starting with ``prefix``; returns that name (or the last hover)."""
-    root.scroll_into_view_if_needed()
-    box = root.locator("canvas").bounding_box()
+    starting with ``prefix``; returns that name (or the last hover). Three passes, a
+    moment apart: a pass may cross the canvas while it is being redrawn."""
     hovered = ""
-    for fraction in (0.5, 0.35, 0.65, 0.2, 0.8):
-        x = box["x"] + 160 + (box["width"] - 160) * fraction
-        for dy in range(20, int(min(box["height"], 400)), 7):
-            page.mouse.move(x, box["y"] + dy)
-            hovered = root.get_attribute("data-hover") or ""
-            if hovered.startswith(prefix):
-                return hovered
+    for attempt in range(3):
+        if attempt:
+            page.wait_for_timeout(500)
+        root.scroll_into_view_if_needed()
+        box = root.locator("canvas").bounding_box()
+        for fraction in (0.5, 0.35, 0.65, 0.2, 0.8, 0.1, 0.9):
+            x = box["x"] + 160 + (box["width"] - 160) * fraction
+            for dy in range(20, int(min(box["height"], 400)), 7):
+                page.mouse.move(x, box["y"] + dy)
+                hovered = root.get_attribute("data-hover") or ""
+                if hovered.startswith(prefix):
+                    return hovered
     return hovered
 
 

@@ -39,8 +39,11 @@ LOOK = (
 
 @pytest.fixture
 def own_server(monkeypatch):
-    """This test's servers, apart from those other tests of this process use; ended after."""
+    """This test's servers, apart from those other tests of this process use; ended after.
+    They import no training library ahead (this process may have imported transformers):
+    what they preload is tested apart."""
     monkeypatch.setattr(forkserver, "_server", None)
+    monkeypatch.setattr(forkserver, "LIBRARIES", ())
     monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
     yield
     if forkserver._server is not None:
@@ -93,7 +96,7 @@ def test_a_server_that_cannot_fork_safely_gives_way_to_fresh_workers(tmp_path, m
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(sys.modules, "threading_lib", types.ModuleType("threading_lib"))
-    monkeypatch.setattr(forkserver, "LIBRARIES", (*forkserver.LIBRARIES, "threading_lib"))
+    monkeypatch.setattr(forkserver, "LIBRARIES", ("threading_lib",))
     seen = tmp_path / "seen.jsonl"
     monkeypatch.setenv("SWIFT_NB_TEST_SEEN", str(seen))
     outcomes = run_variants([MLP, LOOK], TRAIN, FLAGS, [], tmp_path / "runs", timeout_s=120)
