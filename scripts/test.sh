@@ -38,12 +38,11 @@ node --test tests/js/
 if [ "$fast" = 1 ]; then args=(tests/unit ${args[@]+"${args[@]}"}); fi
 # One pytest-xdist worker per core (SWIFT_NB_TEST_WORKERS=N for N, 0 for one process), each
 # test file on one worker so that a module's fixtures are made once, the longest tiers handed
-# out first (tests/conftest.py; xdist would otherwise hand out the files with the most tests
-# first, and the notebooks last). Each worker's torch (and what its tests start) uses one
+# out first (tests/conftest.py). Each worker's torch (and what its tests start) uses one
 # thread unless OMP_NUM_THREADS says otherwise: the workers share the cores already.
 workers="${SWIFT_NB_TEST_WORKERS:-auto}"
 if [ "$workers" != 0 ]; then
-  args=(-n "$workers" --dist loadfile --no-loadscope-reorder ${args[@]+"${args[@]}"})
+  args=(-n "$workers" --dist loadfile ${args[@]+"${args[@]}"})
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 set +e

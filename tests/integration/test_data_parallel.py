@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support.common import free_port
+from support.common import free_port, rank_context
 
 import swift_nb
 from swift_nb.analysis.comparison.variants import rank_memory
@@ -121,7 +121,7 @@ def _rank(rank: int, toggle_id: str, port: int, out: mp.Queue) -> None:
 
 
 def _job(toggle_id: str) -> dict[int, tuple]:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, toggle_id, port, out)) for r in range(2)]

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from support.common import rank_context
 
 from swift_nb.parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
 
@@ -43,7 +43,7 @@ class Pool:
     """``world`` ranks of one gloo group, each running the cases it is sent until told to stop."""
 
     def __init__(self, world: int) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()
         self.world, self.next_id, self.broken = world, 0, ""
         self.inboxes = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support.common import free_port
+from support.common import free_port, rank_context
 
 import swift_nb
 from swift_nb.analysis.ranks import per_rank as rank_table
@@ -88,7 +88,7 @@ def _rank(rank: int, mode: str, port: int, out: mp.Queue) -> None:
 
 
 def _job(mode: str) -> dict[int, tuple]:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, mode, port, out)) for r in range(2)]
@@ -270,11 +270,20 @@ def test_a_failing_rank_fails_the_rerun_with_its_traceback(tmp_path, monkeypatch
 
 def test_a_hanging_rank_is_ended_with_the_whole_job_at_the_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    hang = "import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep(600)\n"
+    hanging = tmp_path / "hanging"
+    hang = (
+        "import os, time\nif os.environ.get('RANK') == '1':\n"
+        f"    open({str(hanging)!r}, 'w').close()\n    time.sleep(600)\n"
+    )
     worker = Worker(
-        [SETUP, hang], TRAIN, FLAGS, tmp_path, Variant("sp", [get("sequence_parallel")]), timeout_s=20
+        [SETUP, hang], TRAIN, FLAGS, tmp_path, Variant("sp", [get("sequence_parallel")]), timeout_s=120
     )
     worker.start()
+    deadline = time.monotonic() + 120
+    while not hanging.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hanging.exists(), "rank 1 never reached its hang"
+    worker.timeout_s = time.monotonic() - worker._t0 + 1.0  # the timeout falls while rank 1 hangs
     out = worker.wait()
     assert out.status == "timeout", out
     assert not _running(str(worker.folder)), "a rank was left running"

@@ -13,6 +13,20 @@ from pathlib import Path
 import torch
 from jupyter_client.manager import KernelManager
 
+#: what a test's ranks import before they are forked (``rank_context``)
+RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "swift_nb", "swift_nb.api"]
+
+
+def rank_context():
+    """multiprocessing's context for a test's ranks: forked from a server process that has
+    imported torch and swift_nb once (``RANK_PRELOAD``), not spawned (each fresh interpreter
+    pays 5 s of imports), and never forked from the test process itself (its threads)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(RANK_PRELOAD)
+    return ctx
+
 
 def train(steps: int, model: torch.nn.Module | None = None, opt=None, batch: int = 4) -> torch.nn.Module:
     """A few real optimizer steps on a small MLP."""

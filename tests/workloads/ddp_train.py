@@ -42,4 +42,9 @@ def worker(rank: int, world: int, port: int, out: str, kind: str) -> None:
 
 if __name__ == "__main__":
     out_dir, world, port, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    mp.spawn(worker, args=(world, port, out_dir, kind), nprocs=world, join=True)
+    # each rank forked from a server that imported torch and swift_nb once (spawned ranks
+    # would each pay those imports again)
+    mp.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "swift_nb", "swift_nb.api"])
+    mp.start_processes(
+        worker, args=(world, port, out_dir, kind), nprocs=world, join=True, start_method="forkserver"
+    )
