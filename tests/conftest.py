@@ -56,9 +56,10 @@ def demo_gpt(tmp_path_factory) -> Run:
     return profile_demo_gpt(tmp_path_factory.mktemp("demo_gpt"))
 
 
-#: the tiers in the order their files are handed out: the longest files first, so that
-#: parallel workers (pytest-xdist, one per core, a file each) end together with the unit
-#: tier's short ones
+#: the tiers in the order their tests run in one process (SWIFT_NB_TEST_WORKERS=0): the
+#: longest files first. pytest-xdist hands out files by their number of tests instead
+#: (most first: the notebooks' few long tests then run beside the unit tier's many short
+#: ones, which measured faster on 2 cores than running the long files together first)
 TIER_ORDER = ("notebook", "browser", "integration", "unit")
 #: the files that take minutes (reruns, ranks, DDP jobs), first within their tier
 LONG_FIRST = (
