@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -102,6 +103,17 @@ def test_helper_digests_at_low_priority_and_serves_the_next_run(tmp_path):
     _complete(second)
 
 
+def _environ_after_exec(pid: int | None) -> dict[str, str]:
+    """The environment of the helper ``pid`` once it runs the helper: between fork and exec,
+    /proc shows its parent's."""
+    assert pid is not None
+    p = psutil.Process(pid)
+    deadline = time.monotonic() + 30
+    while "swift_nb.capture.helper" not in " ".join(p.cmdline()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return p.environ()
+
+
 def test_a_run_without_a_report_starts_a_helper_that_imports_no_figures(tmp_path, monkeypatch):
     """The helper a run starts imports ahead what the run's work needs: the digest's modules
     alone without a report (a rerun's worker, a script with report=False), the figures' too
@@ -112,15 +124,11 @@ def test_a_run_without_a_report_starts_a_helper_that_imports_no_figures(tmp_path
         helper.stop_shared()
         prof = swift_nb.profile(out_dir=tmp_path, report=report, **OPTIONS)
         with prof as run:
-            _train(
-                8,
-                lambda k, p=prof: (
-                    warm.append(psutil.Process(p.session.helper_pid).environ()) if k == 0 else None
-                ),
-            )
+            _train(8)
         assert run.summary["recorded_steps"] == [2, 3, 4]
         assert (run.path / "report.html").exists() is report
-    assert [w[helper.WARM_ENV] for w in warm] == [",".join(helper.WARM_DIGEST), ",".join(helper.WARM)]
+        warm.append(_environ_after_exec(getattr(helper.shared(start=False), "pid", None)))
+    assert [w.get(helper.WARM_ENV) for w in warm] == [",".join(helper.WARM_DIGEST), ",".join(helper.WARM)]
     helper.stop_shared()
     monkeypatch.setenv(helper.WARM_ENV, "swift_nb.capture.digest,json")
     assert helper.shared().warm == ("swift_nb.capture.digest", "json")

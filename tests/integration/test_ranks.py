@@ -73,8 +73,10 @@ def _job(tmp_path_factory, name: str, nproc: int, *args: str, gather_timeout_s: 
 
 @pytest.fixture(scope="module")
 def ddp2(tmp_path_factory) -> Job:
-    # six recorded steps: which rank waits for which varies from step to step on a busy CPU
-    return _job(tmp_path_factory, "ddp2", 2, "--steps", str(STEPS), "--active", "6")
+    # six recorded steps: which rank waits for which varies from step to step on a busy CPU;
+    # batches of 4096 rows: a step's compute (tens of ms) outweighs the scheduler's slices, so
+    # a rank descheduled for a few ms on a loaded machine is not yet a straggler
+    return _job(tmp_path_factory, "ddp2", 2, "--steps", str(STEPS), "--active", "6", "--batch", "4096")
 
 
 @pytest.fixture(scope="module")
