@@ -12,12 +12,10 @@ stdout and stderr, ``main(argv)`` run, and its exit code."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import IO
@@ -34,23 +32,9 @@ def warm() -> str | None:
     if not sys.platform.startswith("linux") or os.environ.get("SWIFT_NB_GPU_CHECK_FORK", "1") == "0":
         why = "off"
     else:
-        before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-        try:
-            for name in PRELOAD:
-                with contextlib.suppress(Exception):
-                    importlib.import_module(name)
-        finally:
-            if before is None:
-                os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
-            else:
-                os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
-        from swift_nb.rerun.forkserver import cuda_driver_loaded
+        from swift_nb.rerun.forkserver import preload
 
-        if threading.active_count() > 1:
-            why = "a thread runs in the parent"
-        elif cuda_driver_loaded():
-            why = "the parent loaded the CUDA driver"
+        why = preload(PRELOAD)
     _state["why"] = why
     return why
 
@@ -96,21 +80,15 @@ def start(cmd: list[str], argv: list[str], main: Callable[[list[str]], int], log
         sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
+        from swift_nb.rerun.forkserver import child_exits
+
+        def body() -> int:
             os.setsid()
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
-            code = main(argv)
-        except BaseException:
-            import traceback
+            return main(argv)
 
-            traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+        child_exits(body)
     return Child(pid)

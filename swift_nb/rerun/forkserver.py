@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -53,6 +54,8 @@ IDLE_ENV = "SWIFT_NB_RERUN_FORKSERVER_IDLE_S"
 READY_TIMEOUT_S = 120.0
 #: the process name (``ps``, ``top``) of a forked worker
 WORKER_NAME = "swift_nb-rerun"
+#: torch asks NVML, not the CUDA driver, whether CUDA is there, where this is "1"
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 #: what every worker imports, whatever the session's cells do
 ALWAYS = ("torch", "torch._dynamo", "IPython.core.interactiveshell", "swift_nb.rerun.worker")
 #: training libraries whose imported modules the server imports too when the session has
@@ -286,13 +289,31 @@ def _preload(first: dict[str, Any]) -> str | None:
     for p in reversed(first.get("sys_path", [])):
         if p not in sys.path:
             sys.path.insert(0, p)
-    # a library that asks torch whether CUDA is there at import asks NVML, not the CUDA
-    # driver: a driver initialised before fork() fails in every child (the workers get the
-    # session's environment back)
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    for name in [*ALWAYS, *first.get("preload", [])]:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
+    return preload([*ALWAYS, *first.get("preload", [])])
+
+
+def preload(names: Iterable[str]) -> str | None:
+    """Import ``names`` (one that fails is left to the children) in a process that will
+    fork, then ``fork_unsafe()``. While they import, a library that asks torch whether CUDA
+    is there asks NVML, not the CUDA driver (``PYTORCH_NVML_BASED_CUDA_CHECK``): a driver
+    initialised before ``fork()`` fails in every child. The variable is put back after."""
+    before = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"
+    try:
+        for name in names:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+    finally:
+        if before is None:
+            os.environ.pop(NVML_CHECK, None)
+        else:
+            os.environ[NVML_CHECK] = before
+    return fork_unsafe()
+
+
+def fork_unsafe() -> str | None:
+    """Why this process cannot fork children safely (a thread besides this one; CUDA
+    initialised or its driver loaded), or None."""
     if threading.active_count() > 1:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
         return f"an imported module started a thread ({names})"
@@ -361,8 +382,8 @@ def _reap(children: set[int]) -> list[tuple[int, int]]:
 
 def _child(request: dict[str, Any], protocol: int, stdin: int, started: int) -> NoReturn:
     """In the forked worker: the session, the files, the environment, then the worker."""
-    code = 1
-    try:
+
+    def body() -> int:
         os.setsid()
         os.write(started, b"1")
         os.close(started)
@@ -380,8 +401,19 @@ def _child(request: dict[str, Any], protocol: int, stdin: int, started: int) -> 
         from swift_nb.rerun import worker
 
         sys.argv = [worker.__file__, request["spec"]]  # as ``python -m swift_nb.rerun.worker SPEC``
-        code = worker.run(Path(request["spec"]))
-    except BaseException:  # to the log; the launcher reads the exit code and the log
+        return worker.run(Path(request["spec"]))
+
+    child_exits(body)
+
+
+def child_exits(body: Callable[[], int]) -> NoReturn:
+    """End a forked child with ``body()``'s exit code, never returning into the parent's
+    code: an exception, printed to the child's stderr (its log), exits 1; the standard
+    streams are flushed first (``os._exit`` skips it)."""
+    code = 1
+    try:
+        code = body()
+    except BaseException:
         import traceback
 
         traceback.print_exc()
