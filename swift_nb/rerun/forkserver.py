@@ -15,11 +15,11 @@ Forking is safe because the server never runs a tensor operation, never touches 
 and starts no Python thread; it checks so after its imports, and when a module it
 imported broke that, it says so and the launcher starts fresh processes instead. It is
 reused only while the session's environment is the one it started with (``VOLATILE``
-aside; libraries read
-some variables once, at import: OMP_NUM_THREADS, the Hugging Face paths); another
-environment starts another server, and the old one ends when its workers have. It ends
-when the session closes its stdin, or after ``SWIFT_NB_RERUN_FORKSERVER_IDLE_S`` (600 s)
-without a worker. ``SWIFT_NB_RERUN_FORK=0`` turns it off: every worker a fresh process.
+aside; libraries read some variables once, at import: OMP_NUM_THREADS, the Hugging Face
+paths); another environment starts another server, and the old one ends when its workers
+have. It ends when the session closes its stdin, or after
+``SWIFT_NB_RERUN_FORKSERVER_IDLE_S`` (600 s) without a worker. ``SWIFT_NB_RERUN_FORK=0``
+turns it off: every worker a fresh process.
 
 The protocol is JSON lines: requests on the server's stdin (``{"preload": [...],
 "sys_path": [...]}`` first, then ``{"spec": ..., "log": ..., "env": {...}}`` per worker),

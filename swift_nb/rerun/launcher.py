@@ -293,14 +293,15 @@ class Worker:
                 out.notes.append(f"ranks that failed too: {', '.join(str(r) for r, _ in failed[1:])}")
         rc = self.proc.returncode
         # a forked worker whose server ended first: its status is lost, its result is not
-        ended_badly = rc != 0 and not getattr(self.proc, "lost", False)
+        lost = getattr(self.proc, "lost", False)
+        ended_badly = rc != 0 and not lost
         if self._cancelled:
             out.status, out.error = "cancelled", "cancelled by the user"
         elif timed_out:
             out.status, out.error = "timeout", f"no result after {self.timeout_s:.0f} s; the worker was ended"
         elif not failed and (len(results) < self.nproc or ended_badly):
             out.status = "crashed"
-            out.error = _exit_reason(rc, getattr(self.proc, "lost", False)) + _tail(self.log_path)
+            out.error = _exit_reason(rc, lost) + _tail(self.log_path)
         if out.run_path:
             self._tag(Path(out.run_path), out)
         if out.status == "ok":
