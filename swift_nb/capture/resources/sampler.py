@@ -1,5 +1,6 @@
 """Resource sampler: one background thread reading psutil, NVML, RAPL and torch's CUDA
-allocator; each sample's energy columns are cumulative (``swift_nb.capture.resources.energy``).
+allocator; each sample's energy columns are cumulative (``swift_nb.capture.resources.energy``),
+its process CPU a rate over a window long enough to be read (``swift_nb.capture.resources.rate``).
 
 It samples every ``interval_s`` and once more soon after each step boundary (the step hook
 only sets a flag, so the training thread never pays for a sample). Rows are kept in a
@@ -22,6 +23,7 @@ from typing import Any
 import psutil
 
 from swift_nb.capture.resources.energy import GpuEnergy, Rapl
+from swift_nb.capture.resources.rate import WindowedRate, allowed_cores
 from swift_nb.capture.resources.rss import RssReader
 from swift_nb.record import SAMPLE_COLUMNS
 
@@ -123,7 +125,10 @@ class Sampler:
     """Background sampling of process, machine and device resources.
 
     ``step_of`` returns the step in progress (called from the sampler thread); ``note``
-    receives a message once when a source fails.
+    receives a message once when a source fails. ``clock`` (s) times the samples; the
+    process CPU is ``cpu_s`` (the process's CPU seconds, all threads, counted in steps of
+    ``cpu_resolution_s``; default ``time.process_time`` and its clock's resolution) over
+    windows of ``clock``, at most ``cores`` (default ``allowed_cores()``) × 100 %.
     """
 
     def __init__(
@@ -135,6 +140,9 @@ class Sampler:
         note: Callable[[str], None] = lambda msg: None,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         clock: Callable[[], float] = time.perf_counter,
+        cpu_s: Callable[[], float] = time.process_time,
+        cpu_resolution_s: float | None = None,
+        cores: int | None = None,
     ) -> None:
         if interval_s is not None and interval_s <= 0:
             raise ValueError(f"interval must be positive; got {interval_s}")
@@ -156,10 +164,11 @@ class Sampler:
         self._stop = threading.Event()
         self._step_pending = False
         self._thread: threading.Thread | None = None
-        self._proc = psutil.Process()
         self._rss = RssReader()
-        self._cpu_last: tuple[float, float] | None = None  # (wall s, process CPU s)
-        self._cpu_pct = math.nan
+        self._cpu_s = cpu_s
+        if cpu_resolution_s is None:
+            cpu_resolution_s = time.get_clock_info("process_time").resolution
+        self._cpu = WindowedRate(cpu_resolution_s, float(cores or allowed_cores()))
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
         self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
         if reason:
@@ -212,19 +221,6 @@ class Sampler:
         with self._lock:
             return self._rows[-1] if self._rows else None
 
-    def _cpu_percent(self) -> float:
-        """Process CPU % since the last reading at least 50 ms ago (100 = one core).
-        CPU times tick in 10 ms steps: shorter windows give values like 600 % on 2 cores,
-        so a sample that soon after the last one repeats its value."""
-        times = self._proc.cpu_times()
-        now, cpu = self._clock(), times.user + times.system
-        if self._cpu_last is None:
-            self._cpu_last = (now, cpu)
-        elif now - self._cpu_last[0] >= 0.05:
-            self._cpu_pct = 100.0 * (cpu - self._cpu_last[1]) / (now - self._cpu_last[0])
-            self._cpu_last = (now, cpu)
-        return self._cpu_pct
-
     def _loop(self) -> None:
         # Lowest priority for this thread only (Linux threads are tasks): on a machine
         # whose cores all run the training's intra-op threads, a sample waits for a
@@ -269,10 +265,9 @@ class Sampler:
         row: dict[str, Any] = dict.fromkeys(SAMPLE_COLUMNS, math.nan)  # missing reads stay NaN
         row.update(t_s=self._clock() - self._t0, kind=kind, step=self._step_of(), rank=self._rank)
         self._read_counters(row)  # next to the timestamp: energy over time is their ratio
+        row["cpu_pct"] = 100.0 * self._cpu.read(self._clock, self._cpu_s)
         try:
-            with self._proc.oneshot():
-                row["cpu_pct"] = self._cpu_percent()
-                row["rss_bytes"] = self._rss()
+            row["rss_bytes"] = self._rss()
             vm = psutil.virtual_memory()
             row["sys_mem_used_bytes"] = vm.total - vm.available
             row["sys_mem_pct"] = vm.percent
