@@ -46,12 +46,14 @@ class Fix:
 @dataclass(frozen=True)
 class Diagnosis:
     """need_bytes: the failed step's estimated peak tensor memory; room_bytes: what
-    tensors could use (None when the capacity is unknown); fixes, those that fit first."""
+    tensors could use (None when the capacity is unknown); fixes, those that fit first;
+    device: the device that ran out (``cpu``, ``cuda:0``; None: not said)."""
 
     need_bytes: int
     room_bytes: int | None
     formula: str
     fixes: list[Fix] = field(default_factory=list)
+    device: str | None = None
 
     @property
     def compare_line(self) -> str | None:
@@ -144,7 +146,7 @@ def diagnose(oom: OutOfMemory, optimizer: str | None = None) -> Diagnosis:
     candidates.append((None, "half the batch size", need(act / 2), "activations × ½"))
     fixes = [Fix(t, change, int(n), room is not None and n <= room, f) for t, change, n, f in candidates]
     fixes.sort(key=lambda f: (not f.fits, f.need_bytes))
-    return Diagnosis(int(need(act)), room, formula, fixes)
+    return Diagnosis(int(need(act)), room, formula, fixes, oom.device)
 
 
 def diagnosis_of(run: Run) -> Diagnosis | None:

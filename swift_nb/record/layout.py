@@ -121,10 +121,11 @@ MEMORY_CATEGORIES = [
 MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
 
 #: the summary's key for the models alive in the kernel that the run neither trained nor ran
-#: (``swift_nb.capture.memory.stale_models``): a list of ``{"variable", "class", "bytes", "device"}``,
-#: the largest first; bytes: their parameters' and buffers' storages that nothing the run
-#: used holds too, counted as ``other`` in memory by category. A run recorded before it
-#: existed has no such key (unknown, not none).
+#: (``swift_nb.capture.memory.stale_models``): a list of ``{"variable", "class", "bytes", "device",
+#: "device_bytes"}``, the largest first; bytes: their parameters' and buffers' storages that
+#: nothing the run used holds too, counted as ``other`` in memory by category; device: where
+#: most of them are; device_bytes: how many on each device (not in runs recorded before it).
+#: A run recorded before the key existed has no such key (unknown, not none).
 STALE_MODELS_KEY = "stale_models"
 
 #: the context's key for the training framework found around the loop (a Trainer or an

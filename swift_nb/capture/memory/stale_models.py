@@ -117,9 +117,9 @@ def entries(
     used: Mapping[str, nn.Module],
     optimizers: Iterable[torch.optim.Optimizer] = (),
 ) -> list[dict[str, Any]]:
-    """The summary's ``stale_models``: ``{variable, class, bytes, device}`` of each stale
-    model holding bytes that no used model or optimizer holds too (``device``: where most
-    of them are), the largest first."""
+    """The summary's ``stale_models``: ``{variable, class, bytes, device, device_bytes}`` of
+    each stale model holding bytes that no used model or optimizer holds too (``device``:
+    where most of them are; ``device_bytes``: how many on each device), the largest first."""
     shared = {ptr for m in used.values() for ptr in _storages(m)}
     for opt in optimizers:
         for t in (*(p for g in opt.param_groups for p in g["params"]), *_state_tensors(opt)):
@@ -140,6 +140,7 @@ def entries(
                 "class": type(model).__name__,
                 "bytes": sum(by_device.values()),
                 "device": max(by_device, key=by_device.__getitem__),
+                "device_bytes": dict(sorted(by_device.items())),
             }
         )
     return sorted(out, key=lambda e: -e["bytes"])

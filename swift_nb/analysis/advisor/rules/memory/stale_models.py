@@ -3,10 +3,13 @@
 keeps its weights in memory nobody trains. The commonest notebook OOM: a cell re-run
 builds a second model beside the first.
 
-Only their bytes on the device the run's tensors lived on weigh on its memory. They are
-critical when they are the difference between fitting and running out:
+Only their bytes on the device that ran out of memory (the out-of-memory failure's, else
+the one the run's tensors lived on) weigh on it: a model on the CPU is not the difference
+for a CUDA out-of-memory, nor one on another GPU; a model split across devices counts its
+bytes on each where they are (the entry's ``device_bytes``). They are critical when those
+bytes are the difference between fitting and running out:
 - the run ran out of memory and its failed step's need less them is within the room
-  (``swift_nb.analysis.oom``; the room unknown: any out-of-memory run);
+  (``swift_nb.analysis.oom``; the room unknown: they are at least ``INFO_SHARE`` of the need);
 - or its peak is above the device's capacity (or the limit the thresholds set) and the
   peak less them is not.
 Otherwise a warning, or info when they are under ``INFO_SHARE`` of the peak; under
@@ -23,7 +26,8 @@ from swift_nb.core.units import fmt_bytes
 
 #: stale models holding less than this in all are not worth a finding (bytes)
 MIN_BYTES = 1 << 20
-#: under this share of the peak (0..1), and not decisive, the finding is info
+#: under this share of the peak (0..1), and not decisive, the finding is info; of an
+#: out-of-memory step's need whose room is unknown, not decisive
 INFO_SHARE = 0.05
 
 
@@ -32,7 +36,8 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     total = float(sum(m["bytes"] for m in found))
     if not found or total < MIN_BYTES:
         return None
-    on_device = float(sum(m["bytes"] for m in found if _on(m, ev.tensors_on)))
+    device = (ev.oom.device if ev.oom is not None else None) or ev.tensors_on
+    on_device = float(sum(_bytes_on(m, device, ev.tensors_on) for m in found))
     cuda = ev.tensors_on == "cuda"
     fix = f"del {', '.join(str(m['variable']) for m in found)}; gc.collect()"
     if cuda:
@@ -45,6 +50,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
     evidence: dict[str, Any] = {
         "stale_models": [dict(m) for m in found],
         "stale_bytes": total,
+        "device": device,
         "on_device_bytes": on_device,
         "peak_bytes": peak,
         "confidence": "certain: these models held no parameter an optimizer stepped and ran no forward",
@@ -65,14 +71,30 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
             + (" empty_cache() hands the cached blocks back to the device." if cuda else "")
         ),
         predicted_effect=effect,
-        formula="peak' = peak − the stale models' bytes on the run's device (storages nothing the run used shares)",
+        formula=(
+            f"peak' = peak − the stale models' bytes on {device}, the device that "
+            f"{'ran out' if ev.oom is not None else 'held the run'} (storages nothing the run used shares)"
+        ),
         severity=severity,
     )
 
 
-def _on(model: Mapping[str, Any], tensors_on: str) -> bool:
-    """Whether a stale model's bytes are on the device the run's tensors lived on."""
-    return str(model.get("device") or tensors_on).startswith(tensors_on)
+def _bytes_on(model: Mapping[str, Any], device: str, tensors_on: str) -> float:
+    """A stale model's bytes on ``device`` (``cuda:0``; ``cuda``: any GPU): those its entry
+    has there (``device_bytes``), else all of them where its ``device`` is that one (a
+    record without one: where the run's tensors were)."""
+    per_device = model.get("device_bytes")
+    if not isinstance(per_device, Mapping):
+        per_device = {model.get("device") or tensors_on: model["bytes"]}
+    return float(sum(b for d, b in per_device.items() if _same_device(str(d), device)))
+
+
+def _same_device(held_on: str, device: str) -> bool:
+    """Whether memory on ``held_on`` is memory of ``device``: the same device (``cuda:1``),
+    or the same kind where either has no index (``cuda``)."""
+    if ":" in held_on and ":" in device:
+        return held_on == device
+    return held_on.split(":")[0] == device.split(":")[0]
 
 
 def _holders(found: Sequence[Mapping[str, Any]]) -> str:
@@ -90,7 +112,9 @@ def _effect(ev: Evidence, on_device: float) -> tuple[bool, str]:
     if oom is not None:
         need = oom.need_bytes - on_device
         if oom.room_bytes is None:
-            return True, f"the failed step's need {fmt_bytes(oom.need_bytes)} → {fmt_bytes(need)}"
+            return on_device >= INFO_SHARE * oom.need_bytes, (
+                f"the failed step's need {fmt_bytes(oom.need_bytes)} → {fmt_bytes(need)}"
+            )
         fits = need <= oom.room_bytes
         return fits, (
             f"the failed step's need {fmt_bytes(oom.need_bytes)} → {fmt_bytes(need)}, "
