@@ -34,8 +34,7 @@ class DigestJob:
     storages at the recorded steps' edges and their device type, for the memory replay
     (None: no replay). ``rank``: measure what a rank of a job reports about itself.
     ``build``: ``"module:function"`` called with ``(events, out, gz)`` (the layers above:
-    tables and figures); what it returns is ``DigestResult.built``. ``logits``: the language
-    model's (vocabulary, hidden size), for the replay's ``logits`` category (None: none)."""
+    tables and figures); what it returns is ``DigestResult.built``."""
 
     parts: list[Path]
     gz: Path
@@ -44,7 +43,6 @@ class DigestJob:
     device: int = 0
     rank: bool = False
     build: str | None = None
-    logits: memcat.Logits | None = None
 
 
 @dataclass
@@ -72,7 +70,7 @@ def digest(work: DigestJob) -> DigestResult:
     result = DigestResult(recorded_steps(events), len(events), pid=os.getpid())
     if work.snapshots is not None:
         try:
-            result.memory = memcat.step_memory(events, work.snapshots, work.device, work.logits)
+            result.memory = memcat.step_memory(events, work.snapshots, work.device)
         except Exception as e:
             result.problems.append(f"memory by category could not be replayed ({type(e).__name__}: {e})")
     if work.rank:

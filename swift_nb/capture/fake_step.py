@@ -32,7 +32,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from swift_nb.capture.memory.categories import Logits, is_logits
 from swift_nb.core.errors import ConfigError, MissingDependencyError
 from swift_nb.core.model_presets import preset
 from swift_nb.core.units import fmt_bytes
@@ -264,7 +263,7 @@ def _quiet_module_tracking() -> Iterator[None]:
     """MemTracker's module tracker warns ("The module hierarchy tracking maybe be messed
     up", twice a step on a transformers Llama) and sets ``warnings.formatwarning`` for the
     whole process. It concerns the per-module statistics, which the fake step does not keep
-    (``_peak_tracker``: the step's peak alone): the warning stays out of the user's cell,
+    (``capture.memory.peak_tracker``: the step's peak alone): the warning stays out of the user's cell,
     and the process's formatter is put back."""
     import warnings
 
@@ -292,8 +291,8 @@ def _run(
     import torch
 
     from swift_nb.capture.finetune import describe
-
-    tracker_class = _peak_tracker((vocab, hidden) if vocab and hidden else None)
+    from swift_nb.capture.memory.logits import find_head
+    from swift_nb.capture.memory.peak_tracker import PeakTracker
 
     trained = [p for p in module.parameters() if p.requires_grad]
     opt = getattr(torch.optim, optimizer)(trained, lr=1e-4, foreach=True)
@@ -303,14 +302,15 @@ def _run(
     # holds beyond the state while it runs is read from this first one
     for p in trained:
         p.grad = torch.zeros_like(p)
-    first = tracker_class()
+    first = PeakTracker()
     first.track_external(opt)
     with first:
         opt.step()
     update = max(0.0, _booked(first.get_tracker_snapshot("peak")).get("Optstate", 0.0) - _state_bytes(opt))
     opt.zero_grad(set_to_none=True)
     ids = torch.randint(0, vocab or 2, (batch, seq))
-    tracker = tracker_class()
+    tracker = PeakTracker()
+    tracker.follow(module, *find_head(module))
     tracker.track_external(module, opt)
     for p in module.parameters():  # MemTracker hooks every parameter's gradient, and a frozen
         if not p.requires_grad:  # one (LoRA's base) has none to hook: marked as hooked already
@@ -344,45 +344,6 @@ def _run(
         "other": temp,
     }
     return _Ran(categories, None, finetune, update)
-
-
-def _peak_tracker(logits: Logits | None) -> type:
-    """PyTorch's MemTracker keeping the step's peak alone, with the bytes of the loss's
-    logits alive at it (tensors of their shape, ``capture.memory.categories.is_logits``,
-    among what forward keeps and the temporaries, by the kind they were booked as). Its
-    per-module peaks (not read here) cost a pass over every tracked module at each
-    operation: on a 7B Llama that was 70 % of the step's time, growing with the layers."""
-    from torch.distributed._tools import mem_tracker
-
-    total = mem_tracker._TOTAL_KEY
-    kinds = (mem_tracker._MemRefType.ACT, mem_tracker._MemRefType.TEMP)
-
-    class PeakTracker(mem_tracker.MemTracker):
-        def __init__(self) -> None:
-            super().__init__()
-            self.logits_alive: dict[int, tuple[str, int]] = {}  # id(winfo) → (kind, bytes)
-            self.logits_at_peak: dict[str, float] = {}
-
-        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
-            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-            key = id(winfo)
-            if u_type == mem_tracker._UpdateType.DEL:
-                self.logits_alive.pop(key, None)
-            elif winfo.reftype in kinds and is_logits(winfo.mem_consumed, logits):
-                self.logits_alive[key] = (winfo.reftype.value, winfo.mem_consumed)
-            else:
-                self.logits_alive.pop(key, None)
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap[total]:
-                    self._peak_mem[dev] = snap[total]
-                    self._peak_mem_snap[dev] = dict(snap)
-                    self.logits_at_peak = {}
-                    for kind, nbytes in self.logits_alive.values():
-                        self.logits_at_peak[kind] = self.logits_at_peak.get(kind, 0.0) + nbytes
-
-    return PeakTracker
 
 
 def _loss(module: Any, ids: Any, vocab: int | None) -> Any:

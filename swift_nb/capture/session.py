@@ -38,7 +38,7 @@ from swift_nb.capture.resources.rss import RssReader
 from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
-from swift_nb.capture.tokens import TokenCounter, lm_head, step_columns
+from swift_nb.capture.tokens import TokenCounter, step_columns
 from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecorder, TraceResult
 from swift_nb.core import trace_names
 from swift_nb.core.errors import ConfigError, RunDirError
@@ -129,10 +129,8 @@ class Session:
             self._watcher.optimizers.values(),
             self.note,
             lambda: self._models_split()[0].values(),
-            lambda: self._lm_head,
             stale=lambda: self._models_split()[1].values(),
         )
-        self._lm_head: tuple[int, int] | None = None  # the LM's (vocabulary, hidden): capture.tokens
         self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
         self._tokens = TokenCounter()  # tokens per step: swift_nb.capture.tokens
         self.trace_tables: Any = None  # what on_trace's build made of the trace (take_trace_tables)
@@ -402,6 +400,7 @@ class Session:
         self._use.stop()
         self._compile.remove()
         self._tokens.finish()  # its hooks off the models (the counts stay for _add_tokens)
+        self._memory.stop()
         if self._journal is not None:
             self._journal.stop()
             if self._journal.failed:
@@ -529,10 +528,9 @@ class Session:
         goes to the context (the logits' size: swift_nb.capture.memory)."""
         try:
             self._tokens.watch(models.values())
-            if self._lm_head is None:
-                self._lm_head = lm_head(models.values())
-                if self._lm_head is not None:
-                    self.run.context["vocab_size"], self.run.context["lm_hidden_size"] = self._lm_head
+            head = self._memory.watch_heads(models.values())
+            if head is not None and "vocab_size" not in self.run.context:
+                self.run.context["vocab_size"], self.run.context["lm_hidden_size"] = head
             for m in models.values():  # a Hugging Face model's attention kernel
                 attn = getattr(getattr(m, "config", None), "_attn_implementation", None)
                 if isinstance(attn, str):

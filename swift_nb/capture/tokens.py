@@ -262,23 +262,3 @@ def step_columns(done: Mapping[int, tuple[int, int, int]], steps: Iterable[int])
         tokens.append(float(got[0]) if got else math.nan)
         real.append(float(got[1]) if got else math.nan)
     return {"tokens": tokens, "real_tokens": real}
-
-
-def lm_head(models: Iterable[nn.Module]) -> tuple[int, int] | None:
-    """(vocabulary, hidden size) of the language model among ``models``: a Hugging Face
-    model's output embeddings, else a linear layer whose out-features match an embedding's
-    rows (a plain-PyTorch LM head); None when none is a language model."""
-    for model in models:
-        get = getattr(model, "get_output_embeddings", None)
-        try:
-            head = get() if callable(get) else None
-        except Exception:
-            head = None
-        if isinstance(head, nn.Linear):
-            return int(head.out_features), int(head.in_features)
-        rows = {m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
-        heads = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features in rows]
-        if heads:
-            head = max(heads, key=lambda m: m.out_features)
-            return int(head.out_features), int(head.in_features)
-    return None

@@ -187,9 +187,9 @@ class TraceRecorder:
         (``MemoryRecorder.replay_input``)."""
         if self._pending is not None or not self._parts:
             return
-        snapshots, device, logits = replay if replay is not None else (None, 0, None)
+        snapshots, device = replay if replay is not None else (None, 0)
         job = DigestJob(
-            list(self._parts), self._gz_tmp, self._out, snapshots, device, self._rank, self._build, logits
+            list(self._parts), self._gz_tmp, self._out, snapshots, device, self._rank, self._build
         )
         self._pending = self._helper.submit(DIGEST, job)
 

@@ -36,6 +36,19 @@ def step_of(name: str) -> int | None:
 
 OWN_PREFIX = "swift_nb#"  # record_function names of swift_nb's bookkeeping inside a step
 OWN = re.compile("^" + re.escape(OWN_PREFIX))
+#: a zero-length event naming storages of the loss's logits just made, by their addresses in
+#: hex, comma-separated (``capture.memory.logits``)
+LOGITS_MARK = OWN_PREFIX + "logits "
+
+
+def logits_addresses(name: str) -> list[int]:
+    """The addresses a ``LOGITS_MARK`` event names (none for any other name)."""
+    if not name.startswith(LOGITS_MARK):
+        return []
+    try:
+        return [int(h, 16) for h in name[len(LOGITS_MARK) :].split(",") if h]
+    except ValueError:
+        return []
 
 # -- what the step breakdown tells apart ------------------------------------------------------
 

@@ -87,6 +87,8 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.capture.job_rank": ("test_ranks.py",),
     "swift_nb.capture.journal": ("test_durability.py",),
     "swift_nb.capture.memory.categories": ("test_analysis.py", "test_cost_equivalence.py"),
+    "swift_nb.capture.memory.logits": ("test_logits_identity.py", "test_tokens.py"),
+    "swift_nb.capture.memory.peak_tracker": ("test_forecast_from_model.py", "test_logits_identity.py"),
     "swift_nb.capture.memory.snapshots": ("test_step_memory.py", "test_cost_equivalence.py"),
     "swift_nb.capture.resources.rss": ("test_sampler.py", "test_profile.py"),
     "swift_nb.capture.session": ("test_profile.py",),

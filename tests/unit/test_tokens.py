@@ -1,6 +1,6 @@
 """Tokens counted from what the model receives (swift_nb.capture.tokens), the logits'
-allocations told apart by size (capture.memory.categories.is_logits), and the run's token
-figures (record.write.token_summary)."""
+allocations told apart by the trace's marks (capture.memory.categories.logits_allocations),
+and the run's token figures (record.write.token_summary)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from swift_nb.capture.memory.categories import is_logits, replay
-from swift_nb.capture.tokens import TokenCounter, count, lm_head, read_inputs
+from swift_nb.capture.memory.categories import logits_allocations, replay
+from swift_nb.capture.memory.logits import find_head, lm_shape
+from swift_nb.capture.tokens import TokenCounter, count, read_inputs
+from swift_nb.core.trace_names import LOGITS_MARK, logits_addresses
 from swift_nb.record.write import token_summary
 
 LENGTHS = [16, 6, 4, 3]
@@ -124,23 +126,47 @@ def test_a_failing_read_is_noted_and_never_breaks_the_step():
 
 
 def test_the_lm_head_is_found_on_hugging_face_and_plain_models():
-    assert lm_head([TinyLM(vocab=300, hidden=8)]) == (300, 8)
-    assert lm_head([nn.Sequential(nn.Linear(4, 4))]) is None
+    assert lm_shape([TinyLM(vocab=300, hidden=8)]) == (300, 8)
+    assert lm_shape([nn.Sequential(nn.Linear(4, 4))]) is None
+    assert find_head(TinyLM(vocab=300, hidden=8)) == (None, False)  # a classifier's width
 
 
-def test_logits_are_known_by_their_size_and_weights_of_the_vocabulary_are_not():
-    v, h = 32_000, 64
-    assert is_logits(4 * 128 * v * 4, (v, h))  # B×T×V fp32
-    assert is_logits(4 * 127 * v * 2, (v, h))  # shifted, bf16
-    assert is_logits(4 * 128 * v * 4 + 300, (v, h))  # rounded up by the allocator
-    assert not is_logits(v * h * 4, (v, h))  # the LM head's gradient
-    assert not is_logits(4 * 128 * 4096 * 4, (v, h))
-    assert not is_logits(4 * 128 * v * 4, None)
-    assert not is_logits(4 * 128 * 500 * 4, (500, h))  # a small vocabulary: a classifier
+def test_a_head_is_known_by_the_model_or_by_its_tied_weight_else_a_candidate():
+    class Plain(nn.Module):
+        def __init__(self, tie: bool) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(4096, 32)
+            self.up = nn.Linear(32, 4096)  # as wide as the vocabulary: not the head
+            self.head = nn.Linear(32, 4096, bias=False)
+            if tie:
+                self.head.weight = self.embed.weight
+
+    head, known = find_head(Plain(tie=True))
+    assert known and head is not None and head.weight.shape == (4096, 32)
+    _, known = find_head(Plain(tie=False))
+    assert not known  # a candidate: its output is the logits only where the model returns it
+
+
+def test_a_mark_names_the_latest_allocation_at_its_address_not_every_one_of_its_size():
+    v = 32_768
+    size = 8 * v * 4  # the size of a (8 × 32 768) fp32 activation too
+    events = [
+        (1.0, size, 10),  # an activation of the logits' size
+        (2.0, size, 20),  # an earlier tensor at the address the logits get later
+        (3.0, -size, 20),
+        (4.0, size, 20),  # the logits
+        (6.0, -size, 20),
+        (7.0, size, 20),  # after the mark: another tensor at that address
+    ]
+    assert logits_allocations(events, [(4.5, 20)]) == {3}
+    assert logits_allocations(events, [(4.0, 20)]) == {3}  # the same microsecond
+    assert logits_allocations(events, [(0.5, 20)]) == set()  # nothing there yet
+    name = LOGITS_MARK + f"{0x7F00:x},{0x10:x}"
+    assert logits_addresses(name) == [0x7F00, 0x10] and logits_addresses("aten::mm") == []
 
 
 def test_the_replay_counts_logits_apart_from_activations_and_temporaries():
-    v, h = 32_000, 16
+    v = 32_000
     size = 64 * v * 4
     events = [
         (1.0, 1000, 10),  # an activation kept for backward
@@ -152,7 +178,7 @@ def test_the_replay_counts_logits_apart_from_activations_and_temporaries():
         (8.0, -size, 20),
         (9.0, -1000, 10),
     ]
-    m = replay(events, {}, {}, 4.0, (v, h))
+    m = replay(events, {}, {}, 4.0, {1, 2, 3})
     assert m.at_peak["logits"] == 3 * size and m.at_peak["activations"] == 1000
     plain = replay(events, {}, {}, 4.0)
     assert plain.at_peak["logits"] == 0 and plain.at_peak["activations"] == 1000 + 2 * size

@@ -13,9 +13,10 @@ each category at every allocation:
 - an allocation made outside backward and still alive when a later backward starts is an
   activation (saved for backward; under gradient accumulation each micro-batch's forward
   keeps its own);
-- an allocation of a language model's logits, ``[.., T, V]`` with V its vocabulary (and
-  their log-softmax and gradient, the same shape), is ``logits`` whether it is kept for
-  backward or not (``Logits``: known by its size, rows × V × 2 or 4 bytes);
+- an allocation of the loss's logits (the LM head's output, what the loss computes from it,
+  their gradients) is ``logits`` whether it is kept for backward or not: known by where it
+  comes from (``capture.memory.logits``), the trace naming each such storage after it was
+  made, never by its size;
 - anything else (temporaries, the batch, outputs) is ``other``;
 - a free is charged to the category of the allocation it ends, or to the snapshot's
   category for storages that existed when the step began (last step's gradients).
@@ -26,12 +27,13 @@ counted until they are freed.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 
 from swift_nb.core.intervals import union
-from swift_nb.core.trace_names import AUTOGRAD_PREFIX, step_of
+from swift_nb.core.trace_names import AUTOGRAD_PREFIX, LOGITS_MARK, logits_addresses, step_of
 from swift_nb.record import MEMORY_CATEGORIES as CATEGORIES
 
 _INDEX = {c: i for i, c in enumerate(CATEGORIES)}
@@ -39,33 +41,26 @@ MAX_TIMELINE_POINTS = 400  # per step
 
 
 Snapshot = dict[int, tuple[str, int]]
-#: a language model's (vocabulary, hidden size): what tells its logits' allocations apart
-Logits = tuple[int, int]
 #: what the memory replay of a finished cycle needs: the snapshots at the recorded steps'
-#: edges, the parameters' device type, the language model's ``Logits`` (or None)
-ReplayInput = tuple[dict[int, Snapshot], int, "Logits | None"]
-#: the fewest rows (tokens) a logits allocation has, and the smallest vocabulary recognised
-MIN_LOGITS_ROWS, MIN_VOCAB = 8, 1000
-#: the CUDA caching allocator rounds each block up to this many bytes
-ALLOC_ROUNDING = 512
+#: edges and the parameters' device type
+ReplayInput = tuple[dict[int, Snapshot], int]
 
 
-def is_logits(nbytes: int, logits: Logits | None) -> bool:
-    """Whether an allocation of ``nbytes`` has the logits' shape: rows × V elements of 2 or 4
-    bytes (rounded up as the allocator does), at least ``MIN_LOGITS_ROWS`` rows, and not the
-    size of a V × hidden weight (the LM head's or embedding's gradient)."""
-    if logits is None:
-        return False
-    vocab, hidden = logits
-    if vocab < MIN_VOCAB or nbytes < MIN_LOGITS_ROWS * vocab * 2:
-        return False
-    if any(abs(nbytes - vocab * hidden * e) < ALLOC_ROUNDING for e in (2, 4)):
-        return False
-    for e in (4, 2):
-        rows = round(nbytes / (vocab * e))
-        if rows >= MIN_LOGITS_ROWS and 0 <= nbytes - rows * vocab * e < ALLOC_ROUNDING:
-            return True
-    return False
+def logits_allocations(events: list[tuple[float, int, int]], marks: list[tuple[float, int]]) -> set[int]:
+    """Which of a step's allocation events ``(ts_us, bytes, addr)`` (sorted by time) made the
+    loss's logits: for each mark ``(ts_us, addr)`` (``capture.memory.logits``), the latest
+    allocation at that address at or before it."""
+    found: set[int] = set()
+    latest: dict[int, int] = {}  # addr -> index of its latest allocation so far
+    i = 0
+    for ts, addr in sorted(marks):
+        while i < len(events) and events[i][0] <= ts:
+            if events[i][1] > 0:
+                latest[events[i][2]] = i
+            i += 1
+        if addr in latest:
+            found.add(latest[addr])
+    return found
 
 
 #: the snapshot's key (no storage has address 0) for the bytes the CUDA allocator holds at
@@ -178,7 +173,7 @@ def replay(
     start: Snapshot,
     end: Snapshot,
     backward: np.ndarray | float,
-    logits: Logits | None = None,
+    logits: Collection[int] = (),
 ) -> StepMemory:
     """Replay one step's allocation events ``(ts_us, bytes, addr)`` (bytes < 0: free).
 
@@ -186,8 +181,8 @@ def replay(
     backward nodes; a number is the first backward's start (one backward per step). An
     allocation made outside them and still alive when a later one begins is an activation:
     under gradient accumulation each micro-batch's forward keeps its own for its backward.
-    ``logits``: the language model's (vocabulary, hidden size), whose logits are their own
-    category (None: no language model).
+    ``logits``: the indices in ``events`` of the allocations that made the loss's logits
+    (``logits_allocations``), their own category.
     """
     spans = _spans(backward)
     levels, start_live = _live_at_start(events, start, end)
@@ -199,7 +194,7 @@ def replay(
         if nbytes > 0:
             if addr in end and i not in freed_at:  # the storage still there at the end
                 cat = _INDEX[end[addr][0]]
-            elif is_logits(nbytes, logits):
+            elif i in logits:
                 cat = _INDEX["logits"]
             elif _kept_for_backward(spans, ts, freed_at.get(i, np.inf)):
                 cat = _INDEX["activations"]
@@ -298,10 +293,10 @@ def _kept_for_backward(spans: np.ndarray, ts: float, freed: float) -> bool:
 
 
 def step_memory(
-    trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int, logits: Logits | None = None
+    trace_events: list[dict], snapshots: dict[int, Snapshot], device_type: int
 ) -> dict[int, StepMemory]:
-    """Category memory of every recorded step that has snapshots at both edges (``logits``:
-    as for ``replay``)."""
+    """Category memory of every recorded step that has snapshots at both edges; the loss's
+    logits are the allocations the trace's ``LOGITS_MARK`` events name."""
     spans = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), k)
         for e in trace_events
@@ -312,10 +307,12 @@ def step_memory(
     starts = np.array([s for s, _, _ in spans])
     mem: dict[int, list[tuple[float, int, int]]] = {k: [] for _, _, k in spans}
     backward: dict[int, list[tuple[float, float]]] = {k: [] for _, _, k in spans}
+    marks: dict[int, list[tuple[float, int]]] = {k: [] for _, _, k in spans}
     for e in trace_events:
         name = e.get("name", "")
         is_mem = name == "[memory]"
-        if not is_mem and not (e.get("ph") == "X" and name.startswith(AUTOGRAD_PREFIX)):
+        is_mark = name.startswith(LOGITS_MARK)
+        if not is_mem and not is_mark and not (e.get("ph") == "X" and name.startswith(AUTOGRAD_PREFIX)):
             continue
         ts = float(e["ts"])
         i = int(np.searchsorted(starts, ts, side="right")) - 1
@@ -326,17 +323,20 @@ def step_memory(
             a = e.get("args") or {}
             if int(a.get("Device Type", -1)) == device_type:
                 mem[k].append((ts, int(a.get("Bytes", 0)), int(a.get("Addr") or 0)))
+        elif is_mark:
+            marks[k] += [(ts, addr) for addr in logits_addresses(name)]
         else:
             backward[k].append((ts, ts + float(e.get("dur", 0))))
     out = {}
     for start_us, _, k in spans:
         if k in snapshots and k + 1 in snapshots:
+            events = sorted(mem[k], key=lambda m: m[0])
             out[k] = replay(
-                sorted(mem[k], key=lambda m: m[0]),
+                events,
                 snapshots[k],
                 snapshots[k + 1],
                 np.array(backward[k]),
-                logits,
+                logits_allocations(events, marks[k]),
             )
             out[k].start_us = start_us
             out[k].carried = snapshots[k].get(CARRIED, ("other", 0))[1]

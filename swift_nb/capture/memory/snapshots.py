@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from swift_nb.capture.memory import categories as memcat
+from swift_nb.capture.memory.logits import Lineage, lm_shape
 from swift_nb.capture.torch_profiler import ProfilerConfig, TraceResult
 from swift_nb.record import Run
 
@@ -19,10 +20,10 @@ class MemoryRecorder:
     """Snapshots for one run. ``optimizers``: a live view of the optimizers seen so far;
     ``models``: the root models the run uses (their weights that nothing trains are
     ``frozen_parameters``); ``stale``: those only alive in the kernel (their weights are
-    ``other``; ``capture.memory.stale_models``); ``logits``: the language model's (vocabulary,
-    hidden size) once known (``capture.tokens.lm_head``), for the ``logits`` category;
-    ``note``: where a problem is told (the run's notes). Inactive (records nothing) without
-    a profiler recording memory."""
+    ``other``; ``capture.memory.stale_models``); ``note``: where a problem is told (the run's
+    notes). The loss's logits are followed in the recorded steps (``lineage``,
+    ``capture.memory.logits``) from the heads of the models given to ``watch_heads``.
+    Inactive (records nothing) without a profiler recording memory."""
 
     def __init__(
         self,
@@ -30,7 +31,6 @@ class MemoryRecorder:
         optimizers: Iterable[Any],
         note: Callable[[str], None],
         models: Callable[[], Iterable[Any]] = tuple,
-        logits: Callable[[], memcat.Logits | None] = lambda: None,
         stale: Callable[[], Iterable[Any]] = tuple,
     ) -> None:
         self.cfg = cfg
@@ -38,7 +38,8 @@ class MemoryRecorder:
         self._models = models
         self._stale = stale
         self._note = note
-        self._logits = logits
+        self.lineage = Lineage(note)
+        self._recorded = 0  # steps recorded with the lineage armed
         self.snapshots: dict[int, memcat.Snapshot] = {}
         self.failed = False  # the parameters could not be snapshotted: no categories
 
@@ -52,7 +53,10 @@ class MemoryRecorder:
         cfg = self.cfg
         if cfg is None or not self.active:
             return
-        if cfg.phase(k) == "active" or (k > 0 and cfg.phase(k - 1) == "active"):
+        recorded = cfg.phase(k) == "active"
+        self.lineage.arm(recorded)
+        self._recorded += recorded
+        if recorded or (k > 0 and cfg.phase(k - 1) == "active"):
             try:
                 self.snapshots[k] = memcat.snapshot(
                     self._optimizers, self._models(), carried=True, stale=self._stale()
@@ -61,17 +65,33 @@ class MemoryRecorder:
                 self._note(f"memory by category is not available for these parameters ({e})")
                 self.failed = True
 
+    def watch_heads(self, models: Iterable[Any]) -> tuple[int, int] | None:
+        """Follow the logits of ``models``' LM heads (when recording memory); (vocabulary,
+        hidden size) of the first language model's head, None when none is one."""
+        models = list(models)
+        if self.active:
+            self.lineage.watch(models)
+        return lm_shape(models)
+
+    def stop(self) -> None:
+        """The lineage's hooks off the models; a note where recorded steps of a language
+        model had logits that could not be told."""
+        lineage = self.lineage
+        lineage.remove()
+        if self._recorded and lineage.heads and not lineage.followed and not lineage.failed:
+            self._note(
+                "the loss's logits could not be told apart: no LM head known by the model "
+                "(get_output_embeddings(), or a weight tied to its embedding) ran, nor a "
+                "candidate whose output the model returns; they are counted among the "
+                "activations and other tensors (no logits category)"
+            )
+
     def replay_input(self) -> memcat.ReplayInput | None:
         """What the replay of a finished cycle needs (``capture.digest``): the snapshots
-        taken so far, the parameters' device type and the language model's logits shape;
-        None when there is none to do."""
+        taken so far and the parameters' device type; None when there is none to do."""
         if not self.active:
             return None
-        return (
-            dict(self.snapshots),
-            memcat.device_type_code(self._optimizers, self._models()),
-            self._logits(),
-        )
+        return dict(self.snapshots), memcat.device_type_code(self._optimizers, self._models())
 
     def add_to(self, run: Run, steps: pd.DataFrame, trace: TraceResult, cuda: bool) -> None:
         """Per recorded step: category bytes at the step's peak (``steps``) and the

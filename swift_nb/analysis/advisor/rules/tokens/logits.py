@@ -4,9 +4,9 @@ gradient, each as large (fp32 when the loss upcasts them). With a vocabulary of 
 they are often the step's peak. A fused linear cross-entropy computes the loss from the
 hidden states in chunks and never holds the whole logits.
 
-The replay counts the allocations of the logits' shape as their own category
-(``capture.memory.categories.is_logits``); the copies are that size over one fp32 copy of
-the real tokens computed × V."""
+The replay counts the allocations the LM head's output and the loss made from it as their
+own category, known by where they come from (``capture.memory.logits``); the copies are
+that size over one fp32 copy of the real tokens computed × V."""
 
 from __future__ import annotations
 
