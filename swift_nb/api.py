@@ -6,6 +6,7 @@ notebook magic and the CLI call these same functions.
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -19,8 +20,8 @@ from swift_nb.analysis.cost import price
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.resources.alerts import Alert
 from swift_nb.capture.session import Session
-from swift_nb.core.devices import DEFAULT_DEVICE
-from swift_nb.core.errors import RecordWriteWarning
+from swift_nb.core.devices import DEFAULT_DEVICE, check_price, resolve_device
+from swift_nb.core.errors import ConfigError, RecordWriteWarning, check_whole
 from swift_nb.core.gc_pause import paused
 from swift_nb.record import Run, save_meta
 from swift_nb.render.document import build_ahead, draw_run_ahead, draw_run_and_timeline_ahead
@@ -379,17 +380,30 @@ def forecast(
         A ``Forecast``.
 
     Raises:
-        ConfigError: a bad argument; a model that cannot be built or stepped on fake tensors,
-            naming why.
+        ConfigError: a bad argument (before any work: ``check_target``); a model that cannot
+            be built or stepped on fake tensors, naming why.
     """
     from swift_nb.analysis.forecast import forecast as forecast_run
-    from swift_nb.core.errors import ConfigError
 
+    check_target(
+        run=run,
+        calibration=calibration,
+        device=device,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        world_size=world_size,
+        steps=steps,
+        dtype=dtype,
+        toggles=toggles,
+        price_per_hour=price_per_hour,
+        progress=progress,
+    )
     if model is None:
         if run is None:
             raise ConfigError(
                 "run", "give a profiled run, or model= (a preset's name, a config or a callable)", None
             )
+        check_target(optimizer=optimizer)
         shape = (batch_size, seq_len, dtype, toggles, world_size, calibration, optimizer)
         return forecast_run(run, device, *shape, steps, price_per_hour)
     if calibration is not None:
@@ -418,7 +432,7 @@ def plan(
     memory_bytes: float | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
-    toggles_allowed: Sequence[str] | None = None,
+    toggles_allowed: str | Sequence[str] | None = None,
     *,
     model: Any = None,
     max_toggles: int = 3,
@@ -435,7 +449,8 @@ def plan(
         memory_bytes: a budget in bytes (overrides the preset's capacity).
         batch_size: samples per rank.
         seq_len: tokens per sample.
-        toggles_allowed: the toggles to combine (default: every one that applies).
+        toggles_allowed: the toggles to combine, ids or one ``"a,b"`` string (default: every
+            one that applies).
         model: a model forecast from its config (a preset's name, a transformers config or
             a callable), its step run once on fake tensors at the target batch and sequence.
         max_toggles: how many toggles at once.
@@ -448,27 +463,104 @@ def plan(
         rows that fit first, fastest first.
 
     Raises:
-        ConfigError: neither a device nor ``memory_bytes``; a bad argument.
+        ConfigError: neither a device nor ``memory_bytes``; a bad argument (before any work:
+            ``check_target``).
     """
-    from swift_nb.analysis.forecast import measure
+    from swift_nb.analysis.forecast import Measured, measure
+    from swift_nb.analysis.forecast.plan import budget
     from swift_nb.analysis.forecast.plan import plan as plan_measured
-    from swift_nb.core.errors import ConfigError
 
-    if device is None and memory_bytes is None:
-        raise ConfigError(
-            "device",
-            "give the target: a device preset (device='L4-24GB') or a budget (memory_bytes=24e9)",
-            None,
-        )
+    check_target(
+        run=run,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        toggles_allowed=toggles_allowed,
+        max_toggles=max_toggles,
+        progress=progress,
+    )
+    budget(device, memory_bytes)
     if model is None:
         if run is None:
             raise ConfigError(
                 "run", "give a profiled run, or model= (a preset's name, a config or a callable)", None
             )
-        measured = measure(run)
+        measured = run if isinstance(run, Measured) else measure(run)
     else:
         measured = _fake_measured(model, run, batch_size, seq_len, progress)
     return plan_measured(measured, device, memory_bytes, batch_size, seq_len, toggles_allowed, max_toggles)
+
+
+def check_target(**given: Any) -> dict[str, Any]:
+    """The arguments of ``forecast``, ``plan`` and the magic's ``--plan``, by their names,
+    checked before any work starts and returned as the work takes them (a count as an int,
+    ``device`` as a ``Device``, ``dtype`` by its full name, ``toggles`` with their parameters).
+    A ``ConfigError`` names the first bad one and what to pass. ``None`` is the run's own (or
+    the default) where the entry point takes it; ``0`` is an error, never "the run's own"."""
+    checks = _checks()
+    return {name: checks[name](name, value) for name, value in given.items()}
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    return lambda name, value: None if value is None else check(name, value)
+
+
+def _a_run(name: str, value: Any) -> Any:
+    from swift_nb.analysis.forecast import Measured
+
+    if not isinstance(value, (Run, Measured)):
+        raise ConfigError(name, "must be a Run: swift_nb.load_run(folder) reads one from its folder", value)
+    return value
+
+
+def _toggles(name: str, value: Any) -> dict[str, dict[str, Any]]:
+    from swift_nb import vocabulary
+    from swift_nb.vocabulary.forecast_spec import parse_toggles
+
+    wanted = parse_toggles(value)
+    clash = vocabulary.clashes(wanted)
+    if clash is not None:
+        raise ConfigError(name, f"must be toggles that can run together: {clash}", value)
+    return wanted
+
+
+def _optimizer(name: str, value: Any) -> str:
+    from swift_nb.analysis.effects import OPTIMIZERS
+
+    if value not in OPTIMIZERS:
+        raise ConfigError(name, f"must be one of {', '.join(OPTIMIZERS)}", value)
+    return str(value)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(name, "must be True or False", value)
+    return value
+
+
+@functools.cache
+def _checks() -> dict[str, Callable[[str, Any], Any]]:
+    """How each argument of ``check_target`` is checked, by its name (imported when first
+    needed: the forecast's modules are not the profiler's)."""
+    from swift_nb.analysis.forecast.plan import allowed_toggles
+    from swift_nb.vocabulary.forecast_spec import dtype_name
+
+    count = _optional(check_whole)
+    return {
+        "run": _optional(_a_run),
+        "calibration": _optional(_a_run),
+        "device": lambda name, value: resolve_device(value),
+        "batch_size": count,
+        "seq_len": count,
+        "world_size": count,
+        "steps": count,
+        "max_toggles": lambda name, value: check_whole(name, value, 1, 5),
+        "dtype": _optional(lambda name, value: dtype_name(value)),
+        "optimizer": _optional(_optimizer),
+        "toggles": _toggles,
+        "toggles_allowed": lambda name, value: allowed_toggles(value),
+        "price_per_hour": check_price,
+        "progress": _bool,
+    }
 
 
 def _fake_measured(

@@ -21,13 +21,15 @@ from typing import Any
 from swift_nb.analysis.forecast import forecast, measure
 from swift_nb.analysis.forecast.from_model import measured_from, peak_of, step_time
 from swift_nb.analysis.forecast.measure import Measured
-from swift_nb.analysis.forecast.predict import priced
+from swift_nb.analysis.forecast.predict import priced, target_world
 from swift_nb.analysis.forecast.result import Forecast
+from swift_nb.capture.fake_step import _DTYPES as FAKE_DTYPES
 from swift_nb.capture.fake_step import OPTIMIZERS, fake_step, on_stderr
+from swift_nb.capture.fake_step import build as build_model
 from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run
 from swift_nb.toggles import applied, build
-from swift_nb.vocabulary.forecast_spec import parse_toggles
+from swift_nb.vocabulary.forecast_spec import dtype_name, parse_toggles
 
 #: the toggles a model forecast from its config runs on the fake model itself, by their own
 #: code → the toggle run; QLoRA as LoRA: a 4-bit base cannot be quantized on fake tensors, so
@@ -51,29 +53,46 @@ def forecast_model(
 ) -> Forecast:
     """``swift_nb.forecast(model=...)``: the model's step on fake tensors priced as a run on
     ``device``; with a proxy that has a step time, the target's step on the proxy's card by
-    FLOPs (and ``steps`` priced), else no step time."""
+    FLOPs (and ``steps`` priced), else no step time. What only a model from its config
+    cannot take is refused before the proxy is measured or the model built."""
     wanted = parse_toggles(toggles)
+    target_world(1, wanted, world_size)  # the fake step is one process's
+    if steps is not None and proxy is None:
+        raise _no_step_time(steps)
+    dtype, optimizer = check_model(model, dtype, optimizer)
     pm = measure(proxy) if proxy is not None else None
-    measured = measured_model(
-        model,
-        pm,
-        batch_size or 1,
-        seq_len or 2048,
-        dtype or "bfloat16",
-        optimizer or "AdamW",
-        wanted,
-        progress,
-    )
+    measured = measured_model(model, pm, batch_size or 1, seq_len or 2048, dtype, optimizer, wanted, progress)
     fc = forecast(measured, device, toggles=wanted, world_size=world_size)
     step_s, line = step_time(measured, pm, list(wanted), cuda=pm is not None and pm.on_cuda)
     fc = replace(fc, step_s=step_s, derivation=[*fc.derivation, line])
     if steps is None:
         return fc
     if step_s is None:
-        raise ConfigError(
-            "steps", "needs a step time: pass a proxy run of the family profiled on the card", steps
-        )
+        raise _no_step_time(steps)
     return priced(fc, measured, steps, step_s, price_per_hour)
+
+
+def check_model(model: Any, dtype: str | None, optimizer: str | None) -> tuple[str, str]:
+    """(the dtype, the optimizer) a fake step of ``model`` takes, bf16 and AdamW by default;
+    a ``ConfigError`` for a model that is no preset, config or callable, or a dtype or an
+    optimizer the fake step does not run (a preset's config is built: transformers is imported)."""
+    name = dtype_name(dtype or "bfloat16")
+    if name not in FAKE_DTYPES:
+        kinds = ", ".join(sorted(set(FAKE_DTYPES.values())))
+        raise ConfigError("dtype", f"must be one of {kinds} for a model from its config", dtype)
+    optimizer = optimizer or "AdamW"
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            "optimizer", f"must be one of {', '.join(OPTIMIZERS)} for a model from its config", optimizer
+        )
+    build_model(model)
+    return name, optimizer
+
+
+def _no_step_time(steps: int) -> ConfigError:
+    return ConfigError(
+        "steps", "needs a step time: pass a proxy run of the family profiled on the card", steps
+    )
 
 
 def measured_model(
@@ -90,6 +109,7 @@ def measured_model(
     that run on fake tensors applied (the others are the forecast's to price, said so),
     calibrated by ``proxy`` (see the module), read as a run."""
     wanted = parse_toggles(toggles)
+    dtype, optimizer = check_model(model, dtype, optimizer)
     setup, on_fake = _setup(wanted)
     say = on_stderr if progress else None
     step = fake_step(model, batch_size, seq_len, dtype, optimizer, progress=say, setup=setup)

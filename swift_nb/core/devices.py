@@ -150,18 +150,17 @@ def is_capacity(text: str) -> bool:
 
 def resolve_device(device: str | float) -> Device:
     """A preset by name (case and dashes ignored; a unique prefix such as ``"A10G"`` will do),
-    a capacity in bytes, or a string ``"80GB"`` (decimal) / ``"24GiB"`` (binary)."""
+    a capacity in bytes, or a string ``"80GB"`` (decimal) / ``"24GiB"`` (binary). Anything
+    else, and a capacity of 0, is a ``ConfigError`` naming ``device``."""
     if isinstance(device, (int, float)) and not isinstance(device, bool):
-        if not device > 0:
-            raise ConfigError("device", "must be a positive number of bytes", device)
-        return _custom(float(device), f"{int(device):,} bytes as given")
+        return _custom(_capacity(device, device), f"{int(device):,} bytes as given")
     text = str(device).strip()
     size = _CAPACITY.fullmatch(text)
     if size:
         unit = (size.group(2) or "B").upper().replace("IB", "iB")
         scale = {"B": 1, **{f"{p}B": 1000**i for i, p in enumerate("KMGT", 1)}}
         scale.update({f"{p}iB": 1024**i for i, p in enumerate("KMGT", 1)})
-        return _custom(float(size.group(1)) * scale[unit], f"{text} as given")
+        return _custom(_capacity(float(size.group(1)) * scale[unit], device), f"{text} as given")
 
     def key(name: str) -> str:
         return re.sub(r"[\s_-]", "", name).lower()
@@ -177,6 +176,16 @@ def resolve_device(device: str | float) -> Device:
         f"must be one of {', '.join(DEVICES)}, a number of bytes or a capacity such as 80GB or 24GiB",
         device,
     )
+
+
+def _capacity(capacity: float, given: Any) -> float:
+    if not (capacity > 0 and math.isfinite(capacity)):
+        raise ConfigError(
+            "device",
+            f"must be a capacity above 0, such as 80GB or 24GiB (or a number of bytes), or one of {', '.join(DEVICES)}",
+            given,
+        )
+    return capacity
 
 
 def _custom(capacity: float, source: str) -> Device:

@@ -1,8 +1,10 @@
-"""Errors a user can cause (raised before any work starts), and the one error of a damaged
-record."""
+"""Errors a user can cause (raised before any work starts), the checks of a count and of a
+positive amount that raise them, and the one error of a damaged record."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,25 @@ class ConfigError(ValueError):
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as its arguments: raised in a worker process, it arrives as raised
         return type(self), (self.param, self.requirement, self.value)
+
+
+def check_whole(name: str, value: Any, least: int = 1, most: int | None = None) -> int:
+    """``value`` as an int from ``least`` to ``most``; else a ``ConfigError`` naming ``name``.
+    A bool, a float (even 2.0) or text is refused: a count is given as one."""
+    n = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+    if n is None or n < least or (most is not None and n > most):
+        span = f"between {least} and {most}" if most is not None else f"of at least {least}"
+        raise ConfigError(name, f"must be a whole number {span}", value)
+    return n
+
+
+def check_positive(name: str, value: Any, unit: str) -> float:
+    """``value`` as a finite float above 0; else a ``ConfigError`` naming ``name`` and the
+    ``unit`` it is counted in (``"bytes, such as 24e9"``)."""
+    x = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    if not (x > 0 and math.isfinite(x)):
+        raise ConfigError(name, f"must be a positive number of {unit}", value)
+    return x
 
 
 class RunDirError(OSError):

@@ -278,14 +278,17 @@ class SwiftMagics(Magics):
         self._show_runs(line.strip() or None)
 
     def _plan(self, args) -> None:
-        """``--plan DEVICE``: the plan table of the newest run under ``--out`` (or ``--open``)."""
-        from swift_nb.api import plan
-        from swift_nb.core.devices import is_capacity, resolve_device
+        """``--plan DEVICE``: the plan table of the newest run under ``--out`` (or ``--open``);
+        its device, ``--batch`` and ``--seq`` are checked before a run is read."""
+        from swift_nb.api import check_target, plan
+        from swift_nb.core.devices import is_capacity
         from swift_nb.render.plan import TITLE, plan_html, plan_text
 
-        for name in ("batch", "seq"):
-            if getattr(args, name) is not None and getattr(args, name) < 1:
-                raise UsageError(f"--{name} must be a whole number ≥ 1; got {getattr(args, name)}")
+        flags = {"batch_size": "--batch", "seq_len": "--seq"}
+        try:
+            device = check_target(device=args.plan, batch_size=args.batch, seq_len=args.seq)["device"]
+        except ConfigError as e:
+            raise UsageError(e.message(lambda name: flags.get(name, f"--plan: {name}"))) from None
         try:
             if args.open is not None:
                 run = load_run(args.open)
@@ -296,11 +299,10 @@ class SwiftMagics(Magics):
                         "--plan needs a profiled run: profile a cell first, or give --open RUN_DIR"
                     )
                 run = load_run(table.iloc[0]["path"])
-            target = args.plan
-            budget = resolve_device(target).capacity_bytes if is_capacity(target) else None
+            budget = device.capacity_bytes if is_capacity(args.plan) else None
             result = plan(
                 run,
-                device=None if budget is not None else target,
+                device=None if budget is not None else args.plan,
                 memory_bytes=budget,
                 batch_size=args.batch,
                 seq_len=args.seq,

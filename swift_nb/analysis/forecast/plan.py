@@ -36,7 +36,7 @@ from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.predict import _config, _expected_error
 from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.core.devices import DEVICES, Device, resolve_device
-from swift_nb.core.errors import ConfigError
+from swift_nb.core.errors import ConfigError, check_positive, check_whole
 from swift_nb.core.units import fmt_bytes
 
 #: toggles that change what the model trains or how it is updated
@@ -62,7 +62,7 @@ def plan(
     memory_bytes: float | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
-    toggles_allowed: Collection[str] | None = None,
+    toggles_allowed: str | Collection[str] | None = None,
     max_toggles: int = 3,
 ) -> pd.DataFrame:
     """One row per combination of toggles (``COLUMNS``), best first (see the module).
@@ -71,24 +71,14 @@ def plan(
     capability decides which toggles can run) and/or ``memory_bytes``, a budget in bytes
     that overrides the preset's; ``batch_size``/``seq_len`` the target (the run's own by
     default); ``toggles_allowed`` the toggles to combine (default: every one that applies);
-    ``max_toggles`` how many at once.
+    ``max_toggles`` how many at once. Every argument is checked first (``ConfigError``).
     """
-    if device is None and memory_bytes is None:
-        raise ConfigError(
-            "device",
-            "give the target: a device preset (device='L4-24GB') or a budget (memory_bytes=24e9)",
-            None,
-        )
-    if not 1 <= max_toggles <= 5:
-        raise ConfigError("max_toggles", "must be between 1 and 5", max_toggles)
-    dev = resolve_device(device) if device is not None else None
-    if memory_bytes is not None:
-        usable = float(memory_bytes)
-    else:
-        assert dev is not None
-        usable = float(dev.capacity_bytes - dev.context_bytes)
-    if not usable > 0:
-        raise ConfigError("memory_bytes", "must be a positive number of bytes", memory_bytes)
+    max_toggles = check_whole("max_toggles", max_toggles, 1, 5)
+    dev, usable = budget(device, memory_bytes)
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if value is not None:
+            check_whole(name, value)
+    toggles_allowed = allowed_toggles(toggles_allowed)
     cuda, capability = _target(m, dev)
     ids = candidates(m, cuda, capability, toggles_allowed)
     pricer = CategoryPricer(m, growth(m, None))
@@ -112,6 +102,41 @@ def plan(
     )
     short = table[~table["fits"]].sort_values(["predicted_peak_bytes", "_n"])
     return pd.concat([fitting, short]).drop(columns=["_n", "_unsure"]).reset_index(drop=True)
+
+
+def budget(device: str | float | None, memory_bytes: float | None) -> tuple[Device | None, float]:
+    """(the target device, None for a budget alone; the bytes its tensors may take):
+    ``memory_bytes`` where given, else the device's capacity less its CUDA context. A
+    ``ConfigError`` for neither, a device that is no preset or capacity, a budget that is
+    not a positive number of bytes, or a device whose context leaves no room."""
+    if device is None and memory_bytes is None:
+        raise ConfigError(
+            "device",
+            "give the target: a device preset (device='L4-24GB') or a budget (memory_bytes=24e9)",
+            None,
+        )
+    dev = resolve_device(device) if device is not None else None
+    if memory_bytes is not None:
+        return dev, check_positive("memory_bytes", memory_bytes, "bytes, such as 24e9")
+    assert dev is not None
+    usable = float(dev.capacity_bytes - dev.context_bytes)
+    if usable <= 0:
+        raise ConfigError(
+            "device",
+            f"leaves no room for tensors: its {fmt_bytes(dev.capacity_bytes)} less the CUDA context's "
+            f"{fmt_bytes(dev.context_bytes)}; give a larger device, or the budget itself as memory_bytes=",
+            device,
+        )
+    return dev, usable
+
+
+def allowed_toggles(allowed: str | Collection[str] | None) -> list[str] | None:
+    """The toggles a plan may combine, as ids (``"fused_ce,packing"`` or a list); None: every
+    one that applies. A ``ConfigError`` for a name that is no runnable toggle."""
+    if allowed is None:
+        return None
+    names = vocabulary.split_list(allowed) if isinstance(allowed, str) else list(allowed)
+    return [vocabulary.entry(t, runnable=True).id for t in names]
 
 
 def candidates(
@@ -217,4 +242,4 @@ def applied_toggles(row: pd.Series) -> list[str]:
     return [] if row["toggles"] == "none" else str(row["toggles"]).split("+")
 
 
-__all__ = ["COLUMNS", "applied_toggles", "candidates", "plan"]
+__all__ = ["COLUMNS", "allowed_toggles", "applied_toggles", "budget", "candidates", "plan"]

@@ -10,8 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from swift_nb import vocabulary
 from swift_nb.analysis import cost
 from swift_nb.analysis.effects import OPTIMIZERS, Applied
@@ -20,7 +18,7 @@ from swift_nb.analysis.forecast.measure import Measured, measure
 from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
 from swift_nb.core.devices import DEFAULT_DEVICE, ENV_PRICE_PER_HOUR, Device, price_of, resolve_device
-from swift_nb.core.errors import ConfigError
+from swift_nb.core.errors import ConfigError, check_whole
 from swift_nb.core.units import fmt_bytes, fmt_seconds
 from swift_nb.record import Run, finetune_label
 from swift_nb.vocabulary.forecast_spec import dtype_name, parse_toggles, toggle_label
@@ -162,9 +160,7 @@ def _config(
 ) -> Config:
     """The configuration to price: the arguments given, the run's own for the rest; checks
     what the toggles need of it."""
-    world = world_size or m.world_size
-    if world_size is None and m.world_size == 1:  # a one-process run sharded as a variant would be
-        world = max([world, *_variant_ranks(wanted)])
+    world = target_world(m.world_size, wanted, world_size)
     applied = Applied(wanted)
     if "lora" in wanted and "qlora" in wanted:
         raise ConfigError(
@@ -177,8 +173,6 @@ def _config(
             "projects the weights LoRA freezes",
             f"galore,{applied.lora.name}",
         )
-    if applied.shard_stage and world < 2:
-        raise ConfigError("world_size", f"must be at least 2 to shard with {', '.join(wanted)}", world)
     if applied.checkpointing and m.blocks < 1:
         raise ConfigError(
             "toggles",
@@ -194,6 +188,18 @@ def _config(
         toggles=wanted,
         world_size=world,
     )
+
+
+def target_world(run_world: int, wanted: Mapping[str, Mapping[str, Any]], world_size: int | None) -> int:
+    """The ranks a configuration runs on: ``world_size``, else the run's; a one-process run
+    sharded as a variant would be, over the variant's ranks. A ``ConfigError`` when the
+    toggles shard over fewer than 2."""
+    world = world_size or run_world
+    if world_size is None and run_world == 1:
+        world = max([world, *_variant_ranks(wanted)])
+    if Applied(wanted).shard_stage and world < 2:
+        raise ConfigError("world_size", f"must be at least 2 to shard with {', '.join(wanted)}", world)
+    return world
 
 
 def _variant_ranks(wanted: Mapping[str, Mapping[str, Any]]) -> list[int]:
@@ -262,10 +268,8 @@ def _result(
 
 def _check_positive(**values: int | None) -> None:
     for name, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(name, "must be a whole number of at least 1", value)
+        if value is not None:
+            check_whole(name, value)
 
 
 def _check_against_run(
