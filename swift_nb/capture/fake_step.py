@@ -143,6 +143,8 @@ def fake_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from swift_nb.capture.memory.peak_tracker import check_internals
+
     if optimizer not in OPTIMIZERS:
         raise ConfigError(
             "optimizer", f"must be one of {', '.join(OPTIMIZERS)} for a model from its config", optimizer
@@ -150,6 +152,7 @@ def fake_step(
     if dtype not in _DTYPES:
         raise ConfigError("dtype", f"must be one of {', '.join(sorted(set(_DTYPES.values())))}", dtype)
     name, make = build(model)
+    check_internals()
     say = progress or (lambda line: None)
     t0 = time.perf_counter()
     torch_dtype = getattr(torch, _DTYPES[dtype])
@@ -322,7 +325,7 @@ def _run(
             loss.backward()
             opt.step()
             opt.zero_grad()
-        except Exception as e:
+        except _fake_limits() as e:  # the model's own step needs values fake tensors lack
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             say(f"{name}: its step cannot run on fake tensors ({reason}); weights by formula")
             return _Ran(_by_formula(module, opt), reason, finetune, update)
@@ -403,6 +406,21 @@ def _state_bytes(opt) -> float:
             for t in s.values()
             if hasattr(t, "numel")
         )
+    )
+
+
+def _fake_limits() -> tuple[type[BaseException], ...]:
+    """What fake tensors raise for a step they cannot run: an operation whose output depends
+    on the values (``.item()``, ``nonzero``), or one without a fake implementation. Any
+    other error inside the step is raised as it is, never taken for these."""
+    from torch._subclasses import fake_tensor
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+        GuardOnDataDependentSymNode,
     )
 
 

@@ -7,7 +7,7 @@ cost a pass over every tracked module at each operation: on a 7B Llama that was 
 step's time, growing with the layers.
 
 Rests on MemTracker's internals (``_update_snap``, ``_update_peak_stats``,
-``_curr_mem_snap``, ``_WINFO``), which ``capture.fake_step`` checks before it runs."""
+``_curr_mem_snap``, ``_WINFO``), which ``check_internals`` checks before a fake step runs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,53 @@ import torch
 from torch.distributed._tools import mem_tracker
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+#: what the tracker reads of MemTracker and torch, checked before a fake step runs
+#: (``check_internals``): (where, name)
+INTERNALS = (
+    (mem_tracker, "_TOTAL_KEY"),
+    (mem_tracker, "_MemRefType"),
+    (mem_tracker, "_UpdateType"),
+    (mem_tracker.MemTracker, "_update_snap"),
+    (mem_tracker.MemTracker, "_update_peak_stats"),
+    (mem_tracker.MemTracker, "track_external"),
+    (mem_tracker.MemTracker, "get_tracker_snapshot"),
+    (torch._C._nn, "_parse_to"),
+)
+#: attributes a MemTracker instance must have
+INSTANCE_INTERNALS = (
+    "_WINFO",
+    "_curr_mem_snap",
+    "_peak_mem",
+    "_peak_mem_snap",
+    "_param_to_grad_hook_handles",
+)
+#: the torch releases the fake step was built against (major, minor), first and last
+TESTED_TORCH = ((2, 6), (2, 13))
+
+
+def check_internals() -> None:
+    """Raise ``RuntimeError`` naming what changed when the PyTorch internals the fake step
+    rests on are not as it was built against (``INTERNALS``): before any work, never
+    inside the step, where a failure would look like a model's data-dependent operation."""
+    missing = [
+        f"{getattr(where, '__name__', where)}.{name}" for where, name in INTERNALS if not hasattr(where, name)
+    ]
+    if not missing:
+        tracker = mem_tracker.MemTracker()
+        missing = [f"MemTracker().{a}" for a in INSTANCE_INTERNALS if not hasattr(tracker, a)]
+        kinds = [k for k in ("ACT", "TEMP", "OPT") if not hasattr(mem_tracker._MemRefType, k)]
+        updates = [u for u in ("ADD", "DEL") if not hasattr(mem_tracker._UpdateType, u)]
+        missing += [f"_MemRefType.{k}" for k in kinds] + [f"_UpdateType.{u}" for u in updates]
+    if missing:
+        (lo, hi) = TESTED_TORCH
+        raise RuntimeError(
+            f"a forecast from a model's config rests on PyTorch's MemTracker internals, and torch "
+            f"{torch.__version__} changed them ({', '.join(missing)}); it was built against torch "
+            f"{lo[0]}.{lo[1]}–{hi[0]}.{hi[1]}: install one of those, or forecast from a measured run "
+            "(swift_nb.forecast(run))"
+        )
+
 
 _TOTAL = mem_tracker._TOTAL_KEY
 _KINDS = (mem_tracker._MemRefType.ACT, mem_tracker._MemRefType.TEMP)
