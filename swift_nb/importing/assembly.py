@@ -166,7 +166,7 @@ def _reduce_all(
     if executor is not None:
         # an executor's workers may run elsewhere, in another working directory
         futures = submit(executor, [Path(os.path.abspath(f)) for f in files], staged, max_bytes, analyze)
-        return gather(futures, files, local=False)
+        return gather(futures, files)
     small = sum(f.stat().st_size for f in files) < IN_PROCESS_BYTES
     if len(files) == 1 or workers == 1 or (workers is None and small):
         return [reduce_rank(f, s, max_bytes, analyze) for f, s in zip(files, staged, strict=True)]

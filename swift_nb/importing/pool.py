@@ -1,19 +1,30 @@
-"""A job's ranks read in local worker processes (``ProcessPoolExecutor``, forkserver) or by any
+"""A job's ranks read in local worker processes (forkserver) or by any
 ``concurrent.futures.Executor`` (a Dask cluster's ``Client.get_executor()``): each rank is
 reduced (``rank.reduce_rank``) where its worker runs. A worker that dies or is lost is a
 ``RanksNotReadError`` naming the traces it left unread, within seconds: the surviving local
-workers are killed, never waited for."""
+workers are killed, never waited for.
+
+The local workers are plain processes, each with a pipe of its own: one trace sent, its
+record or its error sent back. No queue or lock is shared between them, so nothing is
+registered with multiprocessing's resource tracker, and a worker killed anywhere (between
+traces, mid-reply, as it starts) reads here as the end of its pipe."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import traceback
+import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, wait
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as ready
 from pathlib import Path
+from typing import Any
 
 from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.core.units import fmt_span
@@ -21,6 +32,8 @@ from swift_nb.importing.rank import RankRecord, reduce_rank
 
 #: what to do when a local worker process dies
 _LOCAL_ADVICE = "Try again with fewer workers (import_trace(..., workers=1)) or on a machine with more memory"
+#: what a local worker's death is
+_DIED = "a worker process reading the traces died (killed, or out of memory) before it finished"
 #: what to do when an executor's worker is lost or fails
 _EXECUTOR_ADVICE = (
     "No run was written: import again once the executor's workers are healthy; they must see the "
@@ -38,10 +51,21 @@ class RanksNotReadError(RuntimeError):
         self.unread, self.ranks = unread, ranks
 
 
+class WorkerError(Exception):
+    """Where a local worker's error was raised: its traceback, as text (the cause of the
+    error raised here, which a pipe carries without its frames)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 #: a reduction: ``(trace, staged, max_bytes, analyze) -> RankRecord`` (``rank.reduce_rank``)
 Reduce = Callable[[Path, Path, int, bool], RankRecord]
-#: how long a killed worker may take to be reaped before the import gives up on it
+#: how long a worker may take to end (asked to, or killed) before the import gives up on it
 KILL_WAIT_S = 5.0
+#: the warning multiprocessing gives where its resource tracker was killed since it last
+#: wrote to it (it starts another as a worker is started)
+_TRACKER_RELAUNCHED = "resource_tracker: process died unexpectedly"
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -50,9 +74,9 @@ def _context() -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    # the server imports the reduction's module once; each worker forked from it starts
-    # with it loaded
-    ctx.set_forkserver_preload([reduce_rank.__module__])
+    # the server imports the workers' module (and the reduction's) once; each worker forked
+    # from it starts with them loaded
+    ctx.set_forkserver_preload([__name__])
     return ctx
 
 
@@ -73,6 +97,68 @@ def _main_script_hidden() -> Iterator[None]:
             setattr(main, k, v)
 
 
+def _serve(conn: Connection) -> None:
+    """A local worker: each ``(reduce, args)`` received is run, and ``("ok", record, "")``
+    or ``("error", exception, its traceback)`` sent back, until ``None`` or until the
+    importing process is gone."""
+    # an interrupt is the importing process's to handle: it kills its workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        reduce, args = task
+        try:
+            reply: tuple[str, Any, str] = ("ok", reduce(*args), "")
+        except Exception as e:
+            reply = ("error", e, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+        except Exception as e:  # it does not pickle (nothing was sent)
+            unsent = RuntimeError(f"{args[0]}: its {reply[0]} cannot be sent back ({e!r})")
+            with contextlib.suppress(OSError):
+                conn.send(("error", unsent, reply[2]))
+
+
+class _Worker:
+    """A local worker process (``_serve``) and this end of its pipe; ``reading``: the
+    index of the trace it was last sent."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(theirs,))
+        self.reading = -1
+        try:
+            self.process.start()
+        except BaseException:
+            self.conn.close()
+            raise
+        finally:
+            theirs.close()  # the worker's end is the worker's alone: its death ends the pipe
+
+    def end(self, kill: bool) -> None:
+        """Asked to end once its trace is read, or killed."""
+        with contextlib.suppress(OSError, ValueError):
+            if kill:
+                self.process.kill()
+            else:
+                self.conn.send(None)
+
+    def reap(self) -> None:
+        """Waited for (killed past ``KILL_WAIT_S``), its pipe closed."""
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            self.process.join(KILL_WAIT_S)
+            if self.process.exitcode is None:
+                self.process.kill()
+                self.process.join(KILL_WAIT_S)
+        self.conn.close()
+
+
 def reduce_in_workers(
     files: list[Path],
     staged: list[Path],
@@ -82,36 +168,65 @@ def reduce_in_workers(
     reduce: Reduce = reduce_rank,
 ) -> list[RankRecord]:
     """Every file reduced by ``reduce`` in at most ``workers`` processes (default: the
-    cores). A worker that dies (killed, out of memory) is a ``RanksNotReadError`` naming
-    the traces left unread, never a wait: the other workers are killed, not joined
-    (``concurrent.futures`` would wait for an idle one that never gets its sentinel)."""
+    cores), a trace at a time each. A trace's own error (``RecordError``, ...) is raised as
+    it is; a worker that dies (killed, out of memory) or cannot be started is a
+    ``RanksNotReadError`` naming the traces left unread, never a wait: the other workers
+    are killed, not joined."""
     n = min(len(files), workers or os.cpu_count() or 1)
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=_context())
+    tasks = [(reduce, (f, s, max_bytes, analyze)) for f, s in zip(files, staged, strict=True)]
+    todo = deque(range(len(files)))
+    records: dict[int, RankRecord] = {}
+    started: list[_Worker] = []
+    busy: list[_Worker] = []
+
+    def not_read(what: str) -> RanksNotReadError:
+        unread = [f for i, f in enumerate(files) if i not in records]
+        return _not_read(files, unread, list(records.values()), what, _LOCAL_ADVICE)
+
+    def give(worker: _Worker) -> None:
+        """The next trace sent to ``worker``, if one is left."""
+        if not todo:
+            return
+        worker.reading = todo.popleft()
+        try:
+            worker.conn.send(tasks[worker.reading])
+        except OSError as e:
+            raise not_read(_DIED) from e
+        busy.append(worker)
+
     done = False
     try:
-        with _main_script_hidden():  # the workers start as these are submitted
-            futures = submit(pool, files, staged, max_bytes, analyze, reduce)
-        records = gather(futures, files, local=True, broken=lambda: bool(getattr(pool, "_broken", False)))
+        ctx = _context()
+        for _ in range(n):
+            try:
+                with _main_script_hidden(), warnings.catch_warnings():
+                    # these workers register nothing with the tracker: its replacement has
+                    # nothing of theirs to miss
+                    warnings.filterwarnings("ignore", _TRACKER_RELAUNCHED, UserWarning)
+                    worker = _Worker(ctx)
+            except (OSError, EOFError) as e:  # the fork server died as it forked it
+                raise not_read(f"a worker process could not be started ({_said(e)})") from e
+            started.append(worker)
+            give(worker)
+        while busy:
+            replied = ready([w.conn for w in busy])
+            for worker in [w for w in busy if w.conn in replied]:
+                busy.remove(worker)
+                try:
+                    status, value, where = worker.conn.recv()
+                except (EOFError, OSError) as e:  # the pipe ended: the worker is gone
+                    raise not_read(_DIED) from e
+                if status != "ok":
+                    raise value from WorkerError(where)
+                records[worker.reading] = value
+                give(worker)
         done = True
-        return records
+        return [records[i] for i in range(len(files))]
     finally:
-        if done:
-            pool.shutdown(wait=True)
-        else:
-            _kill(pool)
-
-
-def _kill(pool: ProcessPoolExecutor) -> None:
-    """The pool's workers killed and reaped, its queued work cancelled, and its manager
-    left to finish on its own (it does once no worker is alive)."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    for proc in processes:
-        with contextlib.suppress(OSError, ValueError):
-            proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in processes:
-        with contextlib.suppress(OSError, ValueError, AssertionError):
-            proc.join(KILL_WAIT_S)
+        for worker in started:
+            worker.end(kill=not done)
+        for worker in started:
+            worker.reap()
 
 
 def submit(
@@ -134,15 +249,10 @@ def submit(
     return futures
 
 
-def gather(
-    futures: list[Future], files: list[Path], local: bool, broken: Callable[[], bool] = lambda: False
-) -> list[RankRecord]:
-    """The futures' records, in order. At the first failure the rest are cancelled and it
-    is raised: a trace's own error (``RecordError``, ``ConfigError``) as it is; a lost
-    worker as ``RanksNotReadError``: of the ``local`` process pool, a ``BrokenProcessPool``
-    or any error while the pool is ``broken`` (a worker killed mid-reply reads as an
-    ``EOFError``); any other error of a local worker is raised as it is; of another
-    executor, any other error (a worker killed or lost, a file it cannot see)."""
+def gather(futures: list[Future], files: list[Path]) -> list[RankRecord]:
+    """An executor's records, in order. At the first failure the rest are cancelled and it
+    is raised: a trace's own error (``RecordError``, ``ConfigError``) as it is; any other
+    (a worker killed or lost, a file it cannot see) as ``RanksNotReadError``."""
     try:
         wait(futures, return_when=FIRST_EXCEPTION)
     except BaseException:
@@ -156,9 +266,8 @@ def gather(
     _cancel(futures)
     if isinstance(cause, (RecordError, ConfigError)):
         raise cause
-    if local and not (isinstance(cause, (BrokenProcessPool, EOFError)) or broken()):
-        raise cause
-    raise _not_read(files, unread, read, cause, local) from cause
+    what = f"a worker reading the traces was lost or failed ({_said(cause)})"
+    raise _not_read(files, unread, read, what, _EXECUTOR_ADVICE) from cause
 
 
 def _read(fut: Future) -> bool:
@@ -177,19 +286,15 @@ def _cancel(futures: list[Future]) -> None:
 
 
 def _not_read(
-    files: list[Path], unread: list[Path], read: list[RankRecord], cause: BaseException, local: bool
+    files: list[Path], unread: list[Path], read: list[RankRecord], what: str, advice: str
 ) -> RanksNotReadError:
-    """The error naming the traces not read, and their ranks where the ranks read tell."""
+    """The error naming the traces not read, and their ranks where the ranks read tell:
+    ``what`` happened, then ``advice``."""
     ranks = _unread_ranks(len(files), read)
     shown = ", ".join(map(str, unread[:4])) + (" …" if len(unread) > 4 else "")
-    if local:
-        what = "a worker process reading the traces died (killed, or out of memory) before it finished"
-    else:
-        what = f"a worker reading the traces was lost or failed ({_said(cause)})"
     return RanksNotReadError(
         f"{what}; {len(unread)} of {len(files)} traces were not read: {shown}"
-        f"{f' (ranks not read: {fmt_span(ranks)})' if ranks else ''}. "
-        f"{_LOCAL_ADVICE if local else _EXECUTOR_ADVICE}",
+        f"{f' (ranks not read: {fmt_span(ranks)})' if ranks else ''}. {advice}",
         unread,
         ranks,
     )
