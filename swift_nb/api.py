@@ -398,32 +398,19 @@ def forecast(
         price_per_hour=price_per_hour,
         progress=progress,
     )
+    shape = (batch_size, seq_len, dtype, toggles, world_size)
     if model is None:
         if run is None:
             raise ConfigError(
                 "run", "give a profiled run, or model= (a preset's name, a config or a callable)", None
             )
         check_target(optimizer=optimizer)
-        shape = (batch_size, seq_len, dtype, toggles, world_size, calibration, optimizer)
-        return forecast_run(run, device, *shape, steps, price_per_hour)
+        return forecast_run(run, device, *shape, calibration, optimizer, steps, price_per_hour)
     if calibration is not None:
         raise ConfigError("model", "calibration= needs a measured run of the model itself", model)
     from swift_nb.model_forecast import forecast_model
 
-    return forecast_model(
-        model,
-        run,
-        device,
-        batch_size,
-        seq_len,
-        dtype,
-        toggles,
-        world_size,
-        optimizer,
-        steps,
-        price_per_hour,
-        progress,
-    )
+    return forecast_model(model, run, device, *shape, optimizer, steps, price_per_hour, progress)
 
 
 def plan(
