@@ -61,6 +61,7 @@ RUNS_COLUMNS = [
     "wall_s",
     "steps",
     "step_time_median_s",
+    "step_time_basis",
     "peak_mem_bytes",
     "device_idle_pct",
     "device_compute_pct",
@@ -93,6 +94,7 @@ def _runs_row(found: _Found) -> dict[str, Any]:
         "wall_s": meta.get("wall_s"),
         "steps": summary.get("steps"),
         "step_time_median_s": summary.get("step_time_median_s"),
+        "step_time_basis": summary.get("step_time_basis"),
         "device_idle_pct": summary.get("device_idle_pct"),
         "device_compute_pct": summary.get("device_compute_pct"),
         "finetune": finetune_label((meta.get("context") or {}).get(FINETUNE_KEY)) or None,
@@ -118,7 +120,9 @@ def runs(root: Path | str | None = None, limit: int | None = None) -> pd.DataFra
 
     Returns:
         A DataFrame, one row per run folder. Columns: id, label, status, started_at (ISO,
-        UTC), wall_s, steps, step_time_median_s, peak_mem_bytes, device_idle_pct,
+        UTC), wall_s, steps, step_time_median_s, step_time_basis (the steps it is the median
+        of: ``record.write.PROFILER_OFF`` or ``EVERY_STEP``; None for a run recorded before
+        it said), peak_mem_bytes, device_idle_pct,
         device_compute_pct, finetune (``LoRA r=8 · 0.9 %``; None when the run recorded none),
         pinned, path, world_size (ranks of the job; 1 for a single process), problem.
     """

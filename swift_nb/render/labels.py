@@ -13,7 +13,10 @@ Torch-free: the render layer and the notebook read it, and so may any later tool
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from swift_nb.record.write import EVERY_STEP, MIN_OFF_STEPS, PROFILER_OFF
 
 #: how a value is written: seconds, milliseconds, microseconds, bytes, a percentage (0–100),
 #: joules, watts, US dollars, dollars per hour or per kWh, a count, a ratio (×), a tensor
@@ -362,6 +365,52 @@ _WORDS = {
     "min": "least",
     "n": "number of",
 }
+
+
+#: the steps a run's step time is the median of (``record.write.step_durations``), in the
+#: words its labels carry
+STEP_BASES = {PROFILER_OFF: "profiler off", EVERY_STEP: "every step"}
+#: what "every step" means, said under a table that shows it
+EVERY_STEP_NOTE = (
+    f"every step: fewer than {MIN_OFF_STEPS} steps ran with the profiler off, so the median is "
+    "over every step, traced ones included"
+)
+
+
+def step_basis(basis: object) -> str:
+    """The words for a run's ``step_time_basis`` (its summary's): "profiler off", "every
+    step", or "" where the run does not say (recorded before it did)."""
+    return STEP_BASES.get(basis, "") if isinstance(basis, str) else ""
+
+
+def step_column(head: str, cells: Sequence[str], bases: Sequence[object]) -> tuple[str, list[str]]:
+    """A column of runs' step-time figures (``cells``, written; "–" for none, one per
+    run's ``step_time_basis`` in ``bases``): its heading, ``head`` ("step (median") closed
+    with the basis every run shares ("step (median, profiler off)"), and its cells, each
+    with its own basis ("75.0 ms (every step)") where the runs do not share one, so that no
+    figure claims another's."""
+    words = [step_basis(b) for b in bases]
+    if len(set(words)) <= 1:
+        shared = words[0] if words else ""
+        return (f"{head}, {shared})" if shared else f"{head})"), list(cells)
+    return f"{head})", [f"{c} ({w})" if w and c != "–" else c for c, w in zip(cells, words, strict=True)]
+
+
+def step_note(bases: Sequence[object]) -> str | None:
+    """The line under a table of runs' step times where one of them is over every step."""
+    return EVERY_STEP_NOTE if any(step_basis(b) == STEP_BASES[EVERY_STEP] for b in bases) else None
+
+
+def step_label(key: str, basis: object) -> str:
+    """``key``'s label for a run whose step time is over ``basis``: a label that names
+    the profiler-off basis ("Steps per second (1 / the median step, profiler off)") names
+    the run's own instead ("…, every step)"), or none where the run does not say."""
+    text = label(key)
+    claim = f", {STEP_BASES[PROFILER_OFF]})"
+    if not text.endswith(claim):
+        return text
+    words = step_basis(basis)
+    return text.removesuffix(claim) + (f", {words})" if words else ")")
 
 
 def label(key: str, within: str | None = None) -> str:

@@ -9,8 +9,9 @@ import pandas as pd
 
 from swift_nb.core.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
 from swift_nb.record import FINETUNE_KEY, Run, finetune_label
+from swift_nb.record.write import PROFILER_OFF
 from swift_nb.render.html import cell
-from swift_nb.render.labels import label
+from swift_nb.render.labels import label, step_column, step_label, step_note
 from swift_nb.render.value_text import is_missing, value_text
 
 #: what the run's energy and cost come to, where its summary records them
@@ -66,7 +67,10 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             step_time_label(s),
             f"{fmt_seconds(s.get('step_time_median_s'))} / {fmt_seconds(s.get('step_time_p90_s'))}",
         ),
-        (label("steps_per_s"), fmt_rate(s.get("steps_per_s"), "steps/s")),
+        (
+            step_label("steps_per_s", s.get("step_time_basis", PROFILER_OFF)),
+            fmt_rate(s.get("steps_per_s"), "steps/s"),
+        ),
         *(
             [(label("step_time_traced_median_s"), fmt_seconds(s["step_time_traced_median_s"]))]
             if s.get("step_time_traced_median_s")
@@ -195,10 +199,17 @@ def summary_text(run: Run) -> str:
     return "\n".join(lines)
 
 
+def _bases(table: pd.DataFrame) -> list[object]:
+    """Each listed run's ``step_time_basis`` (None where it has none)."""
+    return list(table["step_time_basis"]) if "step_time_basis" in table else [None] * len(table)
+
+
 def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
-    shown = table.drop(columns=["path"]).copy()
+    shown = table.drop(columns=["path", "step_time_basis"], errors="ignore").copy()
     shown["wall_s"] = shown["wall_s"].map(fmt_seconds)
-    shown["step_time_median_s"] = shown["step_time_median_s"].map(fmt_seconds)
+    step_head, shown["step_time_median_s"] = step_column(
+        "step (median", [fmt_seconds(v) for v in shown["step_time_median_s"]], _bases(table)
+    )
     shown["peak_mem_bytes"] = shown["peak_mem_bytes"].map(fmt_bytes)
     shown["problem"] = shown["problem"].map(lambda v: v if isinstance(v, str) and v else "–")
     if shown["finetune"].isna().all():
@@ -213,7 +224,7 @@ def _runs_display(table: pd.DataFrame) -> pd.DataFrame:
         columns={
             "started_at": "started",
             "wall_s": "wall",
-            "step_time_median_s": "step (median, profiler off)",
+            "step_time_median_s": step_head,
             "peak_mem_bytes": "peak memory",
             "device_idle_pct": "GPU idle",
             "device_compute_pct": "GPU compute",
@@ -227,10 +238,14 @@ def runs_html(table: pd.DataFrame) -> str:
     """HTML table of ``swift_nb.runs()`` output (escaped)."""
     if table.empty:
         return "<p>No swift_nb runs yet.</p>"
-    return _runs_display(table).to_html(index=False, escape=True, na_rep="–")
+    note = step_note(_bases(table))
+    return _runs_display(table).to_html(index=False, escape=True, na_rep="–") + (
+        f"<p>{escape(note)}</p>" if note else ""
+    )
 
 
 def runs_text(table: pd.DataFrame) -> str:
     if table.empty:
         return "No swift_nb runs yet."
-    return _runs_display(table).to_string(index=False, na_rep="–")
+    note = step_note(_bases(table))
+    return _runs_display(table).to_string(index=False, na_rep="–") + (f"\n{note}" if note else "")

@@ -36,6 +36,7 @@ COMPARE_COLUMNS = [
     "status",
     "steps",
     "step_time_median_s",
+    "step_time_basis",
     "step_time_median_all_s",
     "compile_s",
     "recompiles",
@@ -79,6 +80,7 @@ def _row(name: str, run: Run | None, status: str | None, notes: list[str]) -> di
     row.update(
         steps=s.get("steps"),
         step_time_median_s=s.get("step_time_median_s"),
+        step_time_basis=s.get("step_time_basis"),
         step_time_median_all_s=s.get("step_time_median_all_s", s.get("step_time_median_s")),
         compile_s=s.get("compile_s", 0.0),
         recompiles=s.get("recompiles", 0),
@@ -125,6 +127,7 @@ def compare_runs(
     with the baseline first; ``findings``: the baseline's advisor findings.
 
     Columns: step_time_median_s (s, over the steps that did not compile),
+    step_time_basis (which of those: the run's summary's, ``record.write.step_durations``),
     step_time_median_all_s (s, over every step), compile_s (s spent compiling, all steps),
     recompiles, graph_breaks (counts), steps_per_s (from the steady median), peak_mem_bytes and ``<category>_bytes``
     (tensor bytes at the step peak; rank 0's in a job of several ranks), mean_util_pct (%),

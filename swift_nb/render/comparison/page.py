@@ -22,7 +22,7 @@ from swift_nb.render.comparison.run_diff import diff_html
 from swift_nb.render.figures import figure_png, new_figure
 from swift_nb.render.fonts import shown
 from swift_nb.render.html import CSP, STYLE, cell, empty, figure_html, is_missing
-from swift_nb.render.labels import label
+from swift_nb.render.labels import label, step_column, step_note
 from swift_nb.render.value_text import value_text
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ SHOWN = {
     "status",
     "steps",
     "step_time_median_s",
+    "step_time_basis",
     "step_time_median_all_s",
     "compile_s",
     "recompiles",
@@ -80,12 +81,14 @@ SHOWN = {
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
     """The comparison table as a reader reads it: one row per variant, each cell a number
     with its unit, the predicted peak beside the measured one (``prediction_text``); how
-    each prediction was made, and the notes, are ``reasoning``'s."""
+    each prediction was made, and the notes, are ``reasoning``'s. The step time's heading
+    names the steps it is the median of, or each cell its own where variants differ."""
+    step_head, steps = _step_column(table)
     out = pd.DataFrame(
         {
             "variant": table["variant"],
             "status": table["status"],
-            "step (median, profiler off)": [_num(x, fmt_seconds) for x in table["step_time_median_s"]],
+            step_head: steps,
             "step × base": [_ratio(x) for x in table["step_time_ratio"]],
             **_compile_columns(table),
             "steps/s": [_num(x, lambda v: f"{v:.2f}") for x in table["steps_per_s"]],
@@ -116,6 +119,18 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _bases(table: pd.DataFrame) -> list[object]:
+    """Each variant's ``step_time_basis`` (None where its run has none)."""
+    return list(table["step_time_basis"]) if "step_time_basis" in table else [None] * len(table)
+
+
+def _step_column(table: pd.DataFrame) -> tuple[str, list[str]]:
+    """The step time's heading and cells (``labels.step_column``)."""
+    return step_column(
+        "step (median", [_num(x, fmt_seconds) for x in table["step_time_median_s"]], _bases(table)
+    )
+
+
 def reasoning(table: pd.DataFrame) -> dict[str, list[str]]:
     """Per variant, how its prediction was made (the advisor's words for its toggles; a
     variant of one toggle without the toggle's name again) and its notes, in the table's
@@ -138,7 +153,7 @@ def _compiles(table: pd.DataFrame) -> bool:
 
 
 def _compile_columns(table: pd.DataFrame) -> dict[str, list[str]]:
-    """Compile time apart from the steady steps, when a variant compiled: "step (median, profiler off)"
+    """Compile time apart from the steady steps, when a variant compiled: "step (median, …)"
     is then the median of the steps that did not compile."""
     if not _compiles(table):
         return {}
@@ -169,8 +184,10 @@ def compare_table_html(table: pd.DataFrame) -> str:
     listed = "".join(
         f"<li>{escape(variant)} — {escape(' '.join(said))}</li>" for variant, said in why.items()
     )
+    note = step_note(_bases(table))
     return (
         f"<table class='swift-nb-compare'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        + (f"<p>{escape(note)}</p>" if note else "")
         + (f"<p>How each prediction was made:</p><ul class='reasoning'>{listed}</ul>" if listed else "")
     )
 
@@ -178,12 +195,14 @@ def compare_table_html(table: pd.DataFrame) -> str:
 def compare_table_text(table: pd.DataFrame) -> str:
     """The comparison as text: the main columns, then each variant's reasoning and notes."""
     shown = display_table(table)
-    cols = ["variant", "status", "step (median, profiler off)", "step × base", "peak memory", "memory × base"]
+    cols = ["variant", "status", _step_column(table)[0], "step × base", "peak memory", "memory × base"]
     if _compiles(table):
         cols[3:3] = ["compile", "recompiles", "graph breaks"]
     if "peak predicted" in shown:
         cols.append("peak predicted")
     lines = [shown[cols].to_string(index=False)]
+    note = step_note(_bases(table))
+    lines += [note] if note else []
     lines += [f"{variant} — {' '.join(said)}" for variant, said in reasoning(table).items()]
     return "\n".join(lines)
 

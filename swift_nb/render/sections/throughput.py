@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from swift_nb.core.units import fmt_rate
+from swift_nb.record.write import PROFILER_OFF
 from swift_nb.render.html import fmt_si, is_missing, text_table
-from swift_nb.render.labels import label
+from swift_nb.render.labels import label, step_label
 from swift_nb.render.sections.base import Part, ReportInputs, SectionKind, not_analyzed
 
 
@@ -20,7 +21,10 @@ def build(inputs: ReportInputs) -> list[Part]:
     padding = get("padding_pct")
     real = not is_missing(padding)
     rows = [
-        (label("steps_per_s"), fmt_rate(get("steps_per_s"), "steps/s")),
+        (
+            step_label("steps_per_s", inputs.run.summary.get("step_time_basis", PROFILER_OFF)),
+            fmt_rate(get("steps_per_s"), "steps/s"),
+        ),
         (label("samples_per_s"), fmt_rate(get("samples_per_s"), "samples/s")),
         (
             "Tokens per second (real tokens: padding left out)" if real else label("tokens_per_s"),
