@@ -16,9 +16,13 @@ cross-entropy on the last hidden states and the output layer's weight:
 
 The loss is the model's own: the labels shifted by one, -100 ignored, the mean over the
 predicted tokens (or their sum over ``num_items_in_batch``, as a Trainer passes it), the
-output layer's soft-capping where the config has one. A model whose output layer is not a
-plain linear layer without bias, or whose forward cannot keep only the last logits, is
-refused before any work, naming what was looked for.
+output layer's soft-capping where the config has one (``SOFTCAPS``). A model whose output
+layer is not a plain linear layer without bias, whose forward cannot keep only the last
+logits, or whose config scales its logits (``SCALES``: Granite, Cohere, Falcon-H1) is refused
+before any work, naming what was looked for or the attribute. Post-processing no config
+announces (remote code, a hook on the output layer) is caught at the first loss: the last
+position's logits, which the model returns anyway, are compared with the output layer's own,
+and a model whose logits differ is refused there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ from swift_nb.toggles.packing import INNER as PACKING_INNER
 
 IGNORE_INDEX = -100
 _KEEP = ("logits_to_keep", "num_logits_to_keep")
+#: config attributes by which a model caps its logits as ``cap · tanh(logits / cap)``, which
+#: the fused kernels reproduce (Gemma 2 to 4 and VaultGemma; RecurrentGemma)
+SOFTCAPS = ("final_logit_softcapping", "logits_soft_cap")
+#: config attributes by which a model multiplies or divides its logits, which the fused
+#: kernels do not reproduce (Granite and HyperCLOVA X; Cohere and Aya; Falcon-H1)
+SCALES = ("logits_scaling", "logit_scale", "lm_head_multiplier")
+#: how far the logits the model returns may stray from the output layer's, relative to the
+#: largest (half-precision rounding of a soft-cap stays well under it)
+_SAME_LOGITS = 0.02
 LOOKED_FOR = (
     "a Hugging Face causal language model (a transformers PreTrainedModel with "
     "get_output_embeddings() returning an nn.Linear without bias, get_decoder(), and a forward "
@@ -67,7 +80,52 @@ def why_not(lm: nn.Module) -> str | None:
     params = inspect.signature(forward).parameters
     if "labels" not in params or not any(k in params for k in _KEEP):
         return "its forward takes no labels= or no logits_to_keep=, so its full logits cannot be skipped"
+    for config in _configs(lm):
+        for attr in SCALES:
+            value = getattr(config, attr, None)
+            if value is not None and value != 1:
+                return (
+                    f"its config.{attr} = {value} scales its logits, which the fused cross-entropy "
+                    "does not reproduce: its loss would be another; leave fused_ce off for this model"
+                )
     return None
+
+
+def softcap(lm: nn.Module) -> float | None:
+    """The cap ``lm``'s config puts on its logits (``SOFTCAPS``), or None."""
+    for config in _configs(lm):
+        for attr in SOFTCAPS:
+            value = getattr(config, attr, None)
+            if value is not None:
+                return float(value)
+    return None
+
+
+def _configs(lm: nn.Module) -> list[Any]:
+    """``lm``'s config and, for a multimodal model, its text model's."""
+    config = getattr(lm, "config", None)
+    text = getattr(config, "text_config", None)
+    return [c for c in (config, text) if c is not None]
+
+
+def logits_differ(
+    logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, cap: float | None
+) -> str | None:
+    """How the last position's ``logits`` a model returned differ from its output layer's
+    (``weight`` applied to ``hidden``, soft-capped by ``cap``), which the fused loss takes; None
+    when they agree within ``_SAME_LOGITS`` of the largest."""
+    with torch.no_grad():
+        own = nn.functional.linear(hidden[:, -1:], weight).float()
+        if cap is not None:
+            own = cap * torch.tanh(own / cap)
+        got = logits[:, -1:].float()
+        if got.shape != own.shape:
+            return f"of shape {tuple(got.shape)} where its output layer gives {tuple(own.shape)}"
+        off = float((got - own).abs().max())
+        largest = float(got.abs().max())
+    if off <= _SAME_LOGITS * largest:
+        return None
+    return f"off by up to {off:.3g} from its output layer's (largest {largest:.3g})"
 
 
 def fused_loss(device_type: str) -> tuple[str, Callable[..., torch.Tensor]]:
@@ -149,13 +207,14 @@ class FusedCE(Toggle):
             )
         weight = lm.get_output_embeddings().weight
         impl, loss = fused_loss(weight.device.type)
-        softcap = getattr(getattr(lm, "config", None), "final_logit_softcapping", None)
+        cap = softcap(lm)
         # under packing (applied first), the loss is computed on the packed row: wrap what it calls
         packing = getattr(lm.forward, PACKING_INNER, None)
         original = packing["inner"] if packing is not None else lm.forward
         keep = next(k for k in _KEEP if k in inspect.signature(original).parameters)
         decoder = lm.get_decoder()
         calls = self._calls
+        checked: list[bool] = []  # whether the model's logits were compared with the output layer's
 
         def forward(*args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
             if labels is None:
@@ -171,8 +230,21 @@ class FusedCE(Toggle):
                 out = original(*args, **{**kwargs, keep: 1})
             finally:
                 handle.remove()
+            head_weight = lm.get_output_embeddings().weight
+            if not checked:
+                logits = out[0] if isinstance(out, tuple) else out.get("logits")
+                if logits is not None and (how := logits_differ(logits, found["hidden"], head_weight, cap)):
+                    raise ConfigError(
+                        "fused_ce",
+                        f"cannot fuse the loss of `{name}` ({type(lm).__name__}): the logits it returns are "
+                        f"not its output layer's ({how}); its forward post-processes them in a way the "
+                        "fused cross-entropy does not reproduce, so its loss would be another; "
+                        "leave fused_ce off for this model",
+                        "fused_ce",
+                    )
+                checked.append(True)
             reduction = "sum" if items is not None else "mean"
-            value = loss(found["hidden"], lm.get_output_embeddings().weight, labels, softcap, reduction)
+            value = loss(found["hidden"], head_weight, labels, cap, reduction)
             if items is not None:
                 value = value / (items.to(value.device) if isinstance(items, torch.Tensor) else items)
             calls["calls"] += 1

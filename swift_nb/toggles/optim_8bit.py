@@ -10,11 +10,15 @@ As with galore, the optimizer object is converted in place, so whatever holds it
 learning-rate scheduler, a training function, accelerate's wrapper, a Trainer) steps the
 8-bit version: a fresh ``AdamW8bit`` is built over the same parameter groups with the same
 hyper-parameters (learning rate, betas, eps, weight decay, and any extra keys of a group),
-and the object takes its class and attributes, keeping its own step hooks. Its state starts
-empty. ``undo`` gives back the user's optimizer: its class, groups, defaults and state
-objects, with the last learning rate. Adam's L2 weight decay becomes decoupled (a note says
-so); amsgrad, maximize and a tensor learning rate, which 8-bit AdamW lacks, leave the
-optimizer unchanged with a note.
+and the object takes its class and attributes, keeping its own step hooks. Its defaults are
+the user's, so a group added later (``add_param_group``) gets the user's hyper-parameters,
+not bitsandbytes' (lr 1e-3, weight decay 1e-2). Its state starts empty. ``undo`` gives back
+the user's optimizer: its class, groups (those added while converted too), defaults and
+state objects, with the last learning rate, and the moments the 8-bit optimizer reached,
+dequantised into Adam's state (a tensor it never stepped keeps the moments it had); where
+they cannot be read back, that tensor's state is reset and a note says so. Adam's L2 weight
+decay becomes decoupled (a note says so); amsgrad, maximize and a tensor learning rate,
+which 8-bit AdamW lacks, leave the optimizer unchanged with a note.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from swift_nb.analysis.effects import adam8bit_state
 from swift_nb.core.errors import MissingDependencyError
 from swift_nb.core.quiet import quiet_import
 from swift_nb.core.units import MIN_8BIT_SIZE
-from swift_nb.toggles.base import Toggle
+from swift_nb.toggles.base import Toggle, ToggleReport
 
 _ADAM_KEYS = (
     "lr",
@@ -51,6 +55,8 @@ _OWN = (
     "_optimizer_load_state_dict_pre_hooks",
     "_optimizer_load_state_dict_post_hooks",
 )
+#: elements per absmax of AdamW8bit's block-wise moments (bitsandbytes' ``init_state``)
+_BLOCK = 256
 
 
 def adamw_8bit() -> tuple[type[torch.optim.Optimizer], list[str]]:
@@ -108,7 +114,7 @@ class Optim8bit(Toggle):
         if type(opt) is torch.optim.Adam and any(g.get("weight_decay") for g in opt.param_groups):
             self.report.note(f"`{name}`: Adam's L2 weight decay becomes decoupled (AdamW-style) in AdamW8bit")
         old = type(opt).__name__
-        self._convert(opt)
+        self._convert(opt, name)
         after = predicted_state_bytes(params)
         self.report.change(
             f"`{name}` ({old} → bitsandbytes AdamW8bit): optimizer state {before:,} → {after:,} bytes "
@@ -118,10 +124,14 @@ class Optim8bit(Toggle):
         d["optimizer_state_bytes_before"] = d.get("optimizer_state_bytes_before", 0) + before
         d["optimizer_state_bytes_after"] = d.get("optimizer_state_bytes_after", 0) + after
 
-    def _convert(self, opt: torch.optim.Optimizer) -> None:
+    def _convert(self, opt: torch.optim.Optimizer, name: str) -> None:
+        report = self.report
+        assert report is not None
         groups = [_group(g) for g in opt.param_groups]
-        new = self._cls(groups)
+        new = self._cls(groups, **_hyper(opt.defaults))
         cls, saved = type(opt), dict(opt.__dict__)
+        # keys bitsandbytes adds to a group (AdEMAMix's alpha, ...), which Adam's groups have not
+        only_8bit = set(new.defaults) - set(saved["defaults"])
         scheduled = getattr(saved.get("step"), "_wrapped_by_lr_sched", False)
         opt.__class__ = type(new)
         opt.__dict__.clear()
@@ -132,13 +142,19 @@ class Optim8bit(Toggle):
         self._converted.append(opt)
 
         def restore() -> None:
+            reached = dict(opt.state)
             lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+            known = {id(p) for g in saved["param_groups"] for p in g["params"]}
+            added = [g for g in opt.param_groups if not any(id(p) in known for p in g["params"])]
             for g in saved["param_groups"]:
                 if g["params"] and id(g["params"][0]) in lr:
                     g["lr"] = lr[id(g["params"][0])]
             opt.__class__ = cls
             opt.__dict__.clear()
             opt.__dict__.update(saved)
+            for g in added:
+                opt.add_param_group({k: v for k, v in g.items() if k not in only_8bit})
+            _give_back_moments(opt, reached, name, report)
 
         self._undo.append(restore)
 
@@ -169,6 +185,83 @@ def _group(g: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in g.items() if k not in _ADAM_KEYS}
     out.update(lr=float(g["lr"]), betas=tuple(g["betas"]), eps=g["eps"], weight_decay=g["weight_decay"])
     return out
+
+
+def _hyper(defaults: dict[str, Any]) -> dict[str, Any]:
+    """AdamW8bit's keyword arguments for the user's ``defaults``, which a group added later takes."""
+    return {
+        "lr": float(defaults["lr"]),
+        "betas": tuple(defaults["betas"]),
+        "eps": defaults["eps"],
+        "weight_decay": defaults["weight_decay"],
+    }
+
+
+def _give_back_moments(
+    opt: torch.optim.Optimizer, reached: dict[Any, dict[str, Any]], name: str, report: ToggleReport
+) -> None:
+    """Put the moments AdamW8bit ``reached`` into the restored Adam ``opt``'s state, in Adam's
+    format; a tensor whose moments cannot be read back has its state reset, and a note says so."""
+    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+    # a tensor never stepped while converted has no 8-bit state: the moments it had are still its own
+    stepped = {p: state8 for p, state8 in reached.items() if state8}
+    lost = 0
+    for p, state8 in stepped.items():
+        moments = _adam_moments(state8, p, group_of[id(p)])
+        if moments is None:
+            opt.state.pop(p, None)
+            lost += 1
+            continue
+        state = opt.state[p]  # the user's dict for it, where there was one
+        state.clear()
+        state.update(moments)
+    if lost:
+        report.note(
+            f"`{name}`: undo could not read back the 8-bit moments of {lost} of {len(stepped)} "
+            f"tensors (not the layout of AdamW8bit this toggle knows); their Adam state was reset, "
+            f"so their moments start from zero at the next step"
+        )
+
+
+def _adam_moments(state8: dict[str, Any], p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any] | None:
+    """Adam's state for ``p`` (step, exp_avg, exp_avg_sq) from AdamW8bit's ``state8``: its
+    fp32 moments as they are, its 8-bit ones dequantised block-wise; None when ``state8`` has
+    another layout."""
+    step, m, v = state8.get("step"), state8.get("state1"), state8.get("state2")
+    if not isinstance(step, int) or not isinstance(m, torch.Tensor) or not isinstance(v, torch.Tensor):
+        return None
+    if m.dtype == torch.uint8 and v.dtype == torch.uint8:
+        m = _dequantised(m, state8.get("absmax1"), state8.get("qmap1"))
+        v = _dequantised(v, state8.get("absmax2"), state8.get("qmap2"))
+        if m is None or v is None:
+            return None
+    elif m.dtype != torch.float32 or v.dtype != torch.float32:
+        return None
+    if m.numel() != p.numel() or v.numel() != p.numel():
+        return None
+    # as Adam makes its step counter: on the parameter's device only when fused or capturable
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    wide = torch.get_default_dtype() == torch.float64 and not group.get("fused")
+    return {
+        "step": torch.tensor(
+            float(step),
+            dtype=torch.float64 if wide else torch.float32,
+            device=p.device if on_device else torch.device("cpu"),
+        ),
+        "exp_avg": torch.empty_like(p, memory_format=torch.preserve_format).copy_(m.view(p.shape)),
+        "exp_avg_sq": torch.empty_like(p, memory_format=torch.preserve_format).copy_(v.view(p.shape)),
+    }
+
+
+def _dequantised(q: torch.Tensor, absmax: Any, qmap: Any) -> torch.Tensor | None:
+    """The fp32 values of AdamW8bit's block-wise quantised ``q`` (one ``absmax`` per block of
+    ``_BLOCK``, the code ``qmap``), or None when those are not what it keeps."""
+    import bitsandbytes.functional as bnb_f  # an optional dependency, there once converted
+
+    blocks = -(-q.numel() // _BLOCK)
+    if not isinstance(absmax, torch.Tensor) or not isinstance(qmap, torch.Tensor) or absmax.numel() != blocks:
+        return None
+    return bnb_f.dequantize_blockwise(q, absmax=absmax, code=qmap, blocksize=_BLOCK)
 
 
 def _adam_state_bytes(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> int:

@@ -1,20 +1,21 @@
 """The fused_ce toggle on a real Hugging Face causal LM with Qwen's vocabulary: the same
 loss, a fraction of the peak, the forecast's prediction of it, an exact undo, and a clear
-refusal of a model that is no language model."""
+refusal of a model that is no language model or whose logits are not its output layer's:
+scaled (Granite, Cohere, Falcon-H1), or post-processed where no config says so. Soft-capped
+logits (Gemma 2, RecurrentGemma) are reproduced: the same loss as the model's own."""
 
 from __future__ import annotations
 
+import cut_cross_entropy
 import pytest
 import torch
+import transformers
 from torch import nn
 
 import swift_nb
 from swift_nb import toggles
 from swift_nb.analysis.forecast import forecast
 from swift_nb.core.errors import ConfigError
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("cut_cross_entropy")
 
 VOCAB, T = 151_936, 64
 LENGTHS = [64, 24, 16, 10]
@@ -102,3 +103,98 @@ def test_outputs_without_labels_and_tuples_keep_their_shape():
         toggle.undo()
     reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     assert loss.item() == pytest.approx(reference.item(), rel=1e-4)
+
+
+def _tiny(config: str, **extra):
+    """A causal LM of ``transformers.<config>``'s architecture, tiny, with random weights."""
+    torch.manual_seed(0)
+    sizes = dict(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    return transformers.AutoModelForCausalLM.from_config(getattr(transformers, config)(**{**sizes, **extra}))
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "named"),
+    [
+        ("GraniteConfig", {"logits_scaling": 8.0}, r"config\.logits_scaling = 8\.0"),
+        ("CohereConfig", {}, r"config\.logit_scale = 0\.0625"),  # Cohere's default
+        ("FalconH1Config", {"lm_head_multiplier": 4.0}, r"config\.lm_head_multiplier = 4\.0"),
+    ],
+)
+def test_a_model_whose_logits_are_scaled_is_refused_naming_the_attribute(config, extra, named):
+    model = _tiny(config, **extra)
+    toggle = toggles.get("fused_ce")
+    try:
+        with pytest.raises(ConfigError, match=named):
+            toggle.apply({"model": model})
+        assert toggle.report is None and "forward" not in model.__dict__  # nothing stays applied
+    finally:
+        toggle.undo()  # where it was not refused, its hooks must not outlive the test
+
+
+def test_a_scale_of_one_changes_nothing_and_is_accepted():
+    model = _tiny("GraniteConfig", logits_scaling=1.0)
+    toggle = toggles.get("fused_ce")
+    toggle.apply({"model": model})
+    assert toggle.undo().applied
+
+
+@pytest.mark.parametrize(
+    ("config", "extra"),
+    [
+        ("Gemma2Config", {"head_dim": 16, "final_logit_softcapping": 2.0}),
+        (
+            "RecurrentGemmaConfig",
+            {
+                "logits_soft_cap": 2.0,
+                "lru_width": 32,
+                "num_hidden_layers": 2,
+                "block_types": ["recurrent", "attention"],
+            },
+        ),
+    ],
+)
+def test_soft_capped_logits_give_the_models_own_loss(config, extra):
+    model = _tiny(config, **extra)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.weight.mul_(100)  # logits of several units, well past the cap of 2
+    ids, mask, labels = _batch()
+    ids, labels = ids % 128, labels.where(labels < 0, labels % 128)
+    own = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    toggle = toggles.get("fused_ce")
+    toggle.apply({"model": model})
+    try:
+        fused = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    finally:
+        assert toggle.undo().details["fused_calls"] == 1
+    assert fused.item() == pytest.approx(own.item(), rel=1e-4)
+    # the cap matters here: the same loss without it is another number
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    uncapped = cut_cross_entropy.linear_cross_entropy(
+        hidden, head.weight, labels, shift=True, impl="torch_compile"
+    )
+    assert abs(uncapped.item() - own.item()) > 0.05 * own.item()
+
+
+def test_logits_post_processed_where_no_config_says_so_are_refused_at_the_first_loss():
+    model = _tiny("Qwen2Config")
+    # as MiniCPM's remote code does: the hidden states scaled on their way into the output layer
+    model.lm_head.register_forward_pre_hook(lambda module, args: (args[0] / 4,))
+    ids, mask, labels = _batch()
+    ids, labels = ids % 128, labels.where(labels < 0, labels % 128)
+    toggle = toggles.get("fused_ce")
+    toggle.apply({"model": model})
+    try:
+        with pytest.raises(
+            ConfigError, match=r"`model` \(Qwen2ForCausalLM\).* logits .*not its output layer's"
+        ):
+            model(input_ids=ids, attention_mask=mask, labels=labels)
+    finally:
+        toggle.undo()
