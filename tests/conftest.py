@@ -1,10 +1,12 @@
 """Shared fixtures of every tier: tiny training loops, and one real IPython kernel for
 notebook tests. Each tier's folder (unit/, integration/, notebook/, browser/) has a conftest
-that marks its tests with the tier's name (tests/README.md)."""
+that marks its tests with the tier's name (tests/README.md). A run that skips a test not
+listed in tests/allowed_skips.txt fails (``SkipCheck``)."""
 
 from __future__ import annotations
 
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 # jsonschema (nbformat's) checks the "iri" format with rfc3987_syntax where it is installed
@@ -79,3 +81,77 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return tier, long
 
     items.sort(key=order)  # stable: the order within a file is kept
+
+
+#: the skips a run may have: a skip not listed there fails the run, so that an extra that
+#: failed to install cannot pass CI by skipping the tests that need it
+ALLOWED_SKIPS = Path(__file__).with_name("allowed_skips.txt")
+
+
+def allowed_skips() -> list[tuple[str, str]]:
+    """(test id glob, reason glob) of each line ``<test id glob> | <reason glob>``."""
+    allowed = []
+    for n, line in enumerate(ALLOWED_SKIPS.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        test, sep, reason = line.partition(" | ")
+        if not sep:
+            raise pytest.UsageError(
+                f"{ALLOWED_SKIPS}:{n}: expected '<test id glob> | <reason glob>', got {line!r}"
+            )
+        allowed.append((test.strip(), reason.strip()))
+    return allowed
+
+
+class SkipCheck:
+    """Every skip of the run (a test's, or a module's at collection), listed at the end of
+    the run; one not in ``allowed`` fails the run. Registered where the reports arrive: in
+    the one pytest process, or on pytest-xdist's controller, which its workers send their
+    test and collection reports to."""
+
+    def __init__(self, allowed: list[tuple[str, str]]) -> None:
+        self.allowed = allowed
+        #: (test id, reason) → allowed
+        self.skips: dict[tuple[str, str], bool] = {}
+
+    def _add(self, report: pytest.CollectReport | pytest.TestReport) -> None:
+        longrepr = report.longrepr
+        said = longrepr[2] if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3 else str(longrepr)
+        reason = str(said).removeprefix("Skipped: ")
+        ok = any(fnmatch(report.nodeid, t) and fnmatch(reason, r) for t, r in self.allowed)
+        self.skips[(report.nodeid, reason)] = ok
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped:
+            self._add(report)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):
+            self._add(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # a run whose every module was skipped at collection collected no test (exit 5)
+        passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+        if not all(self.skips.values()) and session.exitstatus in passing:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.skips:
+            return
+        name = ALLOWED_SKIPS.relative_to(ALLOWED_SKIPS.parents[1])
+        terminalreporter.write_sep("=", f"skipped ({name} lists those allowed)")
+        for (test, reason), ok in sorted(self.skips.items()):
+            terminalreporter.write_line(f"{'allowed' if ok else 'NOT ALLOWED':<11}  {test}: {reason}")
+        unlisted = sum(not ok for ok in self.skips.values())
+        if unlisted:
+            terminalreporter.write_line(
+                f"{unlisted} of {len(self.skips)} skips are not in {name}: the run fails. Install what "
+                f"they need (bash scripts/setup.sh test), or list them there with the reason they may skip",
+                red=True,
+                bold=True,
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # an xdist worker sends its reports on
+        config.pluginmanager.register(SkipCheck(allowed_skips()), "swift_nb_skip_check")

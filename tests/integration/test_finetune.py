@@ -10,15 +10,13 @@ from __future__ import annotations
 import warnings
 
 import pandas as pd
+import peft
 import pytest
 import torch
+import transformers
 
 import swift_nb
 from swift_nb.record import finetune_label
-
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
-
 
 VOCAB, SEQ, BATCH, STEPS = 256, 32, 2, 6
 
@@ -235,9 +233,10 @@ def test_bytes_carried_from_the_steps_start_are_other_from_its_start():
 def test_dpo_reference_model_is_frozen_weights(tmp_path):
     """TRL's DPOTrainer with a reference model: the policy trains in full, the reference is
     frozen weights beside it, found on the trainer."""
-    trl = pytest.importorskip("trl")
-    datasets = pytest.importorskip("datasets")
-    tokenizers = pytest.importorskip("tokenizers")
+    import datasets
+    import tokenizers
+    import trl
+
     vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(61)}}
     words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
@@ -292,7 +291,7 @@ def test_a_4bit_base_counts_packed_with_its_quantization_state(tmp_path):
     """QLoRA's base as bitsandbytes stores it (NF4, two weights a byte, double-quantized
     absmax and codes beside it), on the CPU: frozen at its packed bytes plus its state, the
     method qlora."""
-    bnb = pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
 
     class Block(torch.nn.Module):
         def __init__(self, d: int) -> None:

@@ -27,8 +27,9 @@ SEQ, VOCAB = 64, 1024
 
 def _profile(root, batch: int, lora: tuple[int, object] | None = None) -> Run:
     """A Llama (width 128, 2 blocks) fine-tuned for 5 steps, under LoRA (rank, targets) or fully."""
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
+    import peft
+    import transformers
+
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,

@@ -10,13 +10,11 @@ import warnings
 
 import pytest
 import torch
+import transformers
+from support.llama_proxy import B, T, config, profiled, step_peak
 
 import swift_nb
 from swift_nb.core.errors import ConfigError
-
-transformers = pytest.importorskip("transformers")
-
-from support.llama_proxy import B, T, config, profiled, step_peak  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 import swift_nb
@@ -14,8 +15,6 @@ from swift_nb import toggles
 from swift_nb.analysis import analyze
 from swift_nb.analysis.forecast import forecast
 from swift_nb.core.errors import ConfigError
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB, T = 32_000, 64
 LENGTHS = [64, 24, 16, 10]  # 55.5 % padding

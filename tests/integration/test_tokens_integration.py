@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 import swift_nb
 from swift_nb.analysis import analyze
 from swift_nb.record import load_run
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB, T = 151_936, 64
 LENGTHS = [64, 24, 16, 10]  # real tokens per row: 114 of 256, 55.5 % padding

@@ -8,8 +8,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import cut_cross_entropy  # noqa: F401 (the notebook imports it: missing, it fails here by name)
 import nbformat
 import pytest
+import transformers  # noqa: F401 (the notebook imports it: missing, it fails here by name)
 from nbclient import NotebookClient
 from support.common import kernel_env
 
@@ -17,9 +19,6 @@ import swift_nb
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "06_llm_sft.ipynb"
-
-pytest.importorskip("transformers")
-pytest.importorskip("cut_cross_entropy")
 
 
 @pytest.fixture(scope="module")
