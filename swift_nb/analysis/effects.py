@@ -202,6 +202,32 @@ def fused_ce_logits(tokens: float, vocab: int, hidden: int | None, cuda: bool) -
     return 2.0 * chunk * vocab * 4.0
 
 
+#: bytes bitsandbytes' CPU 8-bit update holds per element of the tensor it updates: both
+#: moments dequantized to fp32, the update and its temporaries (measured on bitsandbytes
+#: 0.45–0.49: 20.0 MiB for a 1024 × 1024 tensor, alone or among others, each tensor's freed
+#: before the next)
+ADAM8BIT_CPU_UPDATE_BYTES = 20
+
+
+def adam8bit_update(largest: int | None, cuda: bool) -> tuple[float, str]:
+    """(bytes, how) that bitsandbytes' AdamW8bit holds beyond its state while it updates:
+    nothing on CUDA (one fused kernel, in place); on the CPU, tensor by tensor,
+    ``ADAM8BIT_CPU_UPDATE_BYTES`` per element of the ``largest`` tensor it quantizes (None:
+    not recorded, taken as 0 and said)."""
+    if cuda:
+        return 0.0, "AdamW8bit updates in one CUDA kernel, holding nothing beyond its state"
+    if largest is None:
+        return (
+            0.0,
+            "AdamW8bit's CPU update holds its largest tensor's moments in fp32; its size was not recorded",
+        )
+    value = float(ADAM8BIT_CPU_UPDATE_BYTES * largest)
+    return value, (
+        f"AdamW8bit's CPU update dequantizes each tensor's moments to fp32, one tensor at a time: "
+        f"{ADAM8BIT_CPU_UPDATE_BYTES} B × {largest:,} elements of the largest = {fmt_bytes(value)}"
+    )
+
+
 def sequence_parallel_activations(activations: float, sp_size: int) -> float:
     """Activations per rank when the sequence is split over ``sp_size`` ranks: A / P."""
     return activations / max(1, sp_size)

@@ -590,6 +590,7 @@ class Session:
                 ctx.setdefault("dtype", str(params[0].dtype).removeprefix("torch."))
                 ctx.setdefault("params", sum(p.numel() for p in params))
                 ctx.setdefault("params_small", sum(p.numel() for p in params if p.numel() < MIN_8BIT_SIZE))
+                ctx.setdefault("params_largest", max(p.numel() for p in params))
             break
 
 

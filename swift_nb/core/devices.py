@@ -12,6 +12,7 @@ throughput, the forecast form), so that none of them imports another to learn a 
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, NamedTuple
 
@@ -43,6 +44,7 @@ class Device(NamedTuple):
     capacity_bytes: int
     context_bytes: int
     source: str
+    kind: str = "cuda"  # "cuda" (any GPU, ROCm's too) or "cpu": whose implementations run
 
     @property
     def capability(self) -> tuple[int, int] | None:
@@ -150,7 +152,7 @@ def is_capacity(text: str) -> bool:
 
 def resolve_device(device: str | float) -> Device:
     """A preset by name (case and dashes ignored; a unique prefix such as ``"A10G"`` will do),
-    a capacity in bytes, or a string ``"80GB"`` (decimal) / ``"24GiB"`` (binary). Anything
+    ``"cpu"`` (this machine's, ``cpu_device``), a capacity in bytes, or a string ``"80GB"`` (decimal) / ``"24GiB"`` (binary). Anything
     else, and a capacity of 0, is a ``ConfigError`` naming ``device``."""
     if isinstance(device, (int, float)) and not isinstance(device, bool):
         return _custom(_capacity(device, device), f"{int(device):,} bytes as given")
@@ -166,6 +168,8 @@ def resolve_device(device: str | float) -> Device:
         return re.sub(r"[\s_-]", "", name).lower()
 
     wanted = key(text)
+    if wanted == "cpu":
+        return cpu_device()
     found = [d for d in DEVICES.values() if key(d.name) == wanted]
     if not found and wanted:
         found = [d for d in DEVICES.values() if key(d.name).startswith(wanted)]
@@ -173,9 +177,16 @@ def resolve_device(device: str | float) -> Device:
         return found[0]
     raise ConfigError(
         "device",
-        f"must be one of {', '.join(DEVICES)}, a number of bytes or a capacity such as 80GB or 24GiB",
+        f"must be one of {', '.join(DEVICES)}, cpu, a number of bytes or a capacity such as 80GB or 24GiB",
         device,
     )
+
+
+def cpu_device() -> Device:
+    """This machine's CPU as a forecast's target: its physical memory, no context, the
+    CPU's implementations (``device="cpu"``)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Device("CPU", int(total), 0, f"this machine's physical memory, {fmt_bytes(total)}", "cpu")
 
 
 def _capacity(capacity: float, given: Any) -> float:

@@ -110,6 +110,7 @@ class Measured:
     real_share: float = 1.0  # real tokens of those computed (capture.tokens; 1: no padding seen)
     on_cuda: bool = False
     params_small: int | None = None  # elements in tensors of < 4 096 (None: not recorded)
+    params_largest: int | None = None  # elements of the largest trained tensor (None: not recorded)
     #: what the optimizer's update holds beyond its state while it runs (foreach's copy of
     #: the second moments), added at the timeline's last row, the update's moment; a step
     #: on fake tensors measures it apart (0: within the measured categories)
@@ -229,6 +230,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         frozen_measured=frozen_measured,
         frozen_params=frozen_params,
         params_small=run.context.get("params_small"),
+        params_largest=run.context.get("params_largest"),
         frozen_dtype=frozen_dtype,
         compute_dtype=_compute_dtype(finetune, dtype, frozen_dtype),
         toggles={str(t.get("toggle")) for t in ctx.get("toggles") or [] if isinstance(t, dict)},

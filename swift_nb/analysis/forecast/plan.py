@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 import pandas as pd
 
@@ -33,9 +34,9 @@ from swift_nb import vocabulary
 from swift_nb.analysis import effects
 from swift_nb.analysis.forecast.growth import growth
 from swift_nb.analysis.forecast.measure import Measured
-from swift_nb.analysis.forecast.predict import _config, _expected_error
+from swift_nb.analysis.forecast.predict import _config, _expected_error, target_is_cuda
 from swift_nb.analysis.forecast.pricing import CategoryPricer
-from swift_nb.core.devices import DEVICES, Device, resolve_device
+from swift_nb.core.devices import Device, resolve_device
 from swift_nb.core.errors import ConfigError, check_positive, check_whole
 from swift_nb.core.units import fmt_bytes
 
@@ -86,7 +87,7 @@ def plan(
     rows = []
     for combo in _combinations(ids, max_toggles):
         wanted = {t: vocabulary.TOGGLES[t].defaults() for t in combo}
-        cfg = _config(m, wanted, batch_size, seq_len, None, None, None)
+        cfg = replace(_config(m, wanted, batch_size, seq_len, None, None, None), cuda=cuda)
         peak = pricer.peak(cfg).total
         peaks[frozenset(combo)] = peak
         if any(peaks.get(frozenset(combo) - {t}, math.inf) <= peak * 1.005 for t in combo):
@@ -187,11 +188,9 @@ def _applies(toggle_id: str, m: Measured) -> bool:
 
 
 def _target(m: Measured, dev: Device | None) -> tuple[bool, tuple[int, int] | None]:
-    """Whether the target is a GPU, and its compute capability (None: unknown). A preset is a
-    GPU; a budget alone is the run's own device."""
-    if dev is not None and dev.name in DEVICES:
-        return True, dev.capability
-    return m.on_cuda, None
+    """Whether the target is a GPU (``predict.target_is_cuda``), and its compute capability
+    (None: unknown)."""
+    return target_is_cuda(m, dev), dev.capability if dev is not None else None
 
 
 def _combinations(ids: Sequence[str], most: int):

@@ -17,7 +17,14 @@ from swift_nb.analysis.forecast.growth import growth
 from swift_nb.analysis.forecast.measure import Measured, measure
 from swift_nb.analysis.forecast.pricing import CategoryPricer
 from swift_nb.analysis.forecast.result import SEARCH_LIMIT, Config, Forecast, Peak
-from swift_nb.core.devices import DEFAULT_DEVICE, ENV_PRICE_PER_HOUR, Device, price_of, resolve_device
+from swift_nb.core.devices import (
+    DEFAULT_DEVICE,
+    DEVICES,
+    ENV_PRICE_PER_HOUR,
+    Device,
+    price_of,
+    resolve_device,
+)
 from swift_nb.core.errors import ConfigError, check_whole
 from swift_nb.core.units import fmt_bytes, fmt_seconds
 from swift_nb.record import Run, finetune_label
@@ -90,7 +97,9 @@ def forecast(
     m = run if isinstance(run, Measured) else measure(run)
     cal = calibration if isinstance(calibration, Measured) or calibration is None else measure(calibration)
     _check_against_run(m, cal, batch_size, seq_len)
-    cfg = _config(m, wanted, batch_size, seq_len, dtype, optimizer, world_size)
+    cfg = replace(
+        _config(m, wanted, batch_size, seq_len, dtype, optimizer, world_size), cuda=target_is_cuda(m, dev)
+    )
     pricer = CategoryPricer(m, growth(m, cal))
     peak = pricer.peak(cfg)
     usable = float(dev.capacity_bytes - dev.context_bytes)
@@ -104,6 +113,17 @@ def forecast(
     if steps is None:
         return out
     return priced(out, m, steps, m.step_s, price_per_hour)
+
+
+def target_is_cuda(m: Measured, dev: Device | None) -> bool:
+    """Whether the target runs CUDA's implementations (Liger's chunked loss, bitsandbytes'
+    in-place 8-bit update) or the CPU's: a GPU preset is a GPU, ``"cpu"`` the CPU, a
+    capacity alone (or no device) the run's own device."""
+    if dev is not None and dev.kind == "cpu":
+        return False
+    if dev is not None and dev.name in DEVICES:
+        return True
+    return m.on_cuda
 
 
 def _device_price(device: str, given: float | None) -> tuple[float | None, str]:

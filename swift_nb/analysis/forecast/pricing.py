@@ -160,14 +160,15 @@ class CategoryPricer:
         return value, text + _shard_text(shard, "optimizer state") + f" = {fmt_bytes(value)}"
 
     def _update(self, cfg: Config, state: float) -> tuple[float, list[str]]:
-        """What the optimizer's update holds beyond its state while it runs (measured apart:
-        ``Measured.update_bytes``), as much more as the state is; none for bitsandbytes'
-        8-bit optimizer, whose update is one fused kernel."""
+        """What the optimizer's update holds beyond its state while it runs, as the target's
+        implementation runs it: measured apart (``Measured.update_bytes``), as much more as
+        the state is; for bitsandbytes' 8-bit optimizer ``effects.adam8bit_update``."""
         m = self.m
+        if Applied(cfg.toggles, m.toggles).optim_8bit:
+            value, text = effects.adam8bit_update(m.params_largest, cfg.cuda)
+            return value, [f"the update (other, at its moment): {text}"]
         if not m.update_bytes:
             return 0.0, []
-        if Applied(cfg.toggles, m.toggles).optim_8bit:
-            return 0.0, ["the update: AdamW8bit updates in one kernel, holding nothing beyond its state"]
         measured = m.categories["optimizer_state"]
         value = m.update_bytes * (state / measured if measured else 1.0)
         return value, [
@@ -472,11 +473,11 @@ class CategoryPricer:
         scale = (b * t) / (b0 * t0) / max(1, sp)
         if Applied(cfg.toggles, m.toggles).fused_ce and m.vocab:
             real = b * t * m.real_share / max(1, sp)
-            fused = effects.fused_ce_logits(real, m.vocab, m.hidden, m.on_cuda)
+            fused = effects.fused_ce_logits(real, m.vocab, m.hidden, cfg.cuda)
             how = (
                 "one chunk and its gradient (Liger, CUDA)"
-                if m.on_cuda and m.hidden
-                else "one fp32 copy of the real tokens'"
+                if cfg.cuda and m.hidden
+                else "one fp32 copy of the real tokens' (cut-cross-entropy, CPU)"
             )
             return fused / measured, (
                 f"logits under fused_ce: {how}: {real:,.0f} real tokens × {m.vocab:,} = {fmt_bytes(fused)} "

@@ -21,7 +21,7 @@ SEARCH_LIMIT = 1 << 24  # largest batch or sequence the search for the maximum t
 @dataclass(frozen=True)
 class Config:
     """What a forecast is for: B samples of T tokens per rank, parameter dtype, optimizer,
-    toggles ({id: params}) and ranks."""
+    toggles ({id: params}), ranks, and whether the target is a GPU (``target_is_cuda``)."""
 
     batch_size: int
     seq_len: int
@@ -29,6 +29,7 @@ class Config:
     optimizer: str | None
     toggles: Mapping[str, Mapping[str, int]]
     world_size: int
+    cuda: bool = True  # the target runs CUDA's implementations (else the CPU's)
 
     @property
     def shards(self) -> tuple[int, int, int]:

@@ -112,6 +112,12 @@ class _Follow(TorchDispatchMode):
         super().__init__()
         self.lineage = lineage
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile compiles as if the mode were not there (a compiled loss, such as
+        # fused_ce's, after the head), and runs its artifact under it
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.lineage.open:
