@@ -50,6 +50,7 @@ def logits_addresses(name: str) -> list[int]:
     except ValueError:
         return []
 
+
 # -- what the step breakdown tells apart ------------------------------------------------------
 
 DATA = re.compile(r"^enumerate\(DataLoader\)")
