@@ -228,6 +228,13 @@ def adam8bit_update(largest: int | None, cuda: bool) -> tuple[float, str]:
     )
 
 
+def packing_mask(real_tokens: float, element_bytes: int) -> float:
+    """Bytes of packing's additive block-diagonal causal mask for ``real_tokens`` in one row
+    (off FlashAttention's variable-length kernel): N × N elements of the model's dtype.
+    While it is built, three N × N boolean temporaries live beside it for a moment."""
+    return real_tokens * real_tokens * element_bytes
+
+
 def sequence_parallel_activations(activations: float, sp_size: int) -> float:
     """Activations per rank when the sequence is split over ``sp_size`` ranks: A / P."""
     return activations / max(1, sp_size)

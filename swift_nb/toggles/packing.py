@@ -20,7 +20,9 @@ unpacking them would cost a B × T × V tensor for what only ``.loss`` is read f
 
 The real tokens are told by the ``attention_mask`` (1 = real), else by the ``labels`` (each
 row up to its last label that is not -100). A call with neither is refused, naming why: the
-pads cannot be told apart.
+pads cannot be told apart. Other per-token inputs (any tensor of the batch's B × T shape:
+``token_type_ids``, ``inputs_embeds``) are packed as the tokens are; positional arguments
+past ``input_ids, attention_mask`` are refused, since packing cannot tell what they are.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ VARLEN = ("flash_attention_2", "flash_attention_3")
 #: what a wrapped forward carries: the function it calls, which a later toggle (fused_ce)
 #: may wrap in turn, so that the loss is computed on the packed row
 INNER = "_swift_nb_inner"
+#: what a call may give by position (a Hugging Face model's order)
+POSITIONAL = ("input_ids", "attention_mask")
+#: what packing sets itself: every other tensor of the batch's (B, T) shape is packed as the tokens are
+OWN = ("input_ids", "attention_mask", "labels", "position_ids")
 NEEDS = "a Hugging Face model (a transformers PreTrainedModel whose forward takes position_ids=)"
 
 
@@ -126,9 +132,15 @@ class Packing(Toggle):
         dtype = next(target.parameters()).dtype
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if args:  # HF's positional order: input_ids, attention_mask
-                names = ["input_ids", "attention_mask"][: len(args)]
-                kwargs.update(zip(names, args, strict=False))
+            if len(args) > len(POSITIONAL):
+                raise ConfigError(
+                    "packing",
+                    f"`{name}` was given {len(args)} positional arguments; packing reads "
+                    f"{' and '.join(POSITIONAL)} by position and the rest by name: pass the others as "
+                    "keywords (e.g. labels=...), or run without packing",
+                    "packing",
+                )
+            kwargs.update(zip(POSITIONAL, args, strict=False))
             ids, mask, labels = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels")
             if ids is None or ids.dim() != 2:
                 return state["inner"](**kwargs)
@@ -144,6 +156,9 @@ class Packing(Toggle):
             stats["calls"] += 1
             stats["tokens"] += ids.numel()
             stats["real"] += packed.index.numel()
+            for key, value in kwargs.items():  # per-token inputs (token_type_ids, inputs_embeds …)
+                if key not in OWN and isinstance(value, torch.Tensor) and value.shape[:2] == ids.shape:
+                    kwargs[key] = packed.take(value)
             kwargs["input_ids"] = packed.take(ids)
             kwargs["position_ids"] = packed.position[None]
             kwargs["attention_mask"] = None if varlen else packed.mask(dtype)

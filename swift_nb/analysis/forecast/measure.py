@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.scores import SDPA, ScoreTimeline, eager_attention, first_backward_us
 from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace.shapes import input_dims
 from swift_nb.analysis.trace.tables import Trace, load_trace, parse_events
 from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run, repeated_blocks
+from swift_nb.record.write import peak_step
 from swift_nb.vocabulary.forecast_spec import DTYPE_BYTES, dtype_name
 
 
@@ -63,12 +63,13 @@ PARTS = [
 class Measured:
     """What one run measured, as a forecast reads it.
 
-    categories: bytes at the recorded steps' peak (median); scores: its [.., T, T] tensors
-    at that peak; timeline: bytes of each of ``PARTS`` over the median recorded step, one
-    row per point of its memory timeline, the peak's row first; batch_size, seq_len: its
-    shape (None: unknown); dtype / element_bytes of its parameters; params: their count;
-    matrices: the m×n weights of its linear layers (from the trace) with how many of each;
-    blocks: its repeated blocks (attention layers in the trace, or the context), hidden:
+    categories: bytes at the run's peak (``record.write.peak_step``: the recorded step whose
+    peak is the median, at its peak moment); scores: its [.., T, T] tensors at that peak;
+    timeline: bytes of each of ``PARTS`` over that step, one row per point of its memory
+    timeline, the peak's row first; batch_size, seq_len: that step's shape where the
+    context does not give them (None: unknown); dtype / element_bytes of its parameters;
+    params: their count; matrices: the m×n weights of its linear layers (from the trace)
+    with how many of each; blocks: its repeated blocks (attention layers in the trace, or the context), hidden:
     the model width, vocab: its embedding's rows (None: unknown); finetune: the run's
     ``context["finetune"]`` (empty: not recorded); frozen_measured: whether the run measured
     its frozen weights (a run recorded before ``frozen_parameters`` existed did not: they
@@ -111,6 +112,7 @@ class Measured:
     on_cuda: bool = False
     params_small: int | None = None  # elements in tensors of < 4 096 (None: not recorded)
     params_largest: int | None = None  # elements of the largest trained tensor (None: not recorded)
+    attn_varlen: bool = False  # its attention kernel reads packed samples' bounds (FlashAttention-2/3)
     #: what the optimizer's update holds beyond its state while it runs (foreach's copy of
     #: the second moments), added at the timeline's last row, the update's moment; a step
     #: on fake tensors measures it apart (0: within the measured categories)
@@ -155,8 +157,8 @@ LORA_METHODS = ("lora", "qlora", "dora")
 
 
 def _recorded_steps(run: Run) -> pd.DataFrame:
-    """The steps with memory categories, as ``memory_footprint`` takes them: those that
-    follow another recorded step where there are such."""
+    """The steps with memory categories, as ``record.write.memory_steps`` takes them: those
+    that follow another recorded step where there are such."""
     steps = run.steps
     if not set(_CATEGORY_COLUMNS) <= set(steps.columns):
         return steps.iloc[0:0]
@@ -169,12 +171,12 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
     """What ``run`` measured that a forecast scales; ``ConfigError`` when it has no memory
     categories (recorded without ``profile_memory`` or with no recorded step)."""
     notes: list[str] = []
+    step = peak_step(run.steps)  # the run's peak, chosen before other's carried bytes are moved out
     run = _logits_known(run)
     run, frozen_measured = _frozen_known(run, notes)
     run = _carried_apart(run)
     recorded = _recorded_steps(run)
-    footprint = memory_footprint(run)
-    if recorded.empty or footprint.empty:
+    if recorded.empty or step is None:
         raise ConfigError(
             "run",
             "has no memory by category: profile with profile_memory=True so at least one step is "
@@ -187,13 +189,13 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         except RecordError as e:
             notes.append(f"the trace could not be read ({e.problem}): shapes and attention scores unknown")
             trace = parse_events([])
-    categories = dict(zip(MEMORY_CATEGORIES, footprint["at_peak_bytes"].astype(float), strict=True))
-    totals = recorded[_CATEGORY_COLUMNS].sum(axis=1)
-    median_step = int(recorded.loc[(totals - totals.median()).abs().idxmin(), "step"])
+    at_peak_row = run.steps.loc[run.steps["step"] == step, _CATEGORY_COLUMNS].iloc[0]
+    categories = dict(zip(MEMORY_CATEGORIES, at_peak_row.astype(float), strict=True))
     ctx = run.context
     batch, seq = ctx.get("batch_size"), ctx.get("seq_len")
-    if batch is None or seq is None:
-        found_batch, found_seq = batch_and_seq(trace.events)
+    if batch is None or seq is None:  # the shape of the step the categories are measured in
+        of_step = trace.events[trace.events["step"] == step]
+        found_batch, found_seq = batch_and_seq(of_step if len(of_step) else trace.events)
         batch = batch if batch is not None else found_batch
         seq = seq if seq is not None else found_seq
     dtype, element_bytes, params = _parameters(ctx, categories["parameters"], notes)
@@ -208,11 +210,11 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
             "scale linearly with tokens (a calibration run at another sequence length fits a quadratic part)"
         )
     scores = ScoreTimeline(trace, ops, _device_type(run, trace), int(batch or 1))
-    at_peak = ScoreBytes(*np.median([scores.at_peak(int(k)) for k in recorded["step"]], axis=0).tolist())
+    at_peak = ScoreBytes(*scores.at_peak(step))
     return Measured(
         run_id=run.id,
         categories=categories,
-        timeline=_timeline(run, trace, median_step, categories, at_peak, scores),
+        timeline=_timeline(run, trace, step, categories, at_peak, scores),
         batch_size=int(batch) if batch else None,
         seq_len=int(seq) if seq else None,
         dtype=dtype,
@@ -221,7 +223,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         optimizer=ctx.get("optimizer"),
         world_size=int(ctx.get("world_size") or run.environment.get("world_size") or 1),
         scores=at_peak,
-        matrices=_matrices(trace, ops, median_step),
+        matrices=_matrices(trace, ops, step),
         blocks=blocks,
         blocks_from=blocks_from,
         hidden=_hidden(ops),
@@ -231,6 +233,9 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
         frozen_params=frozen_params,
         params_small=run.context.get("params_small"),
         params_largest=run.context.get("params_largest"),
+        attn_varlen=str(ctx.get("attn_implementation") or "").startswith(
+            ("flash_attention_2", "flash_attention_3")
+        ),
         frozen_dtype=frozen_dtype,
         compute_dtype=_compute_dtype(finetune, dtype, frozen_dtype),
         toggles={str(t.get("toggle")) for t in ctx.get("toggles") or [] if isinstance(t, dict)},
@@ -348,7 +353,7 @@ def _timeline(
     at_peak: ScoreBytes,
     scores: ScoreTimeline,
 ) -> np.ndarray:
-    """Rows of ``PARTS``: the peak (medians), then every point of ``step``'s memory
+    """Rows of ``PARTS``: the peak, then every point of ``step``'s memory
     timeline with the score tensors alive at that moment (its run-clock time taken back to
     the trace's clock: the step begins at the same instant on both)."""
     peak_scores = [at_peak.activations_per_sample, at_peak.activations_batch_free]

@@ -414,15 +414,9 @@ class CategoryPricer:
         weights = [params / measured_params, frozen / measured_frozen if measured_frozen else 0.0]
         weights += [grads_full / measured_params, state / measured_state if measured_state else 0.0]
         logits_scale, l_line = self.logits(cfg)
-        pack, pack_lines = 1.0, []
-        if Applied(cfg.toggles, m.toggles).packing and m.real_share < 1.0:
-            pack = m.real_share  # what grows with the tokens computed: only the real ones are
-            pack_lines = [
-                f"packing: activations, other tensors and logits × {pack:.3f}, the share of the tokens computed "
-                "that are real (the padding dropped)"
-            ]
+        pack, mask, pack_lines = self._packing(cfg)
         fused = Applied(cfg.toggles, m.toggles).fused_ce  # its logits are the real tokens' already
-        logits_scale *= 1.0 if fused else pack
+        logits_scale *= 1.0 if fused else pack[0]
         parts = m.timeline * np.concatenate(
             [weights, act_scale * ckpt * pack, other_scale * pack, [logits_scale]]
         )
@@ -431,7 +425,7 @@ class CategoryPricer:
         # what the run did not have: frozen weights (a full fine-tune under LoRA), optimizer state
         cats[:, col["frozen_parameters"]] += 0.0 if measured_frozen else frozen
         cats[:, col["optimizer_state"]] += 0.0 if measured_state else state
-        cats[:, col["other"]] += other_extra
+        cats[:, col["other"]] += other_extra + mask
         update, u_line = self._update(cfg, state)
         cats[-1, col["other"]] += update
         at = int(np.argmax(cats.sum(axis=1)))
@@ -458,6 +452,37 @@ class CategoryPricer:
                 + ")"
             )
         return Peak(dict(zip(MEMORY_CATEGORIES, cats[at].tolist(), strict=True)), lines)
+
+    def _packing(self, cfg: Config) -> tuple[np.ndarray, float, list[str]]:
+        """Under packing: factors for the three parts of activations and other (the rest,
+        [B, H, T, T] tensors, [T, T] ones), the bytes of its mask where the measured run
+        had none to scale, and the derivation. The real tokens computed, N = B·T·share, are
+        one row: what grows with the tokens × share, the [.., T, T] tensors (eager's
+        scores, sdpa's math path, masks) become [.., N, N] ones, from B·T² to N². Off
+        FlashAttention's variable-length kernel the toggle builds an N × N additive mask
+        (``effects.packing_mask``)."""
+        m = self.m
+        if not (Applied(cfg.toggles, m.toggles).packing and m.real_share < 1.0):
+            return np.ones(3), 0.0, []
+        share, b = m.real_share, cfg.batch_size
+        t = cfg.seq_len if m.seq_len else 1
+        n = b * t * share
+        factors = np.array([share, share * b * share, share * b * b * share])
+        lines = [
+            f"packing: {n:,.0f} real tokens in one row ({share:.3f} of {b:,} × {t:,}): activations, other "
+            f"tensors and logits × {share:.3f}; [B, H, T, T] tensors × {b * share:.3f} more and [T, T] ones "
+            f"× {b * b * share:.3f} more (B·T² → N²)"
+        ]
+        mask = 0.0
+        varlen = cfg.cuda and (Applied(cfg.toggles).fused_attention or m.attn_varlen)
+        measured_masks = sum(m.scores.of("other"))
+        if not varlen and not measured_masks:
+            mask = effects.packing_mask(n, DTYPE_BYTES[cfg.dtype])
+            lines.append(
+                f"packing's block-diagonal mask: {n:,.0f}² × {DTYPE_BYTES[cfg.dtype]} B = {fmt_bytes(mask)} "
+                "(other), while forward runs"
+            )
+        return factors, mask, lines
 
     def logits(self, cfg: Config) -> tuple[float, str]:
         """How the loss's logits scale for ``cfg``: with the tokens (B·T ÷ the ranks of
