@@ -1,6 +1,7 @@
 """swift_nb.plan on a real run: a budget the plain run exceeds by 40 %; its first plan, run
-for real, stays within the budget and within the forecast's own expected error; the
-device decides which toggles are tried; bad input is refused before any work."""
+for real with its toggles, stays within the budget, and its recorded peak within a tolerance
+this test fixes (not the plan's own ``expected_error_pct``, which a mispriced plan widens);
+the device decides which toggles are tried; bad input is refused before any work."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import torch
 
 import swift_nb
 from swift_nb import vocabulary
-from swift_nb.analysis.forecast import measure
 from swift_nb.analysis.forecast.plan import COLUMNS, applied_toggles
 from swift_nb.core.errors import ConfigError
 from swift_nb.demo import make_model
+
+#: how far the recorded peak of the first plan, run for real, may be from its prediction
+PLAN_TOLERANCE = 0.15
 
 
 def _profile(out, toggle_ids=()):
@@ -47,7 +50,7 @@ def plain(tmp_path_factory):
 
 
 def test_the_first_plan_for_a_budget_40_percent_short_fits_when_run(plain, tmp_path):
-    budget = measure(plain).total / 1.4
+    budget = plain.summary["peak_mem_bytes"] / 1.4
     table = swift_nb.plan(plain, memory_bytes=budget)
     assert list(table.columns) == COLUMNS
     assert not table.loc[table["toggles"] == "none", "fits"].item()
@@ -56,9 +59,16 @@ def test_the_first_plan_for_a_budget_40_percent_short_fits_when_run(plain, tmp_p
     best = table.iloc[0]
     assert best["fits"] and not best["changes_training"]
     assert all(vocabulary.clashes(applied_toggles(row)) is None for _, row in table.iterrows())
-    measured = measure(_profile(tmp_path, applied_toggles(best))).total
+    toggle_ids = applied_toggles(best)
+    ran = _profile(tmp_path, toggle_ids)
+    applied = [r["toggle"] for r in ran.context["toggles"] if r["applied"]]
+    assert applied == toggle_ids  # the run really ran the plan's toggles
+    measured = ran.summary["peak_mem_bytes"]  # the record's peak, as the Summary shows it
     assert measured <= budget
-    assert measured == pytest.approx(best["predicted_peak_bytes"], rel=best["expected_error_pct"] / 100)
+    predicted = best["predicted_peak_bytes"]
+    assert abs(measured - predicted) <= PLAN_TOLERANCE * predicted, (
+        f"{'+'.join(toggle_ids)}: predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB"
+    )
 
 
 def test_the_device_decides_which_toggles_are_tried(plain):
