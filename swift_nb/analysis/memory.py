@@ -1,12 +1,13 @@
 """Memory footprint by category: parameters, gradients, optimizer state, activations and
-other/temporary tensors, at the step peak and over time (from the run's memory replay,
-see ``swift_nb.capture.memory.categories``)."""
+other/temporary tensors, at the run's peak (``record.write.peak_step``) and over time
+(from the run's memory replay, see ``swift_nb.capture.memory.categories``)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from swift_nb.record import MEMORY_CATEGORIES, Run
+from swift_nb.record.write import memory_steps, peak_step
 
 FOOTPRINT_COLUMNS = ["category", "at_peak_bytes", "max_bytes", "share_pct"]
 
@@ -17,26 +18,25 @@ LATER = "logits_bytes"
 
 
 def memory_footprint(run: Run) -> pd.DataFrame:
-    """One row per category: bytes at the recorded steps' peak (median over those steps),
-    the category's own maximum, and its share of the peak (%). Empty when the profiler
-    recorded no step with memory profiling on.
+    """One row per category: bytes at the run's peak (``at_peak_bytes``: the categories of
+    ``record.write.peak_step``, the recorded step whose peak is the median, at its peak
+    moment), the category's own maximum over the recorded steps (``max_bytes``: each at its
+    own moment, so they do not add up to a peak), and its share of the peak (%). Empty when
+    the profiler recorded no step with memory profiling on.
 
-    Where a recorded step follows another recorded step, only such steps are used: the
-    profiler saw every allocation alive in them, while the first step of a recording also
-    holds tensors whose allocation it never saw. A category the run did not record (a run
-    from before ``frozen_parameters`` existed) is NaN: unknown, not 0."""
+    The recorded steps are ``record.write.memory_steps``: where a recorded step follows
+    another, only such steps. A category the run did not record (a run from before
+    ``frozen_parameters`` existed) is NaN: unknown, not 0."""
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     steps = run.steps
     if not set(cols) - {LATER} <= set(steps.columns):
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
     steps = steps.reindex(columns=[*steps.columns, *(c for c in cols if c not in steps)])
-    recorded = steps.dropna(subset=cols, how="all")
-    if recorded.empty:
+    step = peak_step(steps)
+    if step is None:
         return pd.DataFrame(columns=FOOTPRINT_COLUMNS)
-    followers = recorded[recorded["step"].isin(recorded["step"] + 1)]
-    if len(followers):
-        recorded = followers
-    at_peak = recorded[cols].median()
+    recorded = memory_steps(steps)
+    at_peak = steps.loc[steps["step"] == step, cols].iloc[0]
     timeline = run.memory[run.memory["step"].isin(recorded["step"])] if len(run.memory) else run.memory
     timeline = timeline.reindex(columns=[*timeline.columns, *(c for c in cols if c not in timeline)])
     maxima = timeline[cols].max() if len(timeline) else recorded[cols].max()

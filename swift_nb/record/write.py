@@ -17,6 +17,7 @@ from swift_nb.record.layout import (
     DEFAULT_KEEP,
     ENV_DIR,
     ENV_KEEP,
+    MEMORY_CATEGORIES,
     MEMORY_FILE,
     RUN_FILE,
     SAMPLES_FILE,
@@ -165,6 +166,41 @@ def step_durations(steps: pd.DataFrame) -> tuple[pd.Series, str]:
     return pd.to_numeric(chosen["duration_s"], errors="coerce").dropna(), basis
 
 
+#: steps.csv's bytes by memory category at each recorded step's peak
+CATEGORY_COLUMNS = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
+
+
+def memory_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The recorded steps a run's memory at the peak is read from: those with memory
+    categories, and of them the ones that follow another recorded step where there are such
+    (the profiler saw every allocation alive in those; the first step of a recording also
+    holds tensors whose allocation it never saw)."""
+    cols = [c for c in CATEGORY_COLUMNS if c in steps]
+    if not cols or "step" not in steps:
+        return steps.iloc[0:0]
+    recorded = steps.dropna(subset=cols, how="all")
+    followers = recorded[recorded["step"].isin(recorded["step"] + 1)]
+    return followers if len(followers) else recorded
+
+
+def peak_step(steps: pd.DataFrame) -> int | None:
+    """The step whose peak is the run's memory "at the peak": of ``memory_steps``, the one
+    whose peak (its categories' sum at its peak moment) is the median; of two in the middle,
+    the larger (memory errs high). None when no step recorded memory categories.
+
+    One definition of "at the peak" (which step, which moment) for the summary's
+    ``memory_categories_at_peak``, the Memory section's table and figure, the forecast's
+    measured categories and the advisor: each reads this step's categories at its peak
+    moment, never a mix of steps (a median per category can take each from another step)."""
+    chosen = memory_steps(steps)
+    if chosen.empty:
+        return None
+    cols = [c for c in CATEGORY_COLUMNS if c in chosen]
+    order = pd.DataFrame({"total": chosen[cols].sum(axis=1), "step": chosen["step"]})
+    order = order.sort_values(["total", "step"], kind="stable")
+    return int(order["step"].iloc[len(order) // 2])
+
+
 def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     """Headline metrics of a run from its tables (seconds, bytes, percent)."""
     out: dict[str, Any] = {"steps": int((steps["trigger"] != "end").sum()) if len(steps) else 0}
@@ -210,26 +246,27 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
 
 def token_summary(steps: pd.DataFrame) -> dict[str, Any]:
     """Tokens of the steps that counted them (steps.csv's ``tokens``, ``real_tokens``):
-    ``tokens_per_step`` and ``real_tokens_per_step`` (medians), ``padding_pct`` (the
-    share of computed tokens that are padding, over those steps) and ``real_tokens_per_s``
-    (real tokens over those steps' time, compiling steps left out as for the step time).
-    Empty when no step counted tokens."""
+    ``tokens_per_step`` and ``real_tokens_per_step`` (means over those steps, so that their
+    ratio is the real share of all the tokens computed), ``padding_pct`` (the share of the
+    computed tokens that are padding: 100 × (1 − real_tokens_per_step / tokens_per_step))
+    and ``real_tokens_per_s`` (real tokens per step × steps per second, 1 / the run's step
+    time: ``step_durations``). One definition for the Summary, the Throughput section
+    (``analysis.throughput``), the advisor and the forecast. Empty when no step counted
+    tokens."""
     if "tokens" not in steps or "real_tokens" not in steps:
         return {}
-    table = steps[["tokens", "real_tokens", "duration_s"]].apply(pd.to_numeric, errors="coerce")
+    table = steps[["tokens", "real_tokens"]].apply(pd.to_numeric, errors="coerce")
     table = table[(steps["trigger"] != "end") & table["tokens"].gt(0) & table["real_tokens"].notna()]
     if not len(table):
         return {}
-    compiling = pd.to_numeric(steps.get("compile_s", pd.Series(dtype=float)), errors="coerce").fillna(0.0) > 0
-    steady = table[~compiling.reindex(table.index, fill_value=False)]
-    steady = steady if len(steady) else table
-    tokens, real = float(table["tokens"].sum()), float(table["real_tokens"].sum())
-    seconds = float(steady["duration_s"].sum())
+    tokens, real = float(table["tokens"].mean()), float(table["real_tokens"].mean())
+    timed, _ = step_durations(steps)
+    step_s = float(timed.median()) if len(timed) else 0.0
     return {
-        "tokens_per_step": float(table["tokens"].median()),
-        "real_tokens_per_step": float(table["real_tokens"].median()),
-        "padding_pct": 100.0 * (1.0 - real / tokens) if tokens > 0 else None,
-        "real_tokens_per_s": float(steady["real_tokens"].sum()) / seconds if seconds > 0 else None,
+        "tokens_per_step": tokens,
+        "real_tokens_per_step": real,
+        "padding_pct": 100.0 * (1.0 - real / tokens),
+        "real_tokens_per_s": real * (1.0 / step_s) if step_s > 0 else None,
     }
 
 

@@ -266,10 +266,13 @@ def device_figure(device_steps: pd.DataFrame, width_in: float = 10.0) -> Figure:
     return fig
 
 
-def memory_figure(timeline: pd.DataFrame, width_in: float = 10.0) -> Figure:
+def memory_figure(timeline: pd.DataFrame, peak_step: int | None = None, width_in: float = 10.0) -> Figure:
     """Stacked area of tensor memory by category (``parameters_bytes`` …
     ``other_bytes``) against time since the run's start (``t_s``), with the start of each
-    recorded step marked."""
+    recorded step marked. ``peak_step``: the step whose peak is the run's memory at the peak
+    (``record.write.peak_step``), marked and named in the title; the highest point of the
+    timeline is named too where it is elsewhere (another step, or the first recorded step,
+    whose earlier tensors the profiler never saw made)."""
     cols = [f"{c}_bytes" for c in MEMORY_CATEGORIES]
     if timeline is None or timeline.empty or not set(cols) <= set(timeline.columns):
         return _empty_note(
@@ -306,11 +309,19 @@ def memory_figure(timeline: pd.DataFrame, width_in: float = 10.0) -> Figure:
                 fontsize=7,
                 color="#555",
             )
-    peak_at = total.idxmax()
-    ax.set_title(
-        f"Tensor memory by category (peak {fmt_bytes(total[peak_at])} at {float(t[peak_at]):.3f} s)",
-        fontsize=10,
+    highest = total.idxmax()
+    of_step = (
+        total[data["step"] == peak_step] if peak_step is not None and "step" in data else total.iloc[0:0]
     )
+    if len(of_step):
+        at = of_step.idxmax()
+        ax.plot([float(t[at])], [float(total[at]) / scale], "v", color="#222", ms=6, zorder=5)
+        title = f"at the peak (step {peak_step}) {fmt_bytes(total[at])} at {float(t[at]):.3f} s"
+        if total[highest] > total[at]:
+            title += f"; highest {fmt_bytes(total[highest])} at {float(t[highest]):.3f} s"
+    else:
+        title = f"highest {fmt_bytes(total[highest])} at {float(t[highest]):.3f} s"
+    ax.set_title(f"Tensor memory by category: {title}", fontsize=10)
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel(f"tensor memory ({unit})")
     ax.set_ylim(bottom=0)

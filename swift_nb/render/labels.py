@@ -115,6 +115,7 @@ LABELS: dict[str, Label] = {
     # tokens
     "tokens_per_step": Label("Tokens computed per step", "count"),
     "real_tokens_per_step": Label("Real tokens per step", "count"),
+    "tokens_at_peak": Label("Tokens computed in the step at the peak", "count"),
     "padding_pct": Label("Padding among the tokens computed"),
     "counted_from": Label("Real tokens counted from"),
     "real_tokens_per_s": Label("Real tokens per second", "count"),
@@ -127,8 +128,10 @@ LABELS: dict[str, Label] = {
     "growth_bytes_per_step": Label("Growth per step"),
     "measured_by": Label("Measured by"),
     "category": Label("Category"),
+    # one peak (record.write.peak_step: the median recorded step's, at its peak moment);
+    # each category's own maximum is another figure and says so
     "at_peak_bytes": Label("At the peak"),
-    "max_bytes": Label("Most at any time"),
+    "max_bytes": Label("Each category's own maximum (at any moment)"),
     "share_pct": Label("Share of the peak"),
     "blocks": Label("Repeated blocks", "count"),
     "blocks_from": Label("Blocks counted from"),

@@ -10,7 +10,6 @@ import pandas as pd
 from swift_nb.core.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
 from swift_nb.record import FINETUNE_KEY, Run, finetune_label
 from swift_nb.record.write import PROFILER_OFF
-from swift_nb.render.html import cell
 from swift_nb.render.labels import label, step_column, step_label, step_note
 from swift_nb.render.value_text import is_missing, value_text
 
@@ -173,11 +172,13 @@ def _ranks_text(run: Run) -> str:
 
 
 def summary_table_html(run: Run) -> str:
-    """The summary as a table of words and values, the run's folder and trace under it
-    (paths are as long as they are: no cell holds them)."""
+    """The summary as a table of words and values, each value whole (its cell wraps: a
+    clipped one would cut the fine-tuning row or a label mid-word), the run's folder and
+    trace under it (paths are as long as they are: no cell holds them)."""
     rows = summary_rows(run)
     body = "".join(
-        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>{cell(v, 'text')}</tr>"
+        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>"
+        f"<td class='text'>{escape(v)}</td></tr>"
         for k, v in rows
         if k not in (FOLDER, TRACE)
     )

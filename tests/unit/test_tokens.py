@@ -197,7 +197,8 @@ def test_token_summary_counts_padding_and_real_tokens_per_second():
     )
     got = token_summary(steps)
     assert got["padding_pct"] == pytest.approx(50.0)
-    assert got["real_tokens_per_s"] == pytest.approx(110 / 2.0)  # the compiling step left out
+    # real tokens per step × steps per second: 1 / the step time, the compiling step left out
+    assert got["real_tokens_per_s"] == pytest.approx(50 / 1.0)
     assert got["tokens_per_step"] == 100 and got["real_tokens_per_step"] == 50
     assert token_summary(steps.drop(columns=["tokens", "real_tokens"])) == {}
     none = steps.assign(tokens=math.nan, real_tokens=math.nan)

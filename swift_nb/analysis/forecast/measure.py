@@ -69,11 +69,11 @@ class Measured:
     timeline, the peak's row first; batch_size, seq_len: that step's shape where the
     context does not give them (None: unknown); dtype / element_bytes of its parameters;
     params: their count; matrices: the m×n weights of its linear layers (from the trace)
-    with how many of each; blocks: its repeated blocks (attention layers in the trace, or the context), hidden:
-    the model width, vocab: its embedding's rows (None: unknown); finetune: the run's
-    ``context["finetune"]`` (empty: not recorded); frozen_measured: whether the run measured
-    its frozen weights (a run recorded before ``frozen_parameters`` existed did not: they
-    count 0); frozen_params: their elements (parameters no optimizer trains; buffers are in
+    with how many of each; blocks: its repeated blocks (attention layers in the trace, or
+    the context), hidden: the model width, vocab: its embedding's rows (None: unknown);
+    finetune: the run's ``context["finetune"]`` (empty: not recorded); frozen_measured:
+    whether the run measured its frozen weights (a run recorded before
+    ``frozen_parameters`` existed did not: they count 0); frozen_params: their elements (parameters no optimizer trains; buffers are in
     the bytes, not the count), frozen_dtype: their dtype (``uint8`` when packed), and
     compute_dtype: the dtype its activations are in (a LoRA run's base's, else its
     parameters'); traced: whether the trace holds its allocations (without them,

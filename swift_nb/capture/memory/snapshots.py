@@ -14,6 +14,7 @@ from swift_nb.capture.memory import categories as memcat
 from swift_nb.capture.memory.logits import Lineage, lm_shape
 from swift_nb.capture.torch_profiler import ProfilerConfig, TraceResult
 from swift_nb.record import Run
+from swift_nb.record.write import peak_step
 
 
 class MemoryRecorder:
@@ -95,8 +96,10 @@ class MemoryRecorder:
 
     def add_to(self, run: Run, steps: pd.DataFrame, trace: TraceResult, cuda: bool) -> None:
         """Per recorded step: category bytes at the step's peak (``steps``) and the
-        category timeline (``run.memory``). On CPU (not ``cuda``) the replay's peak is the
-        step's peak tensor memory; on CUDA the allocator's own peak stays authoritative."""
+        category timeline (``run.memory``); the run's at the peak, one step's at its peak
+        moment (``record.write.peak_step``), in the summary. On CPU (not ``cuda``) the
+        replay's peak is the step's peak tensor memory; on CUDA the allocator's own peak
+        stays authoritative."""
         if self.failed:
             return
         per_step = trace.memory
@@ -117,6 +120,8 @@ class MemoryRecorder:
             tl.insert(0, "t_s", start_s + (tl.pop("ts_us") - m.start_us) / 1e6)
             frames.append(tl)
         run.memory = pd.concat(frames, ignore_index=True)
-        run.summary["memory_categories_at_peak"] = {
-            c: float(pd.Series([m.at_peak[c] for m in per_step.values()]).median()) for c in memcat.CATEGORIES
-        }
+        at_peak = peak_step(steps)  # one step's categories at its peak moment, never a mix of steps
+        if at_peak in per_step:
+            run.summary["memory_categories_at_peak"] = {
+                c: float(per_step[at_peak].at_peak[c]) for c in memcat.CATEGORIES
+            }

@@ -32,10 +32,10 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         return None
     tok = ev.tokens
     vocab = tok.vocab if tok is not None else int(context.get("vocab_size") or 0)
-    tokens = tok.per_step if tok is not None else 0.0
+    tokens = tok.at_peak if tok is not None else 0.0  # those of the step the logits at the peak are from
     one_copy = tokens * vocab * FP32
     copies = logits / one_copy if one_copy else None
-    real = tok.real_per_step if tok is not None and tok.real_per_step else tokens
+    real = tok.real_at_peak if tok is not None and tok.real_at_peak else tokens
     hidden = context.get("lm_hidden_size")
     kept = effects.fused_ce_logits(real, vocab, hidden, ev.tensors_on == "cuda") if vocab and real else 0.0
     predicted = ev.peak_bytes - logits + kept
@@ -45,7 +45,7 @@ def rule(ev: Evidence, th: Thresholds, context: Mapping[str, Any]) -> Finding | 
         "logits_bytes": logits,
         "logits_pct": pct(logits / ev.peak_bytes),
         "vocab_size": vocab or None,
-        "tokens_per_step": round(tokens) or None,
+        "tokens_at_peak": round(tokens) or None,
         "copies": round(copies, 2) if copies else None,
         "peak_bytes": ev.peak_bytes,
         "predicted_peak_bytes": predicted,
