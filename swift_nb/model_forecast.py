@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from swift_nb import vocabulary
 from swift_nb.analysis.forecast import forecast, measure
 from swift_nb.analysis.forecast.from_model import measured_from, peak_of, step_time
 from swift_nb.analysis.forecast.measure import Measured
@@ -31,10 +32,14 @@ from swift_nb.record import Run
 from swift_nb.toggles import applied, build
 from swift_nb.vocabulary.forecast_spec import dtype_name, parse_toggles
 
-#: the toggles a model forecast from its config runs on the fake model itself, by their own
-#: code → the toggle run; QLoRA as LoRA: a 4-bit base cannot be quantized on fake tensors, so
-#: the forecast prices its frozen weights at NF4's packed size
-ON_FAKE_MODEL = {"lora": "lora", "qlora": "lora", "grad_checkpointing": "grad_checkpointing"}
+
+def on_fake_model(toggle_id: str) -> str | None:
+    """The toggle a model forecast from its config runs on the fake model itself, by its own
+    code, in ``toggle_id``'s place (``Entry.on_fake_model``; QLoRA runs LoRA: a 4-bit base
+    cannot be quantized on fake tensors, so its frozen weights are priced at NF4's packed
+    size); None: priced by formula."""
+    entry = vocabulary.TOGGLES.get(toggle_id)
+    return entry.on_fake_model if entry is not None else None
 
 
 def forecast_model(
@@ -117,14 +122,14 @@ def measured_model(
     ratio = _proxy_ratio(pm, say) if pm is not None else None
     if progress:
         sys.stderr.write("\n")
-    by_formula = [t for t in wanted if t not in ON_FAKE_MODEL]
+    by_formula = [t for t in wanted if on_fake_model(t) is None]
     return measured_from(step, pm, on_fake, by_formula, ratio)
 
 
 def _setup(wanted: Mapping[str, Mapping[str, Any]]) -> tuple[Callable[[Any], Any] | None, list[str]]:
     """What changes the fake model before its step (``fake_step``'s ``setup``): the toggles
     of ``wanted`` that run on fake tensors, applied to it and undone after; and their ids."""
-    on_fake = {ON_FAKE_MODEL[t]: dict(p) for t, p in wanted.items() if t in ON_FAKE_MODEL}
+    on_fake = {run: dict(p) for t, p in wanted.items() if (run := on_fake_model(t)) is not None}
     if not on_fake:
         return None, []
     built = build(on_fake)  # refused here, before the model is built, when they cannot be

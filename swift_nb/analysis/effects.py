@@ -545,53 +545,25 @@ class Applied:
 
 # -- a configuration's step time ---------------------------------------------------------------
 
-#: What each toggle multiplies a step's time by, and why: rules of thumb from the toggles'
-#: papers and this project's benchmarks, not a measurement of the target device. ``None``:
-#: it depends on the run (below). The planner ranks by these and says they are estimates.
-STEP_FACTORS: dict[str, tuple[float, str]] = {
-    "grad_checkpointing": (1.33, "one more forward of the checkpointed blocks in backward (≈ +33 %)"),
-    "activation_offload": (1.15, "saved tensors copied to the host and back, partly overlapped (≈ +15 %)"),
-    "optim_8bit": (1.0, "8-bit moments: the update's (de)quantization is small beside the step"),
-    "galore": (1.05, "an SVD of each projected gradient every update_proj_gap steps (≈ +5 %)"),
-    "lora": (0.8, "no gradients for the frozen weights: backward ≈ ⅔ of its work (≈ −20 %)"),
-    "qlora": (1.0, "LoRA's saving spent dequantizing the 4-bit weights in forward and backward"),
-    "fused_ce": (1.0, "the loss chunked over the tokens: the same matmul"),
-    "liger": (0.9, "fused RMSNorm, RoPE, SwiGLU and loss kernels (≈ −10 %)"),
-    "regional_compile": (0.9, "compiled blocks (≈ −10 % steady; compiling first)"),
-    "torch_compile": (0.9, "a compiled model (≈ −10 % steady; compiling first)"),
-}
-
 
 def step_factor(
-    toggle_ids: Collection[str], cuda: bool, eager_scores: bool, real_share: float
+    toggle_ids: Collection[str], cuda: bool, has: Collection[str] | None = None, real_share: float = 1.0
 ) -> tuple[float, list[str]]:
-    """What ``toggle_ids`` together multiply a step's time by (each factor multiplied), and
-    one reason per toggle. ``cuda``: the target is a GPU (bf16 and fp8 tensor cores);
-    ``eager_scores``: the run's attention kept [.., T, T] scores (FlashAttention saves
-    their traffic); ``real_share``: the real tokens' share (packing computes only those)."""
+    """What ``toggle_ids`` together multiply a step's time by (each one's ``StepCost``, from
+    its vocabulary entry, multiplied), and one reason per toggle. ``cuda``: the target is a
+    GPU; ``has``: what the run has of what toggles act on (``Entry.acts_on``; None: all of
+    it); ``real_share``: the real tokens' share (packing computes only those)."""
     factor, why = 1.0, []
     for t in toggle_ids:
-        if t in STEP_FACTORS:
-            f, reason = STEP_FACTORS[t]
-        elif t == "flash_attention":
-            f, reason = (
-                (0.9, "fused attention instead of [.., T, T] scores (≈ −10 %)")
-                if eager_scores
-                else (
-                    1.0,
-                    "attention is fused already",
-                )
-            )
-        elif t == "bf16_autocast":
-            f, reason = (
-                (0.6, "bf16 tensor cores (≈ −40 %)") if cuda else (1.0, "no bf16 tensor cores on the CPU")
-            )
-        elif t == "fp8":
-            f, reason = 0.8, "float8 matmuls of the linear layers (≈ −20 %)"
-        elif t == "packing":
-            f, reason = real_share, f"only the real tokens computed (× {real_share:.2f})"
-        else:
-            f, reason = 1.0, "not estimated"
+        entry = vocabulary.TOGGLES.get(t)
+        cost = entry.step if entry is not None else vocabulary.StepCost()
+        f, reason = cost.factor, cost.reason
+        if cost.per_real_share:
+            f, reason = real_share, f"{reason} (× {real_share:.2f})"
+        elif not cuda and cost.cpu is not None:
+            f, reason = cost.cpu
+        elif has is not None and cost.without is not None and entry is not None and entry.acts_on not in has:
+            f, reason = cost.without
         factor *= f
         why.append(f"{t} ×{f:.2f}: {reason}")
     return factor, why

@@ -145,13 +145,13 @@ class ForecastForm:
         """The preset ``name`` at the form's configuration, from one step on fake tensors
         (this run its proxy) with the toggles that run there; the step is taken once per
         model, batch, sequence, dtype, optimizer and those toggles."""
-        from swift_nb.model_forecast import ON_FAKE_MODEL, measured_model
+        from swift_nb.model_forecast import measured_model, on_fake_model
         from swift_nb.vocabulary.forecast_spec import parse_toggles
 
         kw = self.kwargs()
         batch, seq = kw["batch_size"] or 1, kw["seq_len"] or 2048
         optimizer = kw["optimizer"] if kw["optimizer"] in ("AdamW", "Adam", "SGD") else "AdamW"
-        on_fake = {t: p for t, p in parse_toggles(kw["toggles"]).items() if t in ON_FAKE_MODEL}
+        on_fake = {t: p for t, p in parse_toggles(kw["toggles"]).items() if on_fake_model(t) is not None}
         key = (name, batch, seq, kw["dtype"], optimizer, repr(sorted(on_fake.items())))
         if key not in self._fake:
             self.output.value = (

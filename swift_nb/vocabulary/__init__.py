@@ -39,12 +39,24 @@ from swift_nb.vocabulary.grammar import (
     spec_text,
     split_list,
 )
-from swift_nb.vocabulary.schema import Entry, Param, at_least, between, between_float, positive, valid_regex
+from swift_nb.vocabulary.schema import (
+    ACTS_ON,
+    Entry,
+    Param,
+    StepCost,
+    at_least,
+    between,
+    between_float,
+    positive,
+    valid_regex,
+)
 
 __all__ = [
+    "ACTS_ON",
     "TOGGLES",
     "Entry",
     "Param",
+    "StepCost",
     "at_least",
     "between",
     "between_float",

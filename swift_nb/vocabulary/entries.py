@@ -6,7 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 
 from swift_nb.core.errors import ConfigError
-from swift_nb.vocabulary.schema import Entry, Param, at_least, between, between_float, positive, valid_regex
+from swift_nb.vocabulary.schema import (
+    Entry,
+    Param,
+    StepCost,
+    at_least,
+    between,
+    between_float,
+    positive,
+    valid_regex,
+)
 
 _GALORE_PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
 _LORA_PARAMS = (
@@ -48,7 +57,8 @@ _COMPILE_PARAMS = (
 )
 
 #: Every toggle, in the order menus and help list them. A new toggle is one entry here
-#: and, when it can be applied, its file under ``swift_nb/toggles/``.
+#: (its words, what it acts on, its step cost, what runs on a fake model in its place) and,
+#: when it can be applied, its file under ``swift_nb/toggles/``.
 TOGGLES: dict[str, Entry] = {
     e.id: e
     for e in (
@@ -59,6 +69,12 @@ TOGGLES: dict[str, Entry] = {
             help="route attention to fused (flash) kernels for this run",
             implementation="swift_nb.toggles.flash_attention:FlashAttention",
             forecast_error_pct=5.0,  # benchmark: −4.1 % and −6.6 % (the fused kernel's own buffers)
+            acts_on="attention_scores",
+            step=StepCost(
+                0.9,
+                "fused attention instead of [.., T, T] scores (≈ −10 %)",
+                without=(1.0, "attention is fused already"),
+            ),
         ),
         Entry(
             "grad_checkpointing",
@@ -69,6 +85,9 @@ TOGGLES: dict[str, Entry] = {
             metavar="every_n=N",
             implementation="swift_nb.toggles.grad_checkpointing:GradCheckpointing",
             forecast_error_pct=5.0,  # benchmark: +5.9 % and +5.8 % (blocks taken as equal)
+            acts_on="repeated_blocks",
+            step=StepCost(1.33, "one more forward of the checkpointed blocks in backward (≈ +33 %)"),
+            on_fake_model="grad_checkpointing",
         ),
         Entry(
             "activation_offload",
@@ -79,6 +98,8 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.activation_offload:ActivationOffload",
             forecast_error_pct=15.0,  # what stays on the device while a block computes
             cuda=(0, 0),
+            acts_on="repeated_blocks",
+            step=StepCost(1.15, "saved tensors copied to the host and back, partly overlapped (≈ +15 %)"),
         ),
         Entry(
             "lora",
@@ -91,6 +112,10 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=5.0,  # the adapters' own activations (x @ A) are estimated
             label_params=("r",),
             excludes=("qlora", "galore"),
+            acts_on="full_training",
+            step=StepCost(0.8, "no gradients for the frozen weights: backward ≈ ⅔ of its work (≈ −20 %)"),
+            on_fake_model="lora",
+            changes_training=True,
         ),
         Entry(
             "qlora",
@@ -104,6 +129,11 @@ TOGGLES: dict[str, Entry] = {
             label_params=("r",),
             excludes=("lora", "galore", "fp8"),
             cuda=(0, 0),
+            acts_on="full_training",
+            step=StepCost(1.0, "LoRA's saving spent dequantizing the 4-bit weights in forward and backward"),
+            # a 4-bit base cannot be quantized on fake tensors: LoRA runs, the base is priced at NF4's size
+            on_fake_model="lora",
+            changes_training=True,
         ),
         Entry(
             "galore",
@@ -132,6 +162,9 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.galore:GaLore",
             label_params=("rank",),
             excludes=("optim_8bit", "lora", "qlora"),
+            acts_on="adam",
+            step=StepCost(1.05, "an SVD of each projected gradient every update_proj_gap steps (≈ +5 %)"),
+            changes_training=True,
         ),
         Entry(
             "optim_8bit",
@@ -142,6 +175,8 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.optim_8bit:Optim8bit",
             forecast_error_pct=2.0,  # its state's layout is exact; the quantization's scratch is not
             excludes=("galore",),
+            acts_on="adam_state",
+            step=StepCost(1.0, "8-bit moments: the update's (de)quantization is small beside the step"),
         ),
         Entry(
             "sequence_parallel",
@@ -187,6 +222,8 @@ TOGGLES: dict[str, Entry] = {
             help="autocast the cell to bfloat16 (CPU and CUDA) for this run",
             implementation="swift_nb.toggles.bf16_autocast:BF16Autocast",
             forecast_error_pct=15.0,  # which ops autocast keeps in fp32 differs by model and device
+            acts_on="fp32_compute",
+            step=StepCost(0.6, "bf16 tensor cores (≈ −40 %)", cpu=(1.0, "no bf16 tensor cores on the CPU")),
         ),
         Entry(
             "fp8",
@@ -198,6 +235,7 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=15.0,  # float8 copies kept for backward are not modelled
             excludes=("qlora",),
             cuda=(8, 9),
+            step=StepCost(0.8, "float8 matmuls of the linear layers (≈ −20 %)"),
         ),
         Entry(
             "fused_ce",
@@ -208,6 +246,8 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.fused_ce:FusedCE",
             forecast_error_pct=15.0,  # what the fused kernel keeps of one chunk differs by implementation
             excludes=("liger",),
+            acts_on="lm_logits",
+            step=StepCost(1.0, "the loss chunked over the tokens: the same matmul"),
         ),
         Entry(
             "liger",
@@ -219,6 +259,8 @@ TOGGLES: dict[str, Entry] = {
             forecast_error_pct=15.0,  # its RMSNorm and SwiGLU kernels' saved tensors are not modelled
             excludes=("fused_ce",),
             cuda=(0, 0),
+            acts_on="lm_logits",
+            step=StepCost(0.9, "fused RMSNorm, RoPE, SwiGLU and loss kernels (≈ −10 %)"),
         ),
         Entry(
             "packing",
@@ -228,6 +270,8 @@ TOGGLES: dict[str, Entry] = {
             "kernel on CUDA, a block-diagonal mask elsewhere) for this run",
             implementation="swift_nb.toggles.packing:Packing",
             forecast_error_pct=10.0,  # the block-diagonal mask's N² entries, and activations per real token
+            acts_on="lm_padding",
+            step=StepCost(reason="only the real tokens computed", per_real_share=True),
         ),
         Entry(
             "zero",
@@ -254,6 +298,7 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.torch_compile:TorchCompile",
             forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
             excludes=("regional_compile",),
+            step=StepCost(0.9, "a compiled model (≈ −10 % steady; compiling first)"),
         ),
         Entry(
             "regional_compile",
@@ -266,6 +311,7 @@ TOGGLES: dict[str, Entry] = {
             implementation="swift_nb.toggles.regional_compile:RegionalCompile",
             forecast_error_pct=10.0,  # fused kernels keep fewer intermediates; not modelled
             excludes=("torch_compile",),
+            step=StepCost(0.9, "compiled blocks (≈ −10 % steady; compiling first)"),
         ),
         Entry(
             "fsdp",

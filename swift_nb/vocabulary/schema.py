@@ -76,6 +76,36 @@ def valid_regex(v: str) -> str | None:
     return None
 
 
+#: What in a measured run a toggle can act on (``Entry.acts_on``); the planner tells each
+#: from the run (``analysis.forecast.plan.ACTS_ON``): [.., T, T] attention scores, repeated
+#: blocks, a Hugging Face causal LM's logits, its padding, fp32 compute, weights that all
+#: train, Adam's state.
+ACTS_ON = (
+    "attention_scores",
+    "repeated_blocks",
+    "lm_logits",
+    "lm_padding",
+    "fp32_compute",
+    "full_training",
+    "adam",
+    "adam_state",
+)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What a toggle does to a step's time, a rule of thumb: × ``factor`` because ``reason``;
+    ``cpu``: (factor, reason) on a target without CUDA; ``without``: (factor, reason) where
+    the run lacks what the toggle acts on; ``per_real_share``: × the real tokens' share
+    instead (only they are computed)."""
+
+    factor: float = 1.0
+    reason: str = "not estimated"
+    cpu: tuple[float, str] | None = None
+    without: tuple[float, str] | None = None
+    per_real_share: bool = False
+
+
 @dataclass(frozen=True)
 class Entry:
     """A toggle's words. ``flag``: the magic's flag without dashes (``flash-attn``; None:
@@ -87,7 +117,10 @@ class Entry:
     ``label_params``: parameters a forecast's label names even at their default;
     ``excludes``: toggles it cannot run with (both replace the optimizer, both compile);
     ``cuda``: the least CUDA compute capability it needs ((0, 0): any CUDA device; None:
-    it runs on the CPU too)."""
+    it runs on the CPU too); ``acts_on``: what in a run it acts on (one of ``ACTS_ON``; None:
+    the planner never proposes it); ``step``: what it does to a step's time;
+    ``on_fake_model``: the toggle that runs in its place on a model forecast from its config
+    (None: priced by formula); ``changes_training``: it changes what is trained or how."""
 
     id: str
     title: str
@@ -102,6 +135,14 @@ class Entry:
     process_choices: tuple[int, ...] = (2, 4, 8)
     excludes: tuple[str, ...] = ()
     cuda: tuple[int, int] | None = None
+    acts_on: str | None = None
+    step: StepCost = StepCost()
+    on_fake_model: str | None = None
+    changes_training: bool = False
+
+    def __post_init__(self) -> None:
+        if self.acts_on is not None and self.acts_on not in ACTS_ON:
+            raise ValueError(f"{self.id}: acts_on must be one of {', '.join(ACTS_ON)}, not {self.acts_on!r}")
 
     @property
     def dest(self) -> str | None:

@@ -128,11 +128,10 @@ def test_8bit_adam_state_is_its_real_layout():
 
 
 def test_step_factors_multiply_with_their_reasons():
-    factor, why = effects.step_factor(
-        ["grad_checkpointing", "lora"], cuda=False, eager_scores=False, real_share=1.0
-    )
+    factor, why = effects.step_factor(["grad_checkpointing", "lora"], cuda=False, has=(), real_share=1.0)
     assert factor == pytest.approx(1.33 * 0.8) and why[0].startswith("grad_checkpointing ×1.33")
-    assert effects.step_factor(["bf16_autocast"], True, False, 1.0)[0] == 0.6
-    assert effects.step_factor(["bf16_autocast"], False, False, 1.0)[0] == 1.0  # no bf16 tensor cores
-    assert effects.step_factor(["packing"], False, False, 0.25)[0] == 0.25
-    assert effects.step_factor(["flash_attention"], True, False, 1.0)[0] == 1.0  # fused already
+    assert effects.step_factor(["bf16_autocast"], True, (), 1.0)[0] == 0.6
+    assert effects.step_factor(["bf16_autocast"], False, (), 1.0)[0] == 1.0  # no bf16 tensor cores
+    assert effects.step_factor(["packing"], False, (), 0.25)[0] == 0.25
+    assert effects.step_factor(["flash_attention"], True, (), 1.0)[0] == 1.0  # fused already
+    assert effects.step_factor(["flash_attention"], True, ("attention_scores",), 1.0)[0] == 0.9

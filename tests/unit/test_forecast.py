@@ -395,3 +395,34 @@ def test_a_notebook_shows_a_forecast_as_html(adam):
     f = forecast(adam, "H100-80GB", batch_size=16)
     data, _ = shell.display_formatter.format(f)
     assert data["text/html"] == forecast_html(f)
+
+
+def test_a_toggle_declared_in_its_entry_reaches_the_planner_the_pricing_and_the_fake_step(adam):
+    """What the planner, the step's pricing and a model forecast need of a toggle is in its
+    vocabulary entry: a throwaway entry is picked up by each with no other edit."""
+    from swift_nb import vocabulary
+    from swift_nb.analysis import effects
+    from swift_nb.analysis.forecast.plan import candidates
+    from swift_nb.model_forecast import on_fake_model
+
+    entry = vocabulary.Entry(
+        "throwaway_8bit",
+        "a throwaway",
+        implementation="swift_nb.toggles.optim_8bit:Optim8bit",
+        acts_on="adam_state",
+        step=vocabulary.StepCost(1.5, "a reason of its own", cpu=(1.25, "slower on the CPU")),
+        on_fake_model="grad_checkpointing",
+    )
+    vocabulary.register(entry)
+    try:
+        m = measure(adam)
+        assert "throwaway_8bit" in candidates(m, True, None, None)
+        assert "throwaway_8bit" not in candidates(replace(m, optimizer="SGD"), True, None, None)
+        factor, why = effects.step_factor(["throwaway_8bit", "grad_checkpointing"], cuda=True)
+        assert factor == pytest.approx(1.5 * 1.33) and why[0] == "throwaway_8bit ×1.50: a reason of its own"
+        assert effects.step_factor(["throwaway_8bit"], cuda=False)[0] == 1.25
+        assert on_fake_model("throwaway_8bit") == "grad_checkpointing"
+    finally:
+        vocabulary.unregister(entry.id)
+    with pytest.raises(ValueError, match="acts_on must be one of"):
+        vocabulary.Entry("odd", "odd", acts_on="everything")

@@ -163,7 +163,7 @@ def step_time(
     mine, theirs = step_flops(target), step_flops(proxy)
     if not theirs:
         return None, "step time: not predicted (the proxy's FLOPs are unknown)"
-    factor, why = step_factor(toggles, cuda, eager_scores=False, real_share=1.0)
+    factor, why = step_factor(toggles, cuda, has=(), real_share=1.0)  # scores unknown: fused
     value = proxy.step_s * mine / theirs * factor
     text = f"step time: the proxy's median {proxy.step_s * 1e3:.1f} ms × its FLOPs ratio {mine / theirs:.3g}"
     if why:

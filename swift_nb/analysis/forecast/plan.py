@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 import pandas as pd
@@ -41,9 +41,20 @@ from swift_nb.core.errors import ConfigError, check_positive, check_whole
 from swift_nb.core.units import fmt_bytes
 
 #: toggles that change what the model trains or how it is updated
-CHANGES_TRAINING = ("lora", "qlora", "galore")
-#: toggles whose effect is on time alone: the forecast has nothing to price for them
-TIME_ONLY = ("torch_compile", "regional_compile")
+#: How the planner tells what a run has of what toggles act on (``vocabulary.ACTS_ON``, each
+#: toggle's ``Entry.acts_on``): a toggle is proposed only where its target is there.
+ACTS_ON: dict[str, Callable[[Measured], bool]] = {
+    "attention_scores": lambda m: (
+        m.scores.activations_per_sample + m.scores.activations_batch_free + m.scores.other_per_sample > 0
+    ),
+    "repeated_blocks": lambda m: m.blocks > 1,
+    "lm_logits": lambda m: m.hf_causal_lm and m.categories.get("logits", 0.0) > 0,
+    "lm_padding": lambda m: m.hf_causal_lm and m.real_share < 1.0,
+    "fp32_compute": lambda m: m.compute_dtype == "float32",
+    "full_training": lambda m: m.lora_rank is None and not m.quantization,
+    "adam": lambda m: m.lora_rank is None and not m.quantization and m.optimizer in ("Adam", "AdamW"),
+    "adam_state": lambda m: m.optimizer in ("Adam", "AdamW") and m.categories["optimizer_state"] > 0,
+}
 COLUMNS = [
     "toggles",
     "predicted_peak_bytes",
@@ -150,11 +161,11 @@ def candidates(
             vocabulary.entry(t, runnable=True)
     out = []
     for e in vocabulary.TOGGLES.values():
-        if not e.runnable or e.processes or e.id in TIME_ONLY or e.id in m.toggles:
+        if not e.runnable or e.processes or e.acts_on is None or e.id in m.toggles:
             continue
         if allowed is not None and e.id not in allowed:
             continue
-        if _runs_on(e.cuda, cuda, capability) and _applies(e.id, m):
+        if _runs_on(e.cuda, cuda, capability) and ACTS_ON[e.acts_on](m):
             out.append(e.id)
     return out
 
@@ -167,24 +178,9 @@ def _runs_on(least: tuple[int, int] | None, cuda: bool, capability: tuple[int, i
     return least == (0, 0) or (capability is not None and capability >= least)
 
 
-def _applies(toggle_id: str, m: Measured) -> bool:
-    """Whether the run has what ``toggle_id`` acts on."""
-    full = m.lora_rank is None and not m.quantization
-    adam = (m.optimizer or "AdamW") in ("Adam", "AdamW")
-    scores = m.scores.activations_per_sample + m.scores.activations_batch_free + m.scores.other_per_sample
-    return {
-        "flash_attention": scores > 0,
-        "grad_checkpointing": m.blocks > 1,
-        "activation_offload": m.blocks > 1,
-        "fused_ce": m.hf_causal_lm and m.categories.get("logits", 0.0) > 0,
-        "liger": m.hf_causal_lm and m.categories.get("logits", 0.0) > 0,
-        "packing": m.hf_causal_lm and m.real_share < 1.0,
-        "bf16_autocast": m.compute_dtype == "float32",
-        "lora": full,
-        "qlora": full,
-        "galore": full and adam and m.optimizer is not None,
-        "optim_8bit": adam and m.optimizer is not None and m.categories["optimizer_state"] > 0,
-    }.get(toggle_id, False)
+def has(m: Measured) -> set[str]:
+    """What ``m`` has of what toggles act on (``ACTS_ON``)."""
+    return {name for name, present in ACTS_ON.items() if present(m)}
 
 
 def _target(m: Measured, dev: Device | None) -> tuple[bool, tuple[int, int] | None]:
@@ -204,8 +200,10 @@ def _combinations(ids: Sequence[str], most: int):
 def _row(
     m: Measured, combo: Sequence[str], cfg, peak: float, usable: float, cuda: bool, dev: Device | None
 ) -> dict:
-    scores = m.scores.activations_per_sample + m.scores.activations_batch_free > 0
-    factor, reasons = effects.step_factor(combo, cuda, scores, m.real_share)
+    found = has(m)
+    if not m.scores.activations_per_sample + m.scores.activations_batch_free:
+        found.discard("attention_scores")  # FlashAttention saves the traffic of kept scores alone
+    factor, reasons = effects.step_factor(combo, cuda, found, m.real_share)
     b0, t0 = m.shape
     tokens = cfg.batch_size * (cfg.seq_len if m.seq_len else 1) / (b0 * t0)
     same_hardware = dev is None or (m.on_cuda and cuda)
@@ -230,7 +228,7 @@ def _row(
         "headroom_bytes": room,
         "step_factor": factor * tokens,
         "predicted_step_s": step_s,
-        "changes_training": any(t in CHANGES_TRAINING for t in combo),
+        "changes_training": any(vocabulary.TOGGLES[t].changes_training for t in combo),
         "expected_error_pct": error,
         "why": f"{head}; {step}",
     }
