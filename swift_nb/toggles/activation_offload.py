@@ -26,6 +26,13 @@ from swift_nb.toggles.base import Toggle, refuse_without_cuda
 MIN_OFFLOAD_BYTES = 1 << 20
 
 
+def on_device(t: torch.Tensor) -> bool:
+    """Whether a saved tensor lives in the device memory the toggle frees (anything not on
+    the CPU). The one place that decides: a test points it at CPU tensors to run the copy to
+    the host and back without a GPU."""
+    return t.device.type != "cpu"
+
+
 class ActivationOffload(Toggle):
     id = "activation_offload"
     watches_models = True
@@ -56,18 +63,16 @@ class ActivationOffload(Toggle):
         self._weights |= {b.untyped_storage().data_ptr() for b in model.buffers()}
 
     def _pack(self, t: torch.Tensor) -> Any:
-        if (
-            t.device.type == "cpu"
-            or t.layout != torch.strided
-            or t.numel() * t.element_size() < MIN_OFFLOAD_BYTES
-        ):
+        if not on_device(t) or t.layout != torch.strided or t.numel() * t.element_size() < MIN_OFFLOAD_BYTES:
             return t
         try:
             if t.untyped_storage().data_ptr() in self._weights:
                 return t
         except (RuntimeError, NotImplementedError):  # a tensor without a storage of its own (a subclass)
             return t
-        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
+        # pinned where the tensor is on an accelerator (a CPU tensor only comes here in tests,
+        # and a machine without one has no pinned allocator)
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.device.type != "cpu")
         host.copy_(t, non_blocking=True)
         self._moved[0] += 1
         self._moved[1] += t.numel() * t.element_size()
