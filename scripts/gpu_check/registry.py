@@ -15,6 +15,7 @@ from .checks import (
     flash_attention,
     forecast,
     import_trace,
+    logits,
     lora,
     max_memory,
     memory_kit,
@@ -49,5 +50,6 @@ CHECKS = [
     Check("tokens", tokens.TITLE, tokens.check, cuda_only=False, limit_s=180),
     Check("memory_kit", memory_kit.TITLE, memory_kit.check, cuda_only=False, limit_s=240),
     Check("model_forecast", model_forecast.TITLE, model_forecast.check, cuda_only=False, limit_s=180),
+    Check("logits", logits.TITLE, logits.check, cuda_only=False, limit_s=120),
 ]
 BY_NAME = {c.name: c for c in CHECKS}

@@ -25,6 +25,7 @@ ON_CPU_TOO = [
     "tokens",
     "memory_kit",
     "model_forecast",
+    "logits",
 ]
 RECORD_KEYS = {"name", "title", "ok", "skipped", "seconds", "details", "error"}
 
