@@ -429,18 +429,8 @@ class CategoryPricer:
         update, u_line = self._update(cfg, state)
         cats[-1, col["other"]] += update
         at = int(np.argmax(cats.sum(axis=1)))
-        lines = [
-            p_line,
-            f_line,
-            g_line,
-            o_line,
-            a_line,
-            *([l_line] if l_line else []),
-            x_line,
-            *pack_lines,
-            *extra_lines,
-            *u_line,
-        ]
+        lines = [p_line, f_line, g_line, o_line, a_line, *([l_line] if l_line else []), x_line]
+        lines += [*pack_lines, *extra_lines, *u_line]
         if at:
             lines.append(
                 "peak: the forecast step peaks elsewhere than the measured one, at the point of the measured "
