@@ -20,7 +20,7 @@ from typing import Any
 
 from swift_nb import vocabulary
 from swift_nb.analysis.forecast import forecast, measure
-from swift_nb.analysis.forecast.from_model import measured_from, peak_of, step_time
+from swift_nb.analysis.forecast.from_model import VARYING, measured_from, peak_of, step_time
 from swift_nb.analysis.forecast.measure import Measured
 from swift_nb.analysis.forecast.predict import priced, target_world
 from swift_nb.analysis.forecast.result import Forecast
@@ -144,9 +144,9 @@ def _setup(wanted: Mapping[str, Mapping[str, Any]]) -> tuple[Callable[[Any], Any
 
 
 def _proxy_ratio(pm: Measured, say: Callable[[str], None] | None) -> tuple[float, float, float] | str:
-    """(what ``pm`` measured, what its own step on fake tensors counts, of that its
-    activations and other tensors): its categories' totals at the peak; or why they are not
-    compared."""
+    """(what ``pm`` measured, what its own step on fake tensors counts, of that what varies
+    with the step: activations, logits, other): its categories' totals at the peak; or why
+    they are not compared."""
     config = (pm.finetune.get("base_model") or {}).get("config")
     if not config:
         return "the proxy run did not record its model's config (a transformers model records it)"
@@ -159,4 +159,4 @@ def _proxy_ratio(pm: Measured, say: Callable[[str], None] | None) -> tuple[float
     rebuilt = AutoConfig.for_model(**config)
     own = fake_step(rebuilt, pm.batch_size, pm.seq_len, pm.dtype, pm.optimizer or "AdamW", progress=say)
     mine = measured_from(own)
-    return pm.total, peak_of(mine), mine.categories["activations"] + mine.categories["other"]
+    return pm.total, peak_of(mine), sum(mine.categories[c] for c in VARYING)

@@ -10,6 +10,7 @@ import pandas as pd
 from swift_nb.core.units import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds, fmt_span
 from swift_nb.record import FINETUNE_KEY, Run, finetune_label
 from swift_nb.record.write import PROFILER_OFF
+from swift_nb.render.html import cell
 from swift_nb.render.labels import label, step_column, step_label, step_note
 from swift_nb.render.value_text import is_missing, value_text
 
@@ -111,7 +112,8 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
     ]
     finetune = run.context.get(FINETUNE_KEY)
     if isinstance(finetune, dict) and finetune.get("method"):
-        rows.insert(rows.index(("Ranks", _ranks_text(run))), (label(FINETUNE_KEY), finetune_text(finetune)))
+        at = rows.index(("Ranks", _ranks_text(run)))
+        rows[at:at] = finetune_rows(finetune)
     if sched:
         recorded = s.get("recorded_steps") or []
         rows.append(
@@ -128,27 +130,37 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
     return rows
 
 
-def finetune_text(ft: dict) -> str:
-    """``LoRA r=8 · 0.9 % (α 16, dropout 0.05) on q_proj, v_proj · 7,168 of 433,792 parameters
-    train · base LlamaForCausalLM, float32``."""
-    parts = [finetune_label(ft)]
+def finetune_rows(ft: dict) -> list[tuple[str, str]]:
+    """The fine-tuning as the summary's rows, one fact each, so that no value needs cutting:
+    ``("Fine-tuning", "LoRA r=8 · 0.9 % (α 16, dropout 0.05)")``, the adapted layers, the
+    parameters that train, the base model, the models frozen beside it."""
+    head = finetune_label(ft)
     if ft.get("alpha") is not None:
-        parts[0] += f" (α {ft['alpha']:g}, dropout {ft.get('dropout') or 0:g})"
+        head += f" (α {ft['alpha']:g}, dropout {ft.get('dropout') or 0:g})"
+    rows = [(label(FINETUNE_KEY), head)]
     targets = ft.get("target_modules")
     if targets:
-        parts[0] += " on " + (", ".join(targets) if isinstance(targets, list) else str(targets))
+        rows.append(("Adapted layers", ", ".join(targets) if isinstance(targets, list) else str(targets)))
     if ft.get("total_params"):
-        parts.append(f"{ft.get('trainable_params', 0):,} of {ft['total_params']:,} parameters train")
+        rows.append(("Parameters that train", f"{ft.get('trainable_params', 0):,} of {ft['total_params']:,}"))
     base = ft.get("base_model") or {}
     if base.get("class"):
         what = ", ".join(
             str(v) for v in (base.get("name_or_path"), ft.get("quantization") or ft.get("base_dtype")) if v
         )
-        parts.append(f"base {base['class']}" + (f" ({what})" if what else ""))
+        rows.append(("Base model", str(base["class"]) + (f" ({what})" if what else "")))
     frozen = ft.get("frozen_models") or []
     if frozen:
-        parts.append("frozen beside it: " + ", ".join(f"{m['variable']} ({m['class']})" for m in frozen))
-    return " · ".join(parts)
+        rows.append(("Frozen beside it", ", ".join(f"{m['variable']} ({m['class']})" for m in frozen)))
+    return rows
+
+
+def finetune_text(ft: dict) -> str:
+    """``LoRA r=8 · 0.9 % (α 16, dropout 0.05) · on q_proj, v_proj · 7,168 of 433,792
+    parameters train · base LlamaForCausalLM (float32)``: ``finetune_rows`` in one line."""
+    words = {"Adapted layers": "on {}", "Parameters that train": "{} parameters train"}
+    words |= {"Base model": "base {}", "Frozen beside it": "frozen beside it: {}"}
+    return " · ".join(words.get(k, "{}").format(v) for k, v in finetune_rows(ft))
 
 
 def _or(absent: str | None, value, fmt) -> str:
@@ -172,13 +184,12 @@ def _ranks_text(run: Run) -> str:
 
 
 def summary_table_html(run: Run) -> str:
-    """The summary as a table of words and values, each value whole (its cell wraps: a
-    clipped one would cut the fine-tuning row or a label mid-word), the run's folder and
-    trace under it (paths are as long as they are: no cell holds them)."""
+    """The summary as a table of words and values (one fact a row: the fine-tuning's in
+    rows of their own, ``finetune_rows``, none cut), the run's folder and trace under it
+    (paths are as long as they are: no cell holds them)."""
     rows = summary_rows(run)
     body = "".join(
-        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>"
-        f"<td class='text'>{escape(v)}</td></tr>"
+        f"<tr><th style='text-align:left;padding-right:1em'>{escape(k)}</th>{cell(v, 'text')}</tr>"
         for k, v in rows
         if k not in (FOLDER, TRACE)
     )

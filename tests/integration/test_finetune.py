@@ -203,7 +203,7 @@ def test_summary_and_list_name_the_finetuning(lora_llama):
     _, run = lora_llama
     rows = dict(summary_rows(run))
     assert rows["Fine-tuning"].startswith("LoRA r=8 · ")
-    assert "on q_proj, v_proj" in rows["Fine-tuning"] and "base LlamaForCausalLM" in rows["Fine-tuning"]
+    assert rows["Adapted layers"] == "q_proj, v_proj" and rows["Base model"].startswith("LlamaForCausalLM")
     listed = swift_nb.runs(run.path.parent)
     assert listed["finetune"].iloc[0].startswith("LoRA r=8 · ")
     assert "fine-tuning" in runs_text(listed)

@@ -29,6 +29,7 @@ from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MEMORY_CATEGORIES, Run
 from swift_nb.record.write import summarize
 from swift_nb.render.figures import memory_figure
+from swift_nb.render.html import CELL_CHARS
 from swift_nb.render.labels import label
 from swift_nb.render.sections import memory as memory_section
 from swift_nb.render.sections import throughput as throughput_section
@@ -215,8 +216,11 @@ def test_one_padding_share_and_one_rate_of_real_tokens(run):
     assert math.isclose(Tokens.of(run).padding_pct, padding, rel_tol=1e-12)  # type: ignore[union-attr]
 
 
-def test_the_summary_shows_the_fine_tuning_row_whole(run):
+def test_the_summary_shows_the_fine_tuning_whole_in_rows_no_cell_cuts(run):
     html = unescape(summary_table_html(run))
     whole = finetune_text(_finetune())
-    assert len(whole) > 80  # longer than a table cell used to hold
-    assert whole in html and "…" not in html
+    assert len(whole) > CELL_CHARS  # longer than a table cell holds: it was cut mid-word
+    assert "…" not in html
+    for part in ("full", "19,522,112 of 19,522,112", "Qwen2ForCausalLM (float32)"):
+        assert part in html and part in whole
+    assert "Parameters that train" in html and "Base model" in html

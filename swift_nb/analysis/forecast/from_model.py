@@ -3,7 +3,7 @@
 prices a measured run: another batch or sequence, dtype, optimizer, toggles, device.
 
 The fake step holds no [.., T, T] tensors apart (its trace is not recorded): its
-activations and other tensors scale with the tokens; the loss's logits are within them.
+activations, the loss's logits and other tensors scale with the tokens.
 Nothing calibrates it unless a measured proxy run is given (the forecast says so)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def measured_from(
     activations and other tensors (or why there is none)."""
     cats = {c: float(step.categories.get(c, 0.0)) for c in MEMORY_CATEGORIES}
     ratio, ratio_line = _ratio(proxy_peaks)
-    for c in ("activations", "other"):
+    for c in VARYING:
         cats[c] *= ratio
     row = _split([cats[c] for c in MEMORY_CATEGORIES], [0.0, 0.0, 0.0, 0.0])
     # the moment before the update: every gradient alive, the activations gone (where a
@@ -121,6 +121,10 @@ def measured_from(
     )
 
 
+#: what varies with a step's shape, which the proxy's own fake step calibrates
+VARYING = ("activations", "logits", "other")
+
+
 def peak_of(m: Measured) -> float:
     """The peak of a fake step read as a run, as the forecast prices it unchanged: its
     peak's row, or the moment before the update with what the update holds."""
@@ -139,7 +143,7 @@ def _ratio(peaks: tuple[float, float, float] | str | None) -> tuple[float, str]:
     ratio = max(0.0, 1.0 + (measured - fake) / variable)
     return ratio, (
         f"the proxy's own step on fake tensors counts {fmt_bytes(fake)}, measured {fmt_bytes(measured)} "
-        f"({(measured / fake - 1) * 100:+.1f} %): activations and other tensors × {ratio:.3f}"
+        f"({(measured / fake - 1) * 100:+.1f} %): activations, logits and other tensors × {ratio:.3f}"
     )
 
 
