@@ -1,10 +1,10 @@
 // The viewer's data (static/timeline_data.js): the payload's decode, the binary search over a
-// row, the report's own level of detail and the embedded source.
+// row, the report's own level of detail, the embedded source and the kernel's.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  decode, embeddedSource, finishRow, firstReaching, levelOfDetail,
+  decode, embeddedSource, finishRow, firstReaching, levelOfDetail, remoteSource,
 } from "../../swift_nb/render/timeline/static/timeline_data.js";
 import { ORIGIN, payload } from "./fixtures.mjs";
 
@@ -126,4 +126,35 @@ test("the embedded source's Chrome trace for Perfetto: one X event per item, thr
   assert.equal(spans.length, 4);
   assert.deepEqual(names, ["CPU thread 1", "Memory"]);
   assert.ok(spans.every((e) => e.tid === 1 && e.dur >= 0));
+});
+
+// A widget model as anywidget hands it to each view: every view's listeners hear every custom
+// message; the kernel answers each request with its id (TimelineWidget.answer).
+function fakeModel() {
+  const listeners = new Set();
+  const sent = [];
+  return {
+    sent,
+    on: (name, cb) => name === "msg:custom" && listeners.add(cb),
+    off: (name, cb) => listeners.delete(cb),
+    send: (content) => sent.push(content),
+    answer: (content) => listeners.forEach((cb) => cb(content, [])),
+  };
+}
+
+test("two views of one widget: each gets the answer to its own request, not the other's", async () => {
+  const model = fakeModel();
+  const [first, second] = [remoteSource(model), remoteSource(model)];
+  const asked = [first.search("mm"), second.search("relu")];
+  const [a, b] = model.sent;
+  assert.notEqual(a.id, b.id);
+  model.answer({ id: b.id, op: "search", results: ["relu"] });
+  model.answer({ id: a.id, op: "search", results: ["mm"] });
+  assert.deepEqual(await Promise.all(asked), [["mm"], ["relu"]]);
+  model.answer({ id: a.id, op: "search", results: ["again"] }); // answered once: ignored
+  const failed = first.detail("cpu:1", 0, 5);
+  model.answer({ id: model.sent[2].id, op: "detail", error: "KeyError: 'cpu:1'" });
+  await assert.rejects(failed, /KeyError/);
+  first.close();
+  second.close();
 });

@@ -5,8 +5,8 @@
 // (level of detail done in Python, the trace never held here), in a report its own level of
 // detail over the embedded items.
 // Tests read its state from data attributes on the root (data-start-us, data-end-us,
-// data-queries, data-answers: the queries drawn, data-hover, data-selected, data-items), never
-// from pixels.
+// data-queries, data-answers: the queries drawn, data-settled, data-hover, data-selected,
+// data-items), never from pixels.
 
 import { decode, embeddedSource, remoteSource } from "./timeline_data.js";
 import { canvasHeight, drawScene, ellipsis } from "./timeline_draw.js";
@@ -113,7 +113,7 @@ function paint(v) {
   const { root, canvas } = v.dom;
   const { state } = v;
   const w = root.clientWidth;
-  if (!w) return; // a hidden tab: painted when it is shown (ResizeObserver)
+  if (!w) return; // hidden (another tab): painted when shown (createViewer's ResizeObserver)
   const h = canvasHeight(state.boxes);
   const dpr = window.devicePixelRatio || 1;
   canvas.style.width = w + "px";
@@ -133,11 +133,23 @@ function paint(v) {
   v.dom.range.textContent = rangeText(state.view);
 }
 
-// The source asked for the view once it has rested QUERY_DELAY_MS; only the latest answer drawn.
+// data-settled: "1" once what is drawn is the source's answer for the view (or its error),
+// "0" while a query is due or in flight, "hidden" while it waits for the viewer to be shown.
+function settle(v, settled) {
+  v.dom.root.dataset.settled = settled;
+}
+
+// The source asked for the view once it has rested QUERY_DELAY_MS; only the latest answer
+// drawn. A hidden viewer has no width to ask at: it asks when shown (the ResizeObserver).
 function requery(v) {
   const { state, options, dom } = v;
   clearTimeout(state.timer);
+  settle(v, "0");
   state.timer = setTimeout(async () => {
+    if (!v.width()) {
+      settle(v, "hidden");
+      return;
+    }
     if (options.onView) options.onView(state.view.start, state.view.end);
     const seq = ++state.seq;
     state.queries += 1;
@@ -149,8 +161,10 @@ function requery(v) {
       dom.root.dataset.answers = String(Number(dom.root.dataset.answers || 0) + 1);
       paint(v);
     } catch (err) {
+      if (seq !== state.seq) return;
       showNote(v, "This window could not be drawn (" + err.message + ").");
     }
+    settle(v, "1");
   }, QUERY_DELAY_MS);
 }
 
@@ -276,16 +290,19 @@ export function createViewer(host, options) {
   const unbind = bindInput(v, actionsOf(v));
   setPlaces(v, options.places);
   if ((options.ranks || []).length > 1) setRanks(v, options.ranks, options.rank);
+  // Drawn and asked again when the width changes, hidden (0) to shown included: what moved
+  // while the viewer was hidden in another tab (a goto from the kernel) is drawn once shown.
   const resize = new ResizeObserver(() => {
-    if (root.clientWidth && root.clientWidth !== v.state.width) {
-      v.state.width = root.clientWidth;
-      paint(v);
-      requery(v);
-    }
+    if (root.clientWidth === v.state.width) return;
+    v.state.width = root.clientWidth;
+    if (!v.state.width) return;
+    paint(v);
+    requery(v);
   });
   resize.observe(root);
   paint(v);
-  if (!options.initial) requery(v);
+  if (options.initial) settle(v, "1");
+  else requery(v);
   return {
     root,
     goto: (start, end, exact = false) => showWindow(v, paddedWindow(start, end, exact)),

@@ -135,7 +135,9 @@ export function embeddedSource(payload) {
 }
 
 // What the kernel answers with, through the widget's custom messages (TimelineWidget.answer).
+// Every view of a model hears every answer: a request's id carries its view's own tag.
 export function remoteSource(model) {
+  const tag = Math.random().toString(36).slice(2, 10);
   let next = 1;
   const pending = new Map();
   const onMessage = (msg, buffers) => {
@@ -148,7 +150,7 @@ export function remoteSource(model) {
   model.on("msg:custom", onMessage);
   const ask = (op, args) =>
     new Promise((resolve, reject) => {
-      const id = next++;
+      const id = `${tag}:${next++}`;
       pending.set(id, { resolve, reject });
       model.send({ op, id, ...args });
     });
