@@ -64,15 +64,20 @@ def no_work(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("the work started before the input was checked")
 
-    for module, name in (
+    targets = (
         ("swift_nb.analysis.forecast", "measure"),
         ("swift_nb.analysis.forecast.predict", "measure"),
         ("swift_nb.model_forecast", "measure"),
         ("swift_nb.model_forecast", "fake_step"),
         ("swift_nb.notebook.magic", "load_run"),
         ("swift_nb.notebook.magic", "runs"),
-    ):
-        monkeypatch.setattr(importlib.import_module(module), name, started)
+    )
+    # Every module imported before any is patched: a module first imported while another is
+    # patched binds the replacement by `from ... import`, and monkeypatch would then "restore"
+    # it to the replacement, for every later test in this process.
+    modules = [importlib.import_module(module) for module, _ in targets]
+    for module, (_, name) in zip(modules, targets):
+        monkeypatch.setattr(module, name, started)
 
 
 def _refused(call, param: str, *said: str) -> ConfigError:
