@@ -126,6 +126,19 @@ ALL_CELLS_RAN = """() => {
   return done && nb.sessionContext.session.kernel.status === 'idle' ? 'done' : false;
 }"""
 
+# True once the kernel has acknowledged every change the notebook's widgets sent it
+# (ipywidgets' own count of changes in flight, and the changes it holds back meanwhile).
+WIDGETS_SYNCED = """async () => {
+  const nb = window.jupyterapp.shell.currentWidget;
+  const renderer = nb.content.rendermime.createRenderer('application/vnd.jupyter.widget-view+json');
+  const manager = await renderer._manager.promise;
+  for (const pending of Object.values(manager._models)) {
+    const model = await pending;
+    if (model._pending_msgs || model._msg_buffer) return false;
+  }
+  return true;
+}"""
+
 NOTEBOOK_READY = """name => {
   const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const kernel = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
