@@ -76,7 +76,7 @@ def no_work(monkeypatch):
     # patched binds the replacement by `from ... import`, and monkeypatch would then "restore"
     # it to the replacement, for every later test in this process.
     modules = [importlib.import_module(module) for module, _ in targets]
-    for module, (_, name) in zip(modules, targets):
+    for module, (_, name) in zip(modules, targets, strict=True):
         monkeypatch.setattr(module, name, started)
 
 
