@@ -6,6 +6,7 @@ run.summary, run.steps, run.samples  # plain data, also saved in run.path
 swift_nb.import_trace("traces/")      # a torch.profiler trace recorded anywhere, as a run
 swift_nb.forecast(run, "H100-80GB", batch_size=32)  # will it fit? from the measured memory
 swift_nb.plan(run, "L4-24GB", batch_size=16)  # what would make it fit? toggles tried, best first
+swift_nb.scale(run, (1, 2, 4, 8), "nvlink4")  # will it scale? step and efficiency at N ranks
 swift_nb.export(run, to="mlflow")     # or "wandb", "tensorboard": summary, series, findings, files
 """
 
@@ -18,9 +19,12 @@ from swift_nb.record import Run, load_run, pin, prune, runs, save
 
 if TYPE_CHECKING:
     from swift_nb.analysis.comparison.run_diff import diff
+    from swift_nb.analysis.scale import scale
     from swift_nb.api import forecast, plan, profile
     from swift_nb.capture.resources.alerts import Alert
+    from swift_nb.capture.resources.link import measure_link
     from swift_nb.capture.steps import step
+    from swift_nb.core.links import Link
     from swift_nb.importing.assembly import import_trace
     from swift_nb.monitor import Report, ResourceMonitor
     from swift_nb.reporting import compare, report
@@ -40,6 +44,9 @@ _LAZY = {
     "step": "swift_nb.capture.steps",
     "timeline": "swift_nb.notebook.timeline_widget",
     "import_trace": "swift_nb.importing.assembly",
+    "scale": "swift_nb.analysis.scale",
+    "Link": "swift_nb.core.links",
+    "measure_link": "swift_nb.capture.resources.link",
     "Report": "swift_nb.monitor",
     "ResourceMonitor": "swift_nb.monitor",
     # the sequence-parallel primitives live in swift_nb.parallel; reachable here as before
@@ -62,6 +69,7 @@ def __getattr__(name: str):
 __all__ = [
     "Alert",
     "ConfigError",
+    "Link",
     "Report",
     "ResourceMonitor",
     "Run",
@@ -73,6 +81,7 @@ __all__ = [
     "import_trace",
     "load_ipython_extension",
     "load_run",
+    "measure_link",
     "pin",
     "plan",
     "profile",
@@ -80,6 +89,7 @@ __all__ = [
     "report",
     "runs",
     "save",
+    "scale",
     "step",
     "timeline",
 ]

@@ -7,7 +7,6 @@ and the notebook magic so that every front uses the same machinery.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import socket
@@ -62,26 +61,31 @@ from swift_nb.record import (
 )
 from swift_nb.vocabulary.options import ProfileOptions
 
+_RUNNING: list[Session] = []  # the session capturing in this process (one at a time: no nesting)
+
+
+def running() -> Session | None:
+    """The session capturing in this process now, between its start and its stop, or None."""
+    return _RUNNING[0] if _RUNNING else None
+
 
 class Session:
     """Captures one run. ``start()``, then step boundaries arrive, then ``stop()``.
 
-    options: what to capture and where (``ProfileOptions``; validated there).
-    trace: run the scheduled torch profiler (False: resources and steps only).
-    periodic_samples: sample every ``options.interval_ms`` in the background (False:
-    at step boundaries only).
-    sample_every: take a step-boundary sample every this many steps; ``sync_samples``
-    takes it on the training thread at the boundary, instead of soon after on the sampler's.
+    options: what to capture and where (``ProfileOptions``; validated there). trace: run the
+    scheduled torch profiler (False: resources and steps only). periodic_samples: sample every
+    ``options.interval_ms`` in the background (False: at step boundaries only). sample_every:
+    take a step-boundary sample every this many steps; ``sync_samples`` takes it on the
+    training thread at the boundary, instead of soon after on the sampler's.
     use_optimizer_hook: whether optimizer steps mark boundaries (False: explicit only).
-    on_trace: what to do with the finished trace while the cell still runs (``OnTrace``;
-    the layers above hand it in: the capture calls nothing of theirs otherwise); only for
-    a one-cycle schedule, a single process and ``options.report``. What it returned is
-    ``take_trace_tables()``'s.
-    ``options.count_flops`` counts one step's FLOPs (``swift_nb.capture.flops``).
-    on_alert: called with each ``swift_nb.capture.resources.alerts.Alert`` (a step-time regression)
-    as it is raised, on the journal's thread; alerts are also in the run's notes and its
-    summary's ``alerts``.
-    """
+    on_trace: what to do with the finished trace while the cell still runs (``OnTrace``; the
+    layers above hand it in: the capture calls nothing of theirs otherwise); only for a
+    one-cycle schedule, a single process and ``options.report``. What it returned is
+    ``take_trace_tables()``'s. ``options.count_flops`` counts one step's FLOPs
+    (``swift_nb.capture.flops``). on_alert: called with each alert (a step-time regression,
+    ``capture.resources.alerts.Alert``) as it is raised, on the journal's thread; alerts are
+    also in the run's notes and its summary's ``alerts``. ``running()``: the session between
+    its start and its stop (``measure_link()`` saves a link in its run)."""
 
     def __init__(
         self,
@@ -212,6 +216,7 @@ class Session:
         except BaseException:
             self.stop("failed")
             raise
+        _RUNNING[:] = [self]
         return run
 
     def _new_trace(self, cfg: ProfilerConfig, helper: Helper) -> TraceRecorder:
@@ -299,6 +304,7 @@ class Session:
         self.stop("terminated")
 
     def _finish(self, status: str, error: BaseException | None) -> Run:
+        _RUNNING.clear()
         run = self.run
         end_s = time.perf_counter() - self._t0
         if status == "failed" and oom.is_oom(error):
@@ -592,8 +598,3 @@ class Session:
                 ctx.setdefault("params_small", sum(p.numel() for p in params if p.numel() < MIN_8BIT_SIZE))
                 ctx.setdefault("params_largest", max(p.numel() for p in params))
             break
-
-
-def cell_source(cell: str) -> dict[str, Any]:
-    """How a notebook cell is identified in the record: a hash, never its text."""
-    return {"cell_sha1": hashlib.sha1(cell.encode("utf-8")).hexdigest(), "cell_lines": cell.count("\n") + 1}

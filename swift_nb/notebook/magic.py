@@ -10,8 +10,10 @@ shown as a results panel and as static outputs (``panel.py``). In a terminal, or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -22,13 +24,18 @@ from swift_nb import toggles as toggle_registry
 from swift_nb import vocabulary
 from swift_nb.api import ReportAhead, apply_toggles, finish, report, undo_toggles
 from swift_nb.capture import helper
-from swift_nb.capture.session import Session, cell_source
+from swift_nb.capture.session import Session
 from swift_nb.core.errors import ConfigError, MissingDependencyError, RunDirError
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_first, show_run
 from swift_nb.record import Run, load_run, runs
 from swift_nb.render.tables import runs_html, runs_text
 from swift_nb.vocabulary.options import ProfileOptions, argparse_specs, flag_of
+
+
+def cell_source(cell: str) -> dict[str, Any]:
+    """How a notebook cell is identified in the record: a hash, never its text."""
+    return {"cell_sha1": hashlib.sha1(cell.encode("utf-8")).hexdigest(), "cell_lines": cell.count("\n") + 1}
 
 
 class ProfiledCellError(Exception):

@@ -21,6 +21,7 @@ from IPython.display import DisplayHandle, display
 
 from swift_nb.core.units import fmt_bytes
 from swift_nb.notebook.forecast_form import ForecastForm, has_memory
+from swift_nb.notebook.scale_form import ScaleForm, can_scale
 from swift_nb.notebook.timeline_widget import TimelineWidget
 from swift_nb.record import Run
 from swift_nb.render.html import empty
@@ -98,6 +99,8 @@ def results_panel(
     if has_memory(run):
         controls = getattr(actions, "controls", None)  # the rerun controls, when reruns can start
         content["Memory"].append(ForecastForm(run, rerun=getattr(controls, "try_toggles", None)).widget())
+    if can_scale(run):
+        content["Memory"].append(ScaleForm(run).widget())
     content["Files"][:0] = [_html(files_html(run))]
     buttons: list[widgets.Button] = []
     if viewers and viewers[0].places:

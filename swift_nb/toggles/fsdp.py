@@ -5,7 +5,8 @@ gradient checkpointing finds it: transformer layers) is wrapped with ``fully_sha
 the root: parameters, gradients and optimizer state are split over ``world_size`` ranks
 (each rank keeps ``1/world_size`` of every parameter, as a DTensor), a block's parameters
 are gathered for its forward and backward and freed after, and gradients are
-reduce-scattered. Optimizers are moved onto the sharded parameters before their first step.
+reduce-scattered (in bf16 with ``grad_dtype=bf16``: ``MixedPrecisionPolicy(reduce_dtype=...)``).
+Optimizers are moved onto the sharded parameters before their first step.
 What each rank reads, and the job it needs, are :mod:`swift_nb.toggles._distributed`'s.
 
 ``undo()`` gathers every parameter back into the original ``nn.Parameter`` objects (a
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from swift_nb.capture.models import repeated_blocks
 from swift_nb.toggles._distributed import DataParallel, restore_parameters
@@ -46,9 +47,12 @@ class FSDP(DataParallel, Toggle):
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh("cuda", (self.values["world_size"],))
+        policy = MixedPrecisionPolicy(
+            reduce_dtype=torch.bfloat16 if self.values.get("grad_dtype") == "bf16" else None
+        )
         for block in blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         self._undo.append(restore_parameters(owners))
         moved = {}
         for m, pname, old, _ in owners:

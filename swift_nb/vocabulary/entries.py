@@ -56,6 +56,16 @@ _COMPILE_PARAMS = (
     ),
 )
 
+# the dtype a data-parallel layout reduces its gradients in (what swift_nb.scale prices)
+_GRAD_DTYPE = Param(
+    "grad_dtype",
+    str,
+    "fp32",
+    "dtype the gradients are reduced in (bf16: half the bytes on the wire)",
+    aliases=("reduce",),
+    choices=("fp32", "bf16"),
+)
+
 #: Every toggle, in the order menus and help list them. A new toggle is one entry here
 #: (its words, what it acts on, its step cost, what runs on a fake model in its place) and,
 #: when it can be applied, its file under ``swift_nb/toggles/``.
@@ -325,9 +335,11 @@ TOGGLES: dict[str, Entry] = {
                     at_least(2),
                     aliases=("ws",),
                 ),
+                _GRAD_DTYPE,
             ),
-            help="FSDP2 fully_shard on the repeated blocks and the root, over world_size ranks (in --compare)",
-            metavar="world_size=2",
+            help="FSDP2 fully_shard on the repeated blocks and the root, over world_size ranks (in --compare); "
+            "grad_dtype=bf16 reduce-scatters the gradients in bf16 (MixedPrecisionPolicy(reduce_dtype=...))",
+            metavar="world_size=2,grad_dtype=fp32|bf16",
             implementation="swift_nb.toggles.fsdp:FSDP",
             processes="world_size",
             forecast_error_pct=10.0,  # gathered blocks, padding of the shards
@@ -344,9 +356,11 @@ TOGGLES: dict[str, Entry] = {
                     at_least(2),
                     aliases=("ws",),
                 ),
+                _GRAD_DTYPE,
             ),
-            help="DistributedDataParallel on world_size ranks (in --compare)",
-            metavar="world_size=2",
+            help="DistributedDataParallel on world_size ranks (in --compare); grad_dtype=bf16 all-reduces the "
+            "gradients in bf16 (DDP's bf16_compress_hook)",
+            metavar="world_size=2,grad_dtype=fp32|bf16",
             implementation="swift_nb.toggles.ddp:DDP",
             processes="world_size",
             forecast_error_pct=5.0,  # the gradient buckets
