@@ -16,7 +16,7 @@ import pytest
 import swift_nb
 from swift_nb.analysis import scale as scale_pkg
 from swift_nb.analysis.scale import backward_of
-from swift_nb.analysis.scale.backward import Backward
+from swift_nb.analysis.scale.backward import Backward, micro_batches
 from swift_nb.analysis.scale.model import FIRST_BUCKET_BYTES, MIB, Basis, buckets, ddp, fsdp
 from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.capture.resources.link import fit
@@ -106,6 +106,14 @@ def test_every_trained_parameter_has_its_gradient_in_ready_order(run):
     assert np.all(np.diff(shares) >= -0.05)  # medians of steps: in order, nearly
     assert 0 < shares[0] < b.backward_end_share < 1 - b.optimizer_share + 1e-9
     assert 0 < b.optimizer_share < 1
+
+
+def test_accumulation_is_told_by_the_count_of_parameters_not_by_repeated_shapes():
+    layer = ["[[64]]", "[[64, 64]]"]
+    assert micro_batches(layer * 4, elements=4 * 4160, params=4 * 4160) == 1  # four identical layers
+    assert micro_batches(layer * 4, elements=4 * 4160, params=4160) == 4  # one layer, four micro-batches
+    assert micro_batches(layer * 4, elements=4 * 4160, params=None) == 1  # no count: no accumulation said
+    assert micro_batches(layer * 3, elements=3 * 4160, params=2 * 4160) == 1  # not a whole number of passes
 
 
 # -- DDP ------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def check(
 def basis_of(run: Run) -> Basis:
     """The one-process run's terms: its median step, its gradients in ready order, its
     FSDP units (its repeated blocks and the root)."""
-    backward = backward_of(load_trace(run))
+    backward = backward_of(load_trace(run), run.context.get("params"))
     if backward is None:
         raise ConfigError(
             "run",

@@ -68,7 +68,8 @@ def fixes(
                 (
                     f"accumulate gradients over {k} micro-batches",
                     eff,
-                    f"ddp.no_sync() on {k - 1} of every {k} backward passes (k × the samples per optimizer step)",
+                    f"{'model.no_sync()' if layout == 'ddp' else 'model.set_requires_gradient_sync(False)'} "
+                    f"on {k - 1} of every {k} backward passes ({k} × the samples per optimizer step)",
                 )
             )
             break

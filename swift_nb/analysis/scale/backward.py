@@ -63,10 +63,26 @@ def _element(types: str) -> float:
     return float(DTYPE_BYTES.get(first, math.nan)) if isinstance(first, str) else math.nan
 
 
-def backward_of(trace: Trace) -> Backward | None:
+def micro_batches(shapes: list[str], elements: float, params: float | None) -> int:
+    """How many backward passes a step accumulated its gradients over: k when the step
+    accumulated k × the parameters the optimizers train (``params``, the run's count), and
+    its gradients' shapes repeat k times in the same order; 1 otherwise (a model of
+    identical layers repeats its shapes too: the count decides, not the shapes)."""
+    if not params or elements <= params:
+        return 1
+    k = round(elements / params)
+    n = len(shapes)
+    if k < 2 or abs(elements - k * params) > 0.5 or n % k:
+        return 1
+    period = n // k
+    return k if all(shapes[i] == shapes[i % period] for i in range(period, n)) else 1
+
+
+def backward_of(trace: Trace, params: float | None = None) -> Backward | None:
     """The gradients of ``trace``'s recorded steps in their ready order, as the median
     recorded step has them; None when no recorded step accumulated a gradient with its
-    shape recorded (a trace without shapes, a step with no backward)."""
+    shape recorded (a trace without shapes, a step with no backward). ``params``: the
+    elements the optimizers train (the run's context), which tells accumulation."""
     ev = trace.events
     if trace.empty or ev.empty:
         return None
@@ -83,6 +99,13 @@ def backward_of(trace: Trace) -> Backward | None:
         size = acc["input_types"].map(_element)
         if numel.isna().any() or size.isna().any():
             continue
+        k = micro_batches(acc["input_dims"].tolist(), float(numel.sum()), params)
+        if k > 1:  # only the last backward's gradients are reduced (no_sync on the others)
+            acc, numel, size = (
+                acc.iloc[-len(acc) // k :],
+                numel.iloc[-len(acc) // k :],
+                size.iloc[-len(acc) // k :],
+            )
         # the optimizer's span ends after the profiler's step does (its post-hook ends the
         # step): the part inside the step of the one that starts in it
         near = ev[(ev["ts_us"] >= start) & (ev["ts_us"] < end)]
