@@ -8,7 +8,11 @@ network namespaces, ``veth`` (each rank in its own namespace, joined by a veth p
 rate ``tc``'s token bucket limits to ``--rate``). Each link is measured with
 ``swift_nb.measure_link()`` on a job's own process group over it.
 
-    python benchmarks/scale_forecast.py [--rate 1gbit] [--links loopback,veth] [--steps 12]
+    python benchmarks/scale_forecast.py [--rate 1gbit] [--links loopback,veth] [--steps 16] [--rounds 3]
+
+Each round measures the link, then each case's one-process run and its 2-rank job back to
+back; the table gives the medians over the rounds and the range of the step's error (this
+machine's speed drifts by tens of percent between minutes).
 """
 
 from __future__ import annotations
@@ -67,50 +71,56 @@ def measured_link(out: str, net: Namespaces | None) -> swift_nb.Link:
     return swift_nb.Link.from_dict(json.loads(Path(path).read_text()))
 
 
-def _pct(pred: float, meas: float) -> str:
-    return f"{(pred - meas) / meas * 100:+.1f} %"
-
-
-def compare(out: str, link_name: str, net: Namespaces | None, steps: int) -> list[dict]:
+def one_round(out: str, link_name: str, net: Namespaces | None, steps: int, r: int) -> list[dict]:
+    """Every case once: the link measured, then per case its 1-process run and its job,
+    back to back (the machine's speed drifts between minutes: pairs, not batches)."""
     link = measured_link(out, net)
     fit = link.fit("all_reduce")
     print(
-        f"\n[{link_name}] measured link: all-reduce β {fit.busbw / 1e9:.3f} GB/s, α {fit.hop_s * 1e6:.0f} µs/hop; "
-        + "; ".join(
-            f"{p['bytes'] / 1e6:.2g} MB: busbw {p['busbw'] / 1e9:.3f} GB/s"
-            for p in link.measured["points"]
-            if p["kind"] == "all_reduce"
-        )
+        f"[{link_name}] round {r}: all-reduce β {fit.busbw / 1e9:.3f} GB/s, α {fit.hop_s * 1e6:.0f} µs/hop",
+        flush=True,
     )
-    rows, singles = [], {}
+    rows = []
     for kind, layout, grad in CASES:
-        if kind not in singles:
-            singles[kind] = single(out, kind, steps)
-        base = singles[kind]
+        base = single(out, kind, steps)
         job_run = swift_nb.load_run(job(out, kind, layout, grad, steps, net))
-        table = swift_nb.scale(
-            base, (1, 2), link, layout, grad_dtype=grad if grad != "fp32" else None, measured=job_run
-        )
-        r = table[table["world_size"] == 2].iloc[0]
+        g = grad if grad != "fp32" else None
+        t = swift_nb.scale(base, (1, 2), link, layout, grad_dtype=g, measured=job_run)
+        row = t[t["world_size"] == 2].iloc[0]
         rows.append(
             {
                 "link": link_name,
+                "round": r,
                 "model": kind,
                 "layout": layout,
                 "grads": grad,
-                "1-rank step ms": base.summary["step_time_median_s"] * 1e3,
-                "pred step ms": r["step_s"] * 1e3,
-                "meas step ms": r["measured_step_s"] * 1e3,
-                "step err": _pct(r["step_s"], r["measured_step_s"]),
-                "pred comm ms": r["comm_s"] * 1e3,
-                "meas comm ms": r["measured_comm_s"] * 1e3,
-                "comm err": _pct(r["comm_s"], r["measured_comm_s"]),
-                "pred eff": r["efficiency"],
-                "meas eff": r["measured_efficiency"],
+                "one_s": base.summary["step_time_median_s"],
+                "pred_s": row["step_s"],
+                "meas_s": row["measured_step_s"],
+                "pred_comm_s": row["comm_s"],
+                "meas_comm_s": row["measured_comm_s"],
+                "pred_added_s": row["step_s"] - base.summary["step_time_median_s"],
+                "meas_added_s": row["measured_step_s"] - base.summary["step_time_median_s"],
+                "pred_eff": row["efficiency"],
+                "meas_eff": row["measured_efficiency"],
             }
         )
-        print(pd.DataFrame(rows[-1:]).to_string(index=False, float_format=lambda v: f"{v:.3g}"), flush=True)
     return rows
+
+
+def summary(rows: list[dict]) -> pd.DataFrame:
+    """Per link and case: medians over the rounds, and the step error's range."""
+    df = pd.DataFrame(rows)
+    df["step_err_pct"] = 100 * (df["pred_s"] / df["meas_s"] - 1)
+    keys = ["link", "model", "layout", "grads"]
+    g = df.groupby(keys, sort=False)
+    out = g[["one_s", "pred_s", "meas_s", "pred_added_s", "meas_added_s", "pred_eff", "meas_eff"]].median()
+    out["step_err_pct (median)"] = g["step_err_pct"].median()
+    out["step_err_pct (min..max)"] = g["step_err_pct"].agg(lambda e: f"{e.min():+.1f}..{e.max():+.1f}")
+    out["rounds"] = g.size()
+    for c in ("one_s", "pred_s", "meas_s", "pred_added_s", "meas_added_s"):
+        out[c.replace("_s", "_ms")] = out.pop(c) * 1e3
+    return out.reset_index()
 
 
 def presets(base: swift_nb.Run) -> None:
@@ -125,22 +135,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--links", default="loopback,veth")
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as out:
         for name in a.links.split(","):
             if name == "loopback":
-                rows += compare(out, "loopback", None, a.steps)
+                for r in range(a.rounds):
+                    rows += one_round(out, "loopback", None, a.steps, r)
             elif name == "veth":
                 why_not = Namespaces.unavailable()
                 if why_not:
                     print(f"\n[veth] not measured: {why_not}")
                     continue
                 with Namespaces(a.rate) as net:
-                    rows += compare(out, f"veth {a.rate}", net, a.steps)
-        print("\nAll cases")
-        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+                    for r in range(a.rounds):
+                        rows += one_round(out, f"veth {a.rate}", net, a.steps, r)
+        pd.set_option("display.width", 250)
+        print("\nEvery round")
+        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print("\nPer case, the 2-rank job against its forecast (medians over the rounds)")
+        print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         presets(single(out, "comm", a.steps))
 
 

@@ -22,6 +22,7 @@ from .checks import (
     model_forecast,
     quickstart_nvml,
     rerun_fork,
+    scale,
     tokens,
 )
 from .common import Ctx
@@ -51,5 +52,6 @@ CHECKS = [
     Check("memory_kit", memory_kit.TITLE, memory_kit.check, cuda_only=False, limit_s=240),
     Check("model_forecast", model_forecast.TITLE, model_forecast.check, cuda_only=False, limit_s=180),
     Check("logits", logits.TITLE, logits.check, cuda_only=False, limit_s=120),
+    Check("scale", scale.TITLE, scale.check, cuda_only=False, limit_s=120),
 ]
 BY_NAME = {c.name: c for c in CHECKS}

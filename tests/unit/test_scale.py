@@ -236,3 +236,31 @@ def test_nodes_put_the_network_under_every_ring(run):
     assert across["link"].iloc[0] == "nvlink4 + ib-ndr"
     assert across["comm_s"].iloc[0] > inside["comm_s"].iloc[0]
     assert not math.isnan(across["step_s"].iloc[0])
+
+
+# -- compare(): runs at different world sizes ------------------------------------------------
+
+
+def test_compare_says_the_scaling_efficiency_and_which_term_grew():
+    from swift_nb.analysis.comparison.variants import scaling
+
+    base = {"step_time_median_s": 0.100, "ranks": 1, "collective_share_max_rank": 0.0}
+    comm = {"step_time_median_s": 0.160, "ranks": 2, "collective_share_max_rank": 0.375}  # 60 ms of it
+    got = scaling(base, comm)
+    assert got["scaling_efficiency"] == pytest.approx(0.625)
+    assert got["grew"] == "communication +60.0 ms"
+    compute = {"step_time_median_s": 0.130, "ranks": 2, "collective_share_max_rank": 0.05}
+    assert scaling(base, compute)["grew"].startswith("compute +23.5 ms")
+    assert scaling(base, {**comm, "ranks": 1}) == {}  # the same ranks: no scaling to tell
+
+
+def test_synchronised_ranks_wait_for_the_slowest_of_their_steps():
+    b = _backward([MIB], [0.5])
+    basis = Basis(step_s=2.0, backward=b, units=1, steps=(1.0, 2.0, 3.0))
+    # the largest of two draws from {1, 2, 3}: 1·1/9 + 2·3/9 + 3·5/9 = 22/9, less the median 2
+    assert basis.slowest_wait(2) == pytest.approx(22 / 9 - 2)
+    assert basis.slowest_wait(8) > basis.slowest_wait(2) > basis.slowest_wait(1) == 0.0
+    steady = Basis(step_s=2.0, backward=b, units=1, steps=(2.0,) * 10)
+    assert steady.slowest_wait(8) == 0.0  # no jitter, no wait
+    link = _link(busbw=1e9, overlaps=False)
+    assert ddp(basis, link, 2, 25, None).terms["waiting for the slowest rank"] == pytest.approx(22 / 9 - 2)

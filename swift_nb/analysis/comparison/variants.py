@@ -54,6 +54,8 @@ COMPARE_COLUMNS = [
     "collective_share_max_rank",
     "step_time_ratio",
     "peak_mem_ratio",
+    "scaling_efficiency",
+    "grew",
     "predicted",
     "predicted_peak_bytes",
     "notes",
@@ -109,6 +111,26 @@ def _rank_columns(run: Run) -> dict[str, float]:
     }
 
 
+def scaling(base: dict, row: dict) -> dict[str, object]:
+    """A row on another number of ranks than the baseline's: ``scaling_efficiency`` (its
+    throughput per rank over the baseline's: the baseline's step ÷ its own, each rank at the
+    same batch) and ``grew``, which part of the step grew most from the baseline's — its
+    collective time (the step × its largest collective share) or the rest, the compute."""
+    step, base_step = row.get("step_time_median_s"), base.get("step_time_median_s")
+    ranks, base_ranks = row.get("ranks"), base.get("ranks")
+    if not (step and base_step and np.isfinite(step) and np.isfinite(base_step)) or ranks == base_ranks:
+        return {}
+    comm = step * np.nan_to_num(row.get("collective_share_max_rank") or 0.0)
+    base_comm = base_step * np.nan_to_num(base.get("collective_share_max_rank") or 0.0)
+    more_comm, more_compute = comm - base_comm, (step - comm) - (base_step - base_comm)
+    grew = (
+        f"communication +{more_comm * 1e3:.1f} ms"
+        if more_comm >= more_compute
+        else f"compute +{more_compute * 1e3:.1f} ms"
+    )
+    return {"scaling_efficiency": base_step / step, "grew": grew}
+
+
 def predicted_peak(base: dict, toggle: str, details: dict, findings: Sequence[Finding]) -> float | None:
     """Peak tensor bytes the baseline would have with ``toggle`` alone, or None when its
     numbers do not tell (``effects.toggle_peak``). ``base``: the baseline's row; ``details``:
@@ -135,7 +157,10 @@ def compare_runs(
     ranks (processes of the run), step_time_max_rank_s (s), peak_mem_max_rank_bytes and
     collective_share_max_rank (0..1 of the step in collectives): the largest over the ranks,
     each rank measuring itself; step_time_ratio and
-    peak_mem_ratio (variant / baseline), predicted (the advisor's words for the toggles
+    peak_mem_ratio (variant / baseline), scaling_efficiency and grew (a run on another
+    number of ranks than the baseline's, at the same per-rank batch: throughput per rank
+    against the baseline's, and the part of the step that grew most, ``scaling``),
+    predicted (the advisor's words for the toggles
     of the variant), predicted_peak_bytes, notes, run (its folder)."""
     rows = [_row(name, run, status, list(notes)) for name, run, status, notes in runs]
     if not rows:
@@ -148,6 +173,7 @@ def compare_runs(
                 row[ratio] = row[col] / b
         if run is None or row is base:
             continue
+        row.update(scaling(base, row))
         toggles = run.context.get("toggles") or []
         words = [
             f"{f.toggle}: {f.predicted_effect}"

@@ -22,7 +22,7 @@ from swift_nb.analysis.scale.model import LAYOUTS, Basis, Step, efficiency, pred
 from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.core.errors import ConfigError
 from swift_nb.core.links import PRESETS, Link, check_link, link_of
-from swift_nb.record import Run
+from swift_nb.record import Run, step_durations
 
 __all__ = ["COLUMNS", "PRESETS", "Backward", "Job", "Link", "backward_of", "job_of", "link_of", "scale"]
 
@@ -123,7 +123,13 @@ def basis_of(run: Run) -> Basis:
             run.id,
         )
     blocks = (run.context.get("repeated_blocks") or {}).get("count") or 0
-    return Basis(step_s=float(run.summary["step_time_median_s"]), backward=backward, units=int(blocks) + 1)
+    steady, _ = step_durations(run.steps)
+    return Basis(
+        step_s=float(run.summary["step_time_median_s"]),
+        backward=backward,
+        units=int(blocks) + 1,
+        steps=tuple(float(x) for x in steady),
+    )
 
 
 def _peak(run: Run, layout: str, n: int, device: str | None) -> tuple[float, Any]:

@@ -20,6 +20,11 @@ unit's all-gather under the current unit's compute: exposed are the first unit's
 the last unit's reduce-scatter, and whatever the communication needs beyond the forward and
 backward it runs under.
 
+Ranks that synchronise every step each wait for the slowest: a step of ``n`` ranks takes
+the largest of ``n`` of the measured process's step times, expected over its steady steps
+(``Basis.slowest_wait``: the jitter a shared machine, a GPU's clocks or the data adds, paid
+by every rank).
+
 Gradients reduced in another dtype (``grad_dtype``: bf16 all-reduce through DDP's
 ``bf16_compress_hook``, FSDP2's ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``) send
 that dtype's bytes.
@@ -49,10 +54,23 @@ class Basis:
     step_s: float
     backward: Backward
     units: int
+    steps: tuple[float, ...] = ()  # the steady steps the median is of (s)
 
     @property
     def grad_bytes(self) -> float:
         return self.backward.grad_bytes
+
+    def slowest_wait(self, n: int) -> float:
+        """What each step of ``n`` synchronised ranks waits for the slowest one, beyond the
+        median: the expected largest of ``n`` steps drawn from the measured ones, less
+        their median (0 for one rank, or fewer than 3 steps measured)."""
+        if n <= 1 or len(self.steps) < 3:
+            return 0.0
+        x = np.sort(np.asarray(self.steps, dtype=float))
+        m = len(x)
+        i = np.arange(1, m + 1)
+        expected_max = float(np.sum(x * ((i / m) ** n - ((i - 1) / m) ** n)))
+        return max(0.0, expected_max - float(np.median(x)))
 
 
 @dataclass
@@ -108,8 +126,14 @@ def ddp(basis: Basis, link: Link, n: int, bucket_mb: float, comm_dtype_bytes: fl
         exposed = comm
     # the gradients copied into the buckets, averaged, copied back (a bf16 hook casts twice more)
     copies = link.copy_s((DDP_PASSES + (1 if ratio < 1 else 0)) * basis.grad_bytes)
-    terms = {"compute": basis.step_s, "gradient all-reduce": exposed, "bucket copies": copies}
-    return Step(basis.step_s + copies, comm, exposed, terms, len(plan))
+    wait = basis.slowest_wait(n)
+    terms = {
+        "compute": basis.step_s,
+        "gradient all-reduce": exposed,
+        "bucket copies": copies,
+        "waiting for the slowest rank": wait,
+    }
+    return Step(basis.step_s + copies + wait, comm, exposed, terms, len(plan))
 
 
 def fsdp(basis: Basis, link: Link, n: int, comm_dtype_bytes: float | None) -> Step:
@@ -138,13 +162,15 @@ def fsdp(basis: Basis, link: Link, n: int, comm_dtype_bytes: float | None) -> St
     # each all-gather copies the shard in and the whole out, the reduce-scatter the whole
     # gradients in and the shard out: 3 × (1 + 1/n) passes over the parameters' bytes
     copies = link.copy_s(3 * (1 + 1 / n) * params)
+    wait = basis.slowest_wait(n)
     terms = {
         "compute": compute,
         "parameter all-gathers": gather_exposed,
         "gradient reduce-scatters": scatter_exposed,
         "shard copies": copies,
+        "waiting for the slowest rank": wait,
     }
-    return Step(compute + copies, comm, exposed, terms, 3 * u)
+    return Step(compute + copies + wait, comm, exposed, terms, 3 * u)
 
 
 def predict(

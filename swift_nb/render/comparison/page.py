@@ -71,6 +71,8 @@ SHOWN = {
     "collective_share_max_rank",
     "step_time_ratio",
     "peak_mem_ratio",
+    "scaling_efficiency",
+    "grew",
     "predicted",
     "predicted_peak_bytes",
     "notes",
@@ -111,6 +113,11 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         out["slowest rank step"] = [_num(x, fmt_seconds) for x in table["step_time_max_rank_s"]]
         out["max rank peak"] = [_num(x, fmt_bytes) for x in table["peak_mem_max_rank_bytes"]]
         out["max comm"] = [_num(x, lambda v: f"{100 * v:.0f} %") for x in table["collective_share_max_rank"]]
+        if "scaling_efficiency" in table and table["scaling_efficiency"].notna().any():
+            out["scaling efficiency"] = [
+                _num(x, lambda v: f"{100 * v:.0f} %") for x in table["scaling_efficiency"]
+            ]
+            out["grew"] = [g if isinstance(g, str) else "–" for g in table["grew"]]
     for col in table.columns:
         values = table[col]
         if col in SHOWN or not pd.api.types.is_numeric_dtype(values) or values.isna().all():
