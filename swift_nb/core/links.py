@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from swift_nb.core.errors import ConfigError
 
 GB = 1e9
@@ -92,13 +94,37 @@ class Link:
 
     def seconds(self, kind: str, payload: float, n: int, bf16: bool = False) -> float:
         """One collective of ``payload`` bytes over ``n`` ranks on this link (``bf16``: of
-        bf16 elements, at the kind's bf16 fit where the link has one)."""
-        return self.fit(kind, bf16).seconds(kind, payload, n)
+        bf16 elements, at the kind's bf16 fit where the link has one). A measured link
+        answers from its own timings where it has them: between two measured sizes, their
+        times interpolated; beyond them, the nearest one scaled by the fit; at another
+        number of ranks than it was measured at, scaled by the fit's ratio of the two."""
+        key = self._key(kind, bf16)
+        fit = self.fits[key]
+        timed = sorted(
+            (p["bytes"], p["seconds"]) for p in self.measured.get("points", ()) if p["kind"] == key
+        )
+        at = int(self.measured.get("world_size") or 0)
+        if len(timed) < 2 or at < 2 or n <= 1 or payload <= 0:
+            return fit.seconds(kind, payload, n)
+        sizes, times = zip(*timed, strict=True)
+        edge = min(max(payload, sizes[0]), sizes[-1])
+        t = float(np.interp(edge, sizes, times))
+        if edge != payload:
+            t *= fit.seconds(kind, payload, at) / fit.seconds(kind, edge, at)
+        if n != at:
+            t *= fit.seconds(kind, payload, n) / fit.seconds(kind, payload, at)
+        return t
+
+    def _key(self, kind: str, bf16: bool) -> str:
+        for key in ((kind + BF16) if bf16 else "", kind, "all_reduce"):
+            if key in self.fits:
+                return key
+        raise KeyError(kind)
 
     def fit(self, kind: str, bf16: bool = False) -> Fit:
         """The kind's fit (its bf16 one with ``bf16``, where measured); all-reduce's for a
         kind not measured."""
-        return (bf16 and self.fits.get(kind + BF16)) or self.fits.get(kind) or self.fits["all_reduce"]
+        return self.fits[self._key(kind, bf16)]
 
     @property
     def busbw(self) -> float:
@@ -119,6 +145,7 @@ class Link:
             fits=fits,
             overlaps=self.overlaps and network.overlaps,
             copy_bw=min(self.copy_bw, network.copy_bw),
+            measured={},  # timings inside a node say nothing of the rings across nodes
             source=f"{self.source}; between nodes {network.source}",
         )
 

@@ -264,3 +264,19 @@ def test_synchronised_ranks_wait_for_the_slowest_of_their_steps():
     assert steady.slowest_wait(8) == 0.0  # no jitter, no wait
     link = _link(busbw=1e9, overlaps=False)
     assert ddp(basis, link, 2, 25, None).terms["waiting for the slowest rank"] == pytest.approx(22 / 9 - 2)
+
+
+def test_a_measured_link_answers_from_its_own_timings():
+    fit = Fit(0.0, 1e9)
+    points = [
+        {"kind": "all_reduce", "bytes": 1e6, "seconds": 1e-3},
+        {"kind": "all_reduce", "bytes": 4e6, "seconds": 10e-3},
+    ]
+    link = Link("m", {"all_reduce": fit}, measured={"world_size": 2, "points": points})
+    assert link.seconds("all_reduce", 2.5e6, 2) == pytest.approx(5.5e-3)  # between two sizes: interpolated
+    assert link.seconds("all_reduce", 8e6, 2) == pytest.approx(
+        20e-3
+    )  # beyond: the nearest, scaled by the fit
+    # at 4 ranks: the fit's ratio of 4 ranks to 2 (wire 2·3/4 against 2·1/2 of the payload)
+    assert link.seconds("all_reduce", 2.5e6, 4) == pytest.approx(5.5e-3 * 1.5)
+    assert PRESETS["nvlink4"].across(link).measured == {}
