@@ -26,6 +26,7 @@ ON_CPU_TOO = [
     "memory_kit",
     "model_forecast",
     "logits",
+    "scale",
 ]
 RECORD_KEYS = {"name", "title", "ok", "skipped", "seconds", "details", "error"}
 

@@ -88,5 +88,8 @@ def test_accumulation_is_forecast_from_the_accumulated_run(executed):
     a = swift_nb.scale(accumulated, (2,), "pcie4", "ddp").iloc[0]
     p = swift_nb.scale(plain, (2,), "pcie4", "ddp").iloc[0]
     assert a["comm_s"] == pytest.approx(p["comm_s"], rel=1e-6)  # the same gradients, reduced once
-    assert a["efficiency"] > p["efficiency"]
+    # 4 × the compute per reduction (the efficiency also carries the wait for the slowest
+    # rank, which is the noise of this machine's steps, not the accumulation)
+    assert a["compute_s"] > 2 * p["compute_s"]
+    assert a["comm_s"] / a["compute_s"] < 0.5 * p["comm_s"] / p["compute_s"]
     assert "accumulated as ddp(world_size=2)" in _text(nb, "accumulated, accumulated_job = ")

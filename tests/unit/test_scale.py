@@ -21,7 +21,7 @@ from swift_nb.analysis.scale.model import FIRST_BUCKET_BYTES, MIB, Basis, bucket
 from swift_nb.analysis.trace.tables import load_trace
 from swift_nb.capture.resources.link import fit
 from swift_nb.core.errors import ConfigError
-from swift_nb.core.links import PRESETS, Fit, Link, hops, link_of, wire_bytes
+from swift_nb.core.links import PRESETS, Fit, Link, check_link, hops, link_of, wire_bytes
 
 COST_RUN = Path(__file__).parents[1] / "data" / "cost_run"
 
@@ -93,6 +93,18 @@ def test_the_fit_recovers_latency_and_bandwidth_from_timed_collectives():
     ]
     got = fit(rows, n)["all_reduce"]
     assert got.hop_s == pytest.approx(hop, rel=1e-6) and got.busbw == pytest.approx(beta, rel=1e-6)
+
+
+def test_timings_that_do_not_grow_with_the_size_still_give_a_usable_fit():
+    """Two sizes the latency dominates, the larger timed faster (a busy machine): the line
+    through them falls; the fit gives every second to the bandwidth, never a negative one."""
+    rows = [
+        {"kind": "all_reduce@bf16", "bytes": 1e5, "seconds": 6e-4},
+        {"kind": "all_reduce@bf16", "bytes": 1e6, "seconds": 5e-4},
+    ]
+    got = fit(rows, 2)["all_reduce@bf16"]
+    assert got.hop_s == 0 and got.busbw > 0
+    check_link(Link("measured", {"all_reduce": got, "all_reduce@bf16": got}))
 
 
 # -- the backward, from a real trace -----------------------------------------------------------

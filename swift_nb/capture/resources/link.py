@@ -66,10 +66,12 @@ def _once(kind: str, numel: int, n: int, device: torch.device, dtype: torch.dtyp
     if kind == "all_gather":
         part = torch.ones(max(1, numel // n), device=device, dtype=dtype)
         out = torch.empty(part.numel() * n, device=device, dtype=dtype)
-        return lambda: dist.all_gather_into_tensor(out, part)
+        gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # the newer name; the older warns
+        return lambda: gather(out, part)
     whole = torch.ones(max(n, numel - numel % n), device=device, dtype=dtype)
     out = torch.empty(whole.numel() // n, device=device, dtype=dtype)
-    return lambda: dist.reduce_scatter_tensor(out, whole)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    return lambda: scatter(out, whole)
 
 
 def _variants(kinds: Sequence[str]) -> list[tuple[str, str, torch.dtype]]:
@@ -143,7 +145,8 @@ def copy_bandwidth(nbytes: float, repeats: int) -> float:
 
 def fit(rows: Sequence[dict[str, Any]], n: int) -> dict[str, Fit]:
     """α per hop and β per kind: ``t = hops·α + wire/β`` by least squares on t's relative
-    error, α ≥ 0."""
+    error, α ≥ 0 and β > 0 (timings that do not grow with the size, which a busy machine
+    gives at sizes the latency dominates, are priced as bandwidth alone)."""
     fits = {}
     for kind in {r["kind"] for r in rows}:
         mine = [r for r in rows if r["kind"] == kind]
@@ -152,7 +155,7 @@ def fit(rows: Sequence[dict[str, Any]], n: int) -> dict[str, Fit]:
         wire = np.array([wire_bytes(base, r["bytes"], n) for r in mine])
         a = np.column_stack([np.full_like(t, hops(base, n)), wire]) / t[:, None]
         (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-        if alpha < 0 or len(t) < 2:
+        if alpha < 0 or inv_beta <= 0 or len(t) < 2:  # a line that falls: all bandwidth
             alpha, inv_beta = 0.0, float(np.sum(wire / t) / np.sum((wire / t) ** 2))
         fits[kind] = Fit(float(alpha), float(1.0 / inv_beta))
     return fits
