@@ -76,8 +76,13 @@ def one_round(out: str, link_name: str, net: Namespaces | None, steps: int, r: i
     back to back (the machine's speed drifts between minutes: pairs, not batches)."""
     link = measured_link(out, net)
     fit = link.fit("all_reduce")
+    # nccl-tests' bus bandwidth of the largest all-reduce, from the same timings
+    big = max((p for p in link.measured["points"] if p["kind"] == "all_reduce"), key=lambda p: p["bytes"])
     print(
-        f"[{link_name}] round {r}: all-reduce β {fit.busbw / 1e9:.3f} GB/s, α {fit.hop_s * 1e6:.0f} µs/hop",
+        f"[{link_name}] round {r}: all-reduce β {fit.busbw / 1e9:.3f} GB/s "
+        f"(busbw of the {big['bytes'] / 1e6:.0f} MB all-reduce {big['busbw'] / 1e9:.3f} GB/s, "
+        f"{fit.busbw / big['busbw'] - 1:+.1%}), α {fit.hop_s * 1e6:.0f} µs/hop, "
+        f"compute runs under {link.overlap:.0%} of an all-reduce",
         flush=True,
     )
     rows = []

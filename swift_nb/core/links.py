@@ -20,9 +20,10 @@ through PCIe and the network): they matter only for many small buckets.
 A job across ``nodes``: the ring crosses the network, and the slowest link carries it
 (``Link.across``). A measured link (``swift_nb.measure_link``) has its own α and β per kind of
 collective, fitted to timed collectives of growing size on the backend that will run them
-(gloo's reduce-scatter is not NCCL's), and says whether communication can run under compute
-(``overlaps``): on a GPU the collectives run on their own stream; on CPU gloo's threads need
-the cores the backward uses unless the machine has cores to spare.
+(gloo's reduce-scatter is not NCCL's), and how much of a collective's time compute can run
+under (``overlap``, measured the same way): on a GPU the collectives run on their own
+stream; on CPU gloo's threads need the cores the backward uses, and only the wait for a
+network slower than the CPU hides.
 """
 
 from __future__ import annotations
@@ -76,13 +77,14 @@ class Fit:
 @dataclass(frozen=True)
 class Link:
     """A link: a fit per kind of collective (``all_reduce`` stands in for a kind not
-    measured), whether collectives overlap compute, where its figures come from, and how
+    measured), the share of a collective's time compute can run under (``overlap``: 1 on a
+    GPU's own stream, measured for a measured link), where its figures come from, and how
     fast the ranks' device copies memory (``copy_bw``, bytes/s: the passes a layout makes
     over the gradients besides the collectives, such as DDP's copies into its buckets)."""
 
     name: str
     fits: Mapping[str, Fit]
-    overlaps: bool = True
+    overlap: float = 1.0
     source: str = ""
     backend: str = "nccl"
     copy_bw: float = HBM_COPY_BW
@@ -127,6 +129,17 @@ class Link:
         return self.fits[self._key(kind, bf16)]
 
     @property
+    def overlaps(self) -> bool:
+        """Whether compute runs under any of a collective's time."""
+        return self.overlap > 0
+
+    def exposed(self, comm: float, scheduled: float) -> float:
+        """What a step waits for of ``comm`` seconds of collectives that a schedule of the
+        step would leave ``scheduled`` of exposed if they ran beside compute: the share that
+        cannot (``1 − overlap``) is waited for whole."""
+        return self.overlap * scheduled + (1.0 - self.overlap) * comm
+
+    @property
     def busbw(self) -> float:
         return self.fits["all_reduce"].busbw
 
@@ -143,7 +156,7 @@ class Link:
             self,
             name=f"{self.name} + {network.name}",
             fits=fits,
-            overlaps=self.overlaps and network.overlaps,
+            overlap=min(self.overlap, network.overlap),
             copy_bw=min(self.copy_bw, network.copy_bw),
             measured={},  # timings inside a node say nothing of the rings across nodes
             source=f"{self.source}; between nodes {network.source}",
@@ -153,7 +166,7 @@ class Link:
         return {
             "name": self.name,
             "fits": {k: {"hop_s": f.hop_s, "busbw": f.busbw} for k, f in self.fits.items()},
-            "overlaps": self.overlaps,
+            "overlap": self.overlap,
             "source": self.source,
             "backend": self.backend,
             "copy_bw": self.copy_bw,
@@ -166,7 +179,7 @@ class Link:
         return cls(
             name=str(d["name"]),
             fits=fits,
-            overlaps=bool(d.get("overlaps", True)),
+            overlap=float(d["overlap"] if "overlap" in d else bool(d.get("overlaps", True))),
             source=str(d.get("source", "")),
             backend=str(d.get("backend", "nccl")),
             copy_bw=float(d.get("copy_bw") or HBM_COPY_BW),
@@ -176,7 +189,7 @@ class Link:
 
 def _preset(name: str, busbw_gb: float, hop_us: float, source: str) -> Link:
     fit = Fit(hop_us * 1e-6, busbw_gb * GB)
-    return Link(name=name, fits={k: fit for k in KINDS}, overlaps=True, source=source)
+    return Link(name=name, fits={k: fit for k in KINDS}, overlap=1.0, source=source)
 
 
 PRESETS: dict[str, Link] = {
@@ -220,6 +233,8 @@ def check_link(link: Link, param: str = "link") -> Link:
     for kind, f in link.fits.items():
         if not (math.isfinite(f.hop_s) and f.hop_s >= 0 and math.isfinite(f.busbw) and f.busbw > 0):
             raise ConfigError(param, f"its {kind} fit must have a latency ≥ 0 and a bandwidth > 0", f)
+    if not 0.0 <= link.overlap <= 1.0:
+        raise ConfigError(param, "its overlap is a share of a collective's time, from 0 to 1", link.overlap)
     if not (math.isfinite(link.copy_bw) and link.copy_bw > 0):
         raise ConfigError(param, "its copy bandwidth must be above 0", link.copy_bw)
     return link

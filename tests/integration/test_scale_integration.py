@@ -68,7 +68,7 @@ def base(out) -> swift_nb.Run:
 
 def test_measure_link_fits_the_bus_bandwidth_its_own_all_reduces_reach(link):
     points = [p for p in link.measured["points"] if p["kind"] == "all_reduce"]
-    assert link.backend == "gloo" and link.overlaps is False and link.measured["world_size"] == 2
+    assert link.backend == "gloo" and 0 <= link.overlap <= 1 and link.measured["world_size"] == 2
     assert {"all_reduce", "all_gather", "reduce_scatter", "all_reduce@bf16", "reduce_scatter@bf16"} <= set(
         link.fits
     )

@@ -7,6 +7,7 @@ with the records it was computed from."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -54,9 +55,8 @@ def test_no_cell_failed(executed):
 def test_the_link_was_measured(executed):
     nb, _ = executed
     text = _text(nb, "swift_nb.measure_link()")
-    assert (
-        "measured gloo (2 ranks, cpu): all-reduce bus bandwidth" in text and "overlaps compute: False" in text
-    )
+    assert "measured gloo (2 ranks, cpu): all-reduce bus bandwidth" in text
+    assert re.search(r"compute runs under \d+% of an all-reduce", text), text
 
 
 def test_the_jobs_ran_beside_their_forecast(executed):

@@ -31,9 +31,9 @@ def run() -> swift_nb.Run:
     return swift_nb.load_run(COST_RUN)
 
 
-def _link(busbw: float, hop_s: float = 0.0, overlaps: bool = True) -> Link:
+def _link(busbw: float, hop_s: float = 0.0, overlap: float = 1.0) -> Link:
     f = Fit(hop_s, busbw)
-    return Link("test", {"all_reduce": f, "all_gather": f, "reduce_scatter": f}, overlaps=overlaps)
+    return Link("test", {"all_reduce": f, "all_gather": f, "reduce_scatter": f}, overlap=overlap)
 
 
 def _backward(sizes: list[float], ready: list[float], optimizer_share: float = 0.1) -> Backward:
@@ -76,9 +76,15 @@ def test_a_job_across_nodes_runs_at_the_slower_link():
 
 
 def test_a_link_survives_its_dict():
-    link = _link(3e9, 2e-5, overlaps=False)
+    link = _link(3e9, 2e-5, overlap=0.0)
     back = Link.from_dict(link.to_dict())
-    assert back == link and back.overlaps is False
+    assert back == link and back.overlaps is False and back.overlap == 0.0
+    # a run saved before links had a measured overlap said whether they overlapped at all
+    old = {k: v for k, v in link.to_dict().items() if k != "overlap"}
+    assert Link.from_dict({**old, "overlaps": True}).overlap == 1.0
+    assert Link.from_dict({**old, "overlaps": False}).overlap == 0.0
+    with pytest.raises(ConfigError, match="overlap"):
+        check_link(replace(link, overlap=1.5))
 
 
 def test_the_fit_recovers_latency_and_bandwidth_from_timed_collectives():
@@ -156,15 +162,24 @@ def test_a_link_that_overlaps_hides_what_the_backward_has_left_and_never_the_las
     each = 16 * MIB / 1e9  # 2 ranks: the wire is the payload
     assert hidden.comm_s == pytest.approx(4 * each, rel=1e-3)  # buckets of 16 MiB (1 MiB first)
     assert each * 0.99 <= hidden.exposed_comm_s < hidden.comm_s
-    exposed = ddp(basis, _link(busbw=1e9, overlaps=False), 2, 25, None)
+    exposed = ddp(basis, _link(busbw=1e9, overlap=0.0), 2, 25, None)
     assert exposed.exposed_comm_s == pytest.approx(exposed.comm_s)
     assert exposed.step_s == pytest.approx(1.0 + exposed.comm_s + exposed.terms["bucket copies"])
+    # a link compute runs under for 60 % of a collective: 40 % of it waited for whole
+    part = ddp(basis, _link(busbw=1e9, overlap=0.6), 2, 25, None)
+    want = 0.6 * hidden.exposed_comm_s + 0.4 * hidden.comm_s
+    assert part.exposed_comm_s == pytest.approx(want)
+    assert hidden.exposed_comm_s < part.exposed_comm_s < exposed.exposed_comm_s
+    whole = fsdp(basis, _link(busbw=1e9, overlap=0.0), 2, None)
+    assert fsdp(basis, _link(busbw=1e9, overlap=0.6), 2, None).exposed_comm_s == pytest.approx(
+        0.6 * fsdp(basis, _link(busbw=1e9), 2, None).exposed_comm_s + 0.4 * whole.comm_s
+    )
 
 
 def test_ddp_copies_the_gradients_three_times_and_a_bf16_hook_once_more():
     b = _backward([64 * MIB], [0.5])
     basis = Basis(step_s=1.0, backward=b, units=1)
-    slow = replace(_link(busbw=1e9, overlaps=False), copy_bw=1e9)
+    slow = replace(_link(busbw=1e9, overlap=0.0), copy_bw=1e9)
     assert ddp(basis, slow, 2, 25, None).terms["bucket copies"] == pytest.approx(3 * 64 * MIB / 1e9)
     assert ddp(basis, slow, 2, 25, 2.0).terms["bucket copies"] == pytest.approx(4 * 64 * MIB / 1e9)
     assert ddp(basis, slow, 1, 25, None).step_s == 1.0  # one process copies nothing
@@ -180,7 +195,7 @@ def test_a_bf16_fit_prices_bf16_payloads_where_the_link_has_one():
 def test_bf16_gradients_send_half_the_bytes():
     b = _backward([64 * MIB], [0.5])
     basis = Basis(step_s=1.0, backward=b, units=1)
-    link = _link(busbw=1e9, overlaps=False)
+    link = _link(busbw=1e9, overlap=0.0)
     assert ddp(basis, link, 4, 25, 2.0).comm_s == pytest.approx(ddp(basis, link, 4, 25, None).comm_s / 2)
 
 
@@ -190,7 +205,7 @@ def test_bf16_gradients_send_half_the_bytes():
 def test_fsdp_gathers_twice_scatters_once_and_shards_the_optimizer():
     b = _backward([100 * MIB], [0.6], optimizer_share=0.2)
     basis = Basis(step_s=1.0, backward=b, units=4)
-    link = _link(busbw=1e9, overlaps=False)
+    link = _link(busbw=1e9, overlap=0.0)
     s = fsdp(basis, link, 4, None)
     per = 3 / 4 * 100 * MIB / 1e9
     assert s.comm_s == pytest.approx(3 * per)
@@ -274,7 +289,7 @@ def test_synchronised_ranks_wait_for_the_slowest_of_their_steps():
     assert basis.slowest_wait(8) > basis.slowest_wait(2) > basis.slowest_wait(1) == 0.0
     steady = Basis(step_s=2.0, backward=b, units=1, steps=(2.0,) * 10)
     assert steady.slowest_wait(8) == 0.0  # no jitter, no wait
-    link = _link(busbw=1e9, overlaps=False)
+    link = _link(busbw=1e9, overlap=0.0)
     assert ddp(basis, link, 2, 25, None).terms["waiting for the slowest rank"] == pytest.approx(22 / 9 - 2)
 
 

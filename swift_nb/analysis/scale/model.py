@@ -6,19 +6,21 @@ did; what changes is what the layout adds.
 **DDP.** The gradients go into buckets in the order they become ready (DDP rebuilds its
 buckets in that order after its first step): the first holds up to 1 MiB
 (``dist._DEFAULT_FIRST_BUCKET_BYTES``), the others up to ``bucket_mb``. A bucket's all-reduce
-is launched when its last gradient is ready, and the all-reduces run one after another. Over
-a link that ``overlaps`` (a GPU's own communication stream) a bucket's all-reduce runs under
+is launched when its last gradient is ready, and the all-reduces run one after another.
+Running beside compute (a GPU's own communication stream) a bucket's all-reduce runs under
 the backward that is left; what it cannot hide is the time after the backward's end until
-the last bucket is reduced (the last bucket is never hidden). Over a link that does not (gloo
-on CPU cores the backward keeps busy) every all-reduce is exposed.
+the last bucket is reduced (the last bucket is never hidden). The share of a collective that
+cannot run beside compute (``1 − Link.overlap``: gloo's reduction on the CPU cores the
+backward keeps busy) is waited for whole (``Link.exposed``).
 
 **FSDP** (FSDP2's ``fully_shard`` per repeated block, then the root; ``units`` of them):
 the parameters are all-gathered for the forward and again for the backward (resharded
 after the forward), the gradients reduce-scattered, each in ``units`` collectives. The
-optimizer updates 1/n of the parameters. Over a link that overlaps, FSDP prefetches the next
+optimizer updates 1/n of the parameters. Beside compute, FSDP prefetches the next
 unit's all-gather under the current unit's compute: exposed are the first unit's all-gather,
 the last unit's reduce-scatter, and whatever the communication needs beyond the forward and
-backward it runs under.
+backward it runs under; the share of the link that cannot run beside compute is exposed
+whole, as for DDP.
 
 Ranks that synchronise every step each wait for the slowest: a step of ``n`` ranks takes
 the largest of ``n`` of the measured process's step times, expected over its steady steps
@@ -117,13 +119,10 @@ def ddp(basis: Basis, link: Link, n: int, bucket_mb: float, comm_dtype_bytes: fl
     bf16 = (comm_dtype_bytes or stored) == 2
     cost = [link.seconds("all_reduce", b * ratio, n, bf16) for b, _ in plan]
     comm = float(sum(cost))
-    if link.overlaps:
-        end = 0.0
-        for (_, ready), c in zip(plan, cost, strict=True):
-            end = max(end, ready * basis.step_s) + c
-        exposed = max(0.0, end - bw.backward_end_share * basis.step_s)
-    else:
-        exposed = comm
+    end = 0.0
+    for (_, ready), c in zip(plan, cost, strict=True):
+        end = max(end, ready * basis.step_s) + c
+    exposed = link.exposed(comm, max(0.0, end - bw.backward_end_share * basis.step_s))
     # the gradients copied into the buckets, averaged, copied back (a bf16 hook casts twice more)
     copies = link.copy_s((DDP_PASSES + (1 if ratio < 1 else 0)) * basis.grad_bytes)
     wait = basis.slowest_wait(n)
@@ -150,15 +149,11 @@ def fsdp(basis: Basis, link: Link, n: int, comm_dtype_bytes: float | None) -> St
     gather = 2 * u * link.seconds("all_gather", params / u, n, stored == 2)
     scatter = u * link.seconds("reduce_scatter", params * ratio / u, n, (comm_dtype_bytes or stored) == 2)
     comm = gather + scatter
-    if link.overlaps:
-        window = bw.backward_end_share * basis.step_s  # forward and backward
-        edges = gather / (2 * u) + scatter / u
-        exposed = max(edges, comm - window + edges)
-        exposed = min(exposed, comm)
-        share = exposed / comm if comm else 0.0
-        gather_exposed, scatter_exposed = gather * share, scatter * share
-    else:
-        exposed, gather_exposed, scatter_exposed = comm, gather, scatter
+    window = bw.backward_end_share * basis.step_s  # forward and backward
+    edges = gather / (2 * u) + scatter / u
+    exposed = link.exposed(comm, min(max(edges, comm - window + edges), comm))
+    share = exposed / comm if comm else 0.0
+    gather_exposed, scatter_exposed = gather * share, scatter * share
     # each all-gather copies the shard in and the whole out, the reduce-scatter the whole
     # gradients in and the shard out: 3 × (1 + 1/n) passes over the parameters' bytes
     copies = link.copy_s(3 * (1 + 1 / n) * params)

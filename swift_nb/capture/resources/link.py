@@ -15,9 +15,10 @@ device gives ``Link.copy_bw`` (the passes a layout makes over its gradients: DDP
 Inside ``swift_nb.profile()`` the link is saved in the run's context (``context["link"]``),
 so a later ``swift_nb.scale(run)`` uses it.
 
-gloo runs a collective on CPU threads that need the cores and memory bandwidth the backward
-uses: a measured gloo link does not overlap compute (``Link.overlaps``), so every collective
-counts as exposed; a GPU's NCCL link does.
+How much of a collective compute can run under is measured too (``overlap_share``,
+``Link.overlap``): gloo runs a collective on CPU threads that need the cores and memory
+bandwidth the backward uses, so over loopback little of it hides; over a network slower than
+the CPU feeding it, the wait for the wire does; a GPU's NCCL kernels run on their own stream.
 """
 
 from __future__ import annotations
@@ -161,7 +162,47 @@ def fit(rows: Sequence[dict[str, Any]], n: int) -> dict[str, Fit]:
     return fits
 
 
-def _link(rows: list[dict[str, Any]], n: int, copy_bw: float) -> Link:
+def _compute(device: torch.device, seconds: float) -> Any:
+    """A callable of matmuls on ``device`` that takes about ``seconds``, the same on every
+    rank (the slowest rank's calibration)."""
+    a = torch.randn(256, 256, device=device)
+    one = _time(lambda: a @ a, device, 3)
+    k = torch.tensor([max(1, round(seconds / max(one, 1e-9)))], dtype=torch.float64)
+    dist.all_reduce(k, op=dist.ReduceOp.MAX)
+    count = int(k)
+
+    def run() -> None:
+        for _ in range(count):
+            a @ a
+
+    return run
+
+
+def overlap_share(nbytes: float, repeats: int) -> float:
+    """The share of a collective's time that compute beside it runs under, measured: an
+    all-reduce of ``nbytes`` alone (T), matmuls of about as long alone (C), then the
+    all-reduce started asynchronously — as DDP starts its buckets' — with the matmuls
+    beside it (B). ``(C + T − B) / min(C, T)``, within [0, 1]: 1 where the collective runs
+    beside compute (a GPU's own stream, a network slower than the CPU feeding it), 0 where
+    they take turns (gloo on cores the compute already uses)."""
+    device = _device()
+    collective = _once("all_reduce", max(2, int(nbytes // 4)), dist.get_world_size(), device)
+    alone = _time(collective, device, repeats)
+    compute = _compute(device, alone)
+    busy = _time(compute, device, repeats)
+    buf = torch.ones(max(2, int(nbytes // 4)), device=device)
+
+    def both() -> None:
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        assert work is not None
+        work.wait()
+
+    together = _time(both, device, repeats)
+    return float(min(1.0, max(0.0, (busy + alone - together) / min(busy, alone))))
+
+
+def _link(rows: list[dict[str, Any]], n: int, copy_bw: float, overlap: float) -> Link:
     backend = dist.get_backend()
     device = "cuda" if backend == "nccl" else "cpu"
     fits = fit(rows, n)
@@ -178,7 +219,7 @@ def _link(rows: list[dict[str, Any]], n: int, copy_bw: float) -> Link:
     return Link(
         name=f"measured {backend} ({n} ranks, {device})",
         fits=fits,
-        overlaps=backend != "gloo",
+        overlap=overlap,
         source=(
             f"measured by swift_nb.measure_link(): {backend}, {n} ranks on {os.uname().nodename}, "
             f"{ar.busbw / 1e9:.3g} GB/s bus bandwidth up to {big / 1e6:.3g} MB"
@@ -198,8 +239,9 @@ def _spawned(rank: int, n: int, port: int, backend: str, args: tuple, out: Any) 
     try:
         rows = points(*args)
         copy_bw = copy_bandwidth(max(args[0]) * 1e6, args[1])
+        overlap = overlap_share(max(args[0]) * 1e6, args[1])
         if rank == 0:
-            out.put(_link(rows, n, copy_bw).to_dict())
+            out.put(_link(rows, n, copy_bw, overlap).to_dict())
     finally:
         dist.destroy_process_group()
 
@@ -236,7 +278,8 @@ def measure_link(
     _check(sizes_mb, repeats, world_size, kinds)
     if dist.is_available() and dist.is_initialized():
         rows = points(sizes_mb, repeats, kinds)
-        link = _link(rows, dist.get_world_size(), copy_bandwidth(max(sizes_mb) * 1e6, repeats))
+        big = max(sizes_mb) * 1e6
+        link = _link(rows, dist.get_world_size(), copy_bandwidth(big, repeats), overlap_share(big, repeats))
     else:
         link = _spawn(sizes_mb, repeats, world_size, kinds)
     from swift_nb.capture import session
