@@ -23,6 +23,7 @@ from swift_nb.record import (
     Run,
     load_run,
     save_meta,
+    save_modules,
     steps_missing,
     tables_path,
 )
@@ -92,6 +93,9 @@ def report(
         run.problems.append(failure)
         if failure not in run.notes:
             run.notes.append(failure)
+    if analysis is not None and len(analysis.modules):
+        run.modules = analysis.modules
+        save_modules(run)
     if analysis is not None:  # the device's figures, where it has some, join the summary
         run.summary.update(
             {

@@ -20,6 +20,7 @@ from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.memory import memory_timeline
+from swift_nb.analysis.modules import block_ops, module_table, slow_block_finding
 from swift_nb.analysis.operators import by_memory, compiling_steps, top_operators
 from swift_nb.analysis.run_data import run_data
 from swift_nb.analysis.throughput import Throughput, throughput
@@ -51,6 +52,7 @@ class Analysis:
     # analysis.forecast: the "will it fit?" configurations the run asked for (context["forecast"])
     forecasts: list[Forecast] = field(default_factory=list)
     forecast_problem: str | None = None  # why they could not be made
+    modules: pd.DataFrame = field(default_factory=pd.DataFrame)  # analysis.modules, by module
 
 
 def forecasts_of(run: Run, trace: Trace | None = None) -> tuple[list[Forecast], str | None]:
@@ -107,6 +109,10 @@ def analyze(
         comm = collectives(trace, 1, data.rank)
     work = data.device_work
     forecasts, forecast_problem = forecasts_of(run, trace)
+    modules = module_table(trace, run.context.get("modules") or [], evidence.peak_bytes)
+    slow = slow_block_finding(modules, block_ops(trace, modules)) if len(modules) else None
+    if slow is not None:
+        findings.append(slow)
     return Analysis(
         forecasts=forecasts,
         forecast_problem=forecast_problem,
@@ -125,6 +131,7 @@ def analyze(
         device_steps=device_steps(trace, work=work),
         kernel_kinds=kernels_by_kind(trace, work=work),
         idle_causes=idle_by_cause(trace, work=work),
+        modules=modules,
     )
 
 

@@ -31,13 +31,14 @@ from swift_nb.capture.helper import Helper
 from swift_nb.capture.job_rank import JobRank
 from swift_nb.capture.journal import Journal
 from swift_nb.capture.memory import oom, stale_models
+from swift_nb.capture.memory.modules import ModuleScopes
 from swift_nb.capture.memory.snapshots import MemoryRecorder
 from swift_nb.capture.resources.alerts import Alert, OnAlert, StepTimeWatch
 from swift_nb.capture.resources.rss import RssReader
 from swift_nb.capture.resources.sampler import Sampler
 from swift_nb.capture.stderr_filter import StderrFilter
 from swift_nb.capture.steps import StepWatcher
-from swift_nb.capture.tokens import TokenCounter, step_columns
+from swift_nb.capture.tokens import TokenCounter
 from swift_nb.capture.torch_profiler import OnTrace, ProfilerConfig, TraceRecorder, TraceResult
 from swift_nb.core import trace_names
 from swift_nb.core.errors import ConfigError, RunDirError
@@ -137,6 +138,7 @@ class Session:
         )
         self._compile = CompileRecorder()  # torch.compile's work per step: swift_nb.capture.compile
         self._tokens = TokenCounter()  # tokens per step: swift_nb.capture.tokens
+        self._modules = ModuleScopes(self.note)  # the recorded steps by module: capture.memory.modules
         self.trace_tables: Any = None  # what on_trace's build made of the trace (take_trace_tables)
         self._helper: Helper | None = None  # digests the trace off this process (capture.helper)
         self._trace_lost = False  # the trace was recorded, then could not be written
@@ -211,6 +213,7 @@ class Session:
                 self._trace = self._new_trace(self.profiler_cfg, self._helper)
                 self._trace.start()
                 self._memory.at_boundary(self._step)
+                self._modules.at_boundary(self.profiler_cfg.phase(0) == "active", lambda: models)
             if self._flops is not None:
                 self._flops.at_boundary(self._step, run.summary)
         except BaseException:
@@ -318,7 +321,7 @@ class Session:
             run.status = status
             return run
         steps = self._steps_table(end_s)
-        self._add_tokens(steps)
+        self._tokens.add_to(self.run, steps, self.note)
         if trace is not None and trace.path is not None:
             self._add_trace(run, steps, trace)
         elif self.profiler_cfg is not None and not self._trace_lost:
@@ -387,6 +390,7 @@ class Session:
         self.trace_tables = trace.tables
         run.summary["recorded_steps"] = trace.recorded_steps
         self._memory.add_to(run, steps, trace, self._cuda)
+        self._modules.add_to(run.context, self._watcher.optimizers.values())
 
     def _post_mortem(self, error: BaseException) -> None:
         """Read what was in memory at the failure while its traceback still holds it."""
@@ -405,7 +409,8 @@ class Session:
         self._watcher.remove()
         self._use.stop()
         self._compile.remove()
-        self._tokens.finish()  # its hooks off the models (the counts stay for _add_tokens)
+        self._tokens.finish()  # its hooks off the models (the counts stay for add_to)
+        self._modules.at_boundary(False, dict)
         self._memory.stop()
         if self._journal is not None:
             self._journal.stop()
@@ -472,6 +477,8 @@ class Session:
         self._memory.at_boundary(self._step)
         if self._flops is not None:
             self._flops.at_boundary(self._step, self.run.summary)
+        recorded = self.profiler_cfg is not None and self.profiler_cfg.phase(self._step) == "active"
+        self._modules.at_boundary(recorded, lambda: self._models_split()[0], self._compile.compiled)
 
     def _models_split(self) -> tuple[dict[str, torch.nn.Module], dict[str, torch.nn.Module]]:
         """The models found as (used, only alive), as of this step (made once per step, and
@@ -543,23 +550,6 @@ class Session:
                     self.run.context.setdefault("attn_implementation", attn)
         except Exception as e:  # an odd model must never break the training loop
             self.note(f"tokens could not be counted ({type(e).__name__}: {e})")
-
-    def _add_tokens(self, steps: pd.DataFrame) -> None:
-        """steps.csv's ``tokens`` and ``real_tokens``, where the model received token ids."""
-        done = self._tokens.finish()
-        if self._tokens.failed:
-            self.note(f"tokens could not be counted ({self._tokens.failed})")
-        if not done or not len(steps):
-            return
-        for column, values in step_columns(done, steps["step"]).items():
-            steps[column] = values
-        if self._tokens.source is not None:
-            self.run.context["tokens_from"] = self._tokens.source
-        packed = sum(p for _, _, p in done.values())
-        if packed:
-            self.run.summary["packed_restarts"] = packed
-        if self._tokens.separated:
-            self.run.context["packed_separated_by"] = sorted(self._tokens.separated)
 
     def _row(self, k: int, start: float, end: float, trigger: str, overhead: float) -> tuple:
         peak = reserved = math.nan

@@ -29,7 +29,7 @@ landed (CUDA), at a later edge or when the run ends.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -252,6 +252,25 @@ class TokenCounter:
         self._handles.clear()
         self._read(wait=True)
         return self.done
+
+    def add_to(self, run: Any, steps: Any, note: Callable[[str], None]) -> None:
+        """steps.csv's ``tokens`` and ``real_tokens``, where the model received token ids,
+        and what the run's context and summary say of them (``run``: the Run being
+        finished, ``steps``: its steps table)."""
+        done = self.finish()
+        if self.failed:
+            note(f"tokens could not be counted ({self.failed})")
+        if not done or not len(steps):
+            return
+        for column, values in step_columns(done, steps["step"]).items():
+            steps[column] = values
+        if self.source is not None:
+            run.context["tokens_from"] = self.source
+        packed = sum(p for _, _, p in done.values())
+        if packed:
+            run.summary["packed_restarts"] = packed
+        if self.separated:
+            run.context["packed_separated_by"] = sorted(self.separated)
 
 
 def step_columns(done: Mapping[int, tuple[int, int, int]], steps: Iterable[int]) -> dict[str, list[float]]:

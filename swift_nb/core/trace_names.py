@@ -35,6 +35,8 @@ def step_of(name: str) -> int | None:
 # -- swift_nb's own work ------------------------------------------------------------------
 
 OWN_PREFIX = "swift_nb#"  # record_function names of swift_nb's bookkeeping inside a step
+#: a module's forward in a recorded step (swift_nb.capture.memory.modules): the prefix, then its path
+MODULE_PREFIX = "module: "
 OWN = re.compile("^" + re.escape(OWN_PREFIX))
 #: a zero-length event naming storages of the loss's logits just made, by their addresses in
 #: hex, comma-separated (``capture.memory.logits``)

@@ -5,6 +5,7 @@ A run folder holds
 - ``steps.csv``: one row per step (see ``STEP_COLUMNS``);
 - ``samples.csv``: one row per resource sample (see ``SAMPLE_COLUMNS``);
 - ``memory.csv``: tensor bytes by category over the recorded steps (``MEMORY_COLUMNS``);
+- ``modules.csv``: the recorded steps by module, written with the report (``MODULES_COLUMNS``);
 - ``trace.json.gz``: the profiler's Chrome/Perfetto trace (written by the capture layer),
   and ``trace.tables.npz``, its parsed tables cached by the analysis (``tables_path``);
 - ``report.html``: the report (``swift_nb.render.document``); ``compare.html``: a
@@ -48,6 +49,8 @@ from swift_nb.record.layout import (
     MEMORY_CATEGORIES,
     MEMORY_COLUMNS,
     MEMORY_FILE,
+    MODULES_COLUMNS,
+    MODULES_FILE,
     PIN_FILE,
     RANK_SAMPLES_FILE,
     RANK_STEPS_FILE,
@@ -90,6 +93,7 @@ from swift_nb.record.write import (
     ensure_writable,
     save,
     save_meta,
+    save_modules,
     step_durations,
     summarize,
 )
@@ -106,6 +110,8 @@ __all__ = [
     "MEMORY_CATEGORIES",
     "MEMORY_COLUMNS",
     "MEMORY_FILE",
+    "MODULES_COLUMNS",
+    "MODULES_FILE",
     "PIN_FILE",
     "RANKS_FILE",
     "RANK_SAMPLES_FILE",
@@ -144,6 +150,7 @@ __all__ = [
     "runs",
     "save",
     "save_meta",
+    "save_modules",
     "status_as_found",
     "step_durations",
     "steps_missing",

@@ -12,6 +12,7 @@ RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
 SAMPLES_FILE = "samples.csv"
 MEMORY_FILE = "memory.csv"
+MODULES_FILE = "modules.csv"
 TRACE_FILE = "trace.json.gz"
 RANKS_FILE = "ranks.csv"
 RANK_STEPS_FILE = "rank_steps.csv"
@@ -119,6 +120,35 @@ MEMORY_CATEGORIES = [
     "other",
 ]
 MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
+
+# modules.csv: the recorded steps by module (swift_nb.analysis.modules), one row per module of
+# the models the run used, written with the report. path: the module's named_modules path (its
+# root: the model's variable); parent: its parent's path (empty for a root); class, depth;
+# calls: forward calls per step; forward_s/backward_s: per step, its children included;
+# forward_self_s/backward_self_s: its own part; total_s = forward_s + backward_s;
+# step_share: total_s / the median recorded step; saved_bytes: what its forward (children
+# included) kept for backward per step; saved_self_bytes: its own ops'; parameter/gradient/
+# state_bytes: its parameters, their gradients and their optimizer state, children included;
+# peak_share: those bytes / the peak's. A run recorded without module scopes has no file.
+MODULES_COLUMNS = [
+    "path",
+    "parent",
+    "class",
+    "depth",
+    "calls",
+    "forward_s",
+    "backward_s",
+    "forward_self_s",
+    "backward_self_s",
+    "total_s",
+    "step_share",
+    "saved_bytes",
+    "saved_self_bytes",
+    "parameter_bytes",
+    "gradient_bytes",
+    "state_bytes",
+    "peak_share",
+]
 
 #: the summary's key for the models alive in the kernel that the run neither trained nor ran
 #: (``swift_nb.capture.memory.stale_models``): a list of ``{"variable", "class", "bytes", "device",

@@ -19,6 +19,8 @@ from swift_nb.record.layout import (
     MEMORY_CATEGORIES,
     MEMORY_COLUMNS,
     MEMORY_FILE,
+    MODULES_COLUMNS,
+    MODULES_FILE,
     RUN_FILE,
     SAMPLE_COLUMNS,
     SAMPLES_FILE,
@@ -193,13 +195,14 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 #: the columns of the run tables that hold text; every other known column holds numbers.
-_TEXT_COLUMNS = {"phase", "trigger", "kind"}
+_TEXT_COLUMNS = {"phase", "trigger", "kind", "path", "parent", "class"}
 #: the columns without which a file is not that table (a foreign CSV); the table's other
 #: known columns may be absent (records of older versions lack some) and read as missing.
 REQUIRED_COLUMNS = {
     STEPS_FILE: ["step", "duration_s"],
     SAMPLES_FILE: ["t_s"],
     MEMORY_FILE: ["t_s", "step"],
+    MODULES_FILE: ["path", "parent", "forward_s"],
 }
 
 
@@ -316,6 +319,9 @@ def load_run(path: Path | str) -> Run:
     )
     memory_lost = "the memory categories of this run are unknown" if "memory" in run.files else None
     run.memory = _read_table(folder, MEMORY_FILE, MEMORY_COLUMNS, problems, memory_lost)
+    modules_lost = "the recorded steps by module are unknown" if "modules" in run.files else None
+    run.modules = _read_table(folder, MODULES_FILE, MODULES_COLUMNS, problems, modules_lost)
+    run.modules["parent"] = run.modules["parent"].fillna("")  # a root's (CSV has no empty text)
     for name, file in RANK_TABLES.items():
         if name in run.files:
             table = _read_table(

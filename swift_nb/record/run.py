@@ -13,6 +13,7 @@ import pandas as pd
 
 from swift_nb.record.layout import (
     MEMORY_COLUMNS,
+    MODULES_COLUMNS,
     PIN_FILE,
     RANK_SAMPLES_FILE,
     RANK_STEPS_FILE,
@@ -102,6 +103,7 @@ class Run:
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
     samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SAMPLE_COLUMNS))
     memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
+    modules: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MODULES_COLUMNS))
     ranks: pd.DataFrame = field(default_factory=pd.DataFrame)
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     rank_samples: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -152,7 +154,7 @@ class Run:
 
 
 # Run fields that are not stored in run.json
-NOT_IN_JSON = {"steps", "samples", "memory", "ranks", "rank_steps", "rank_samples", "path", "problems"}
+NOT_IN_JSON = {"steps", "samples", "memory", "modules", "ranks", "rank_steps", "rank_samples", "path", "problems"}
 RANK_TABLES = {
     "ranks": RANKS_FILE,
     "rank_steps": RANK_STEPS_FILE,

@@ -19,6 +19,7 @@ from swift_nb.record.layout import (
     ENV_KEEP,
     MEMORY_CATEGORIES,
     MEMORY_FILE,
+    MODULES_FILE,
     RUN_FILE,
     SAMPLES_FILE,
     STEPS_FILE,
@@ -113,6 +114,7 @@ def save(run: Run, path: Path | str | None = None) -> Path:
     if len(run.memory):
         run.files.setdefault("memory", MEMORY_FILE)
         atomic_write_csv(folder / MEMORY_FILE, run.memory)
+    save_modules(run)
     for name, file in RANK_TABLES.items():
         table = getattr(run, name)
         if len(table):
@@ -120,6 +122,13 @@ def save(run: Run, path: Path | str | None = None) -> Path:
             atomic_write_csv(folder / file, table)
     # run.json last: its presence means the tables it names are complete.
     return save_meta(run)
+
+
+def save_modules(run: Run) -> None:
+    """modules.csv, when the run has its table (``swift_nb.analysis.modules``)."""
+    if len(run.modules) and run.path is not None:
+        run.files["modules"] = MODULES_FILE
+        atomic_write_csv(Path(run.path) / MODULES_FILE, run.modules)
 
 
 def save_meta(run: Run) -> Path:

@@ -158,6 +158,7 @@ def analysis_fields(analysis: Analysis | None) -> dict[str, Any]:
         idle_causes=analysis.idle_causes,
         forecasts=analysis.forecasts,
         forecast_problem=analysis.forecast_problem,
+        modules=analysis.modules,
     )
 
 

@@ -22,7 +22,7 @@ from waits import CELLS_S, open_notebook, run_all
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "notebooks" / "01_quickstart.ipynb"
 DOCS = ROOT / "docs"
-TABS = ["Summary", "Timeline", "Memory", "Operators", "Advice", "Files"]
+TABS = ["Summary", "Timeline", "Memory", "Operators", "Modules", "Advice", "Files"]
 STEPS = quickstart_steps()  # its --steps hint, equal to its loader's length
 
 

@@ -56,11 +56,20 @@ class _Args(msgspec.Struct, gc=False):
     device_type: Any = msgspec.field(default=0, name="Device Type")
     device_id: Any = msgspec.field(default=-1, name="Device Id")
     addr: Any = msgspec.field(default=None, name="Addr")
+    seq: Any = msgspec.field(default=-1, name="Sequence number")
 
 
 _NO_ARGS = _Args()
 _ARGS_FIELDS = operator.attrgetter(
-    "input_dims", "input_type", "external_id", "correlation", "in_nelems", "out_nelems", "dtype", "group_size"
+    "input_dims",
+    "input_type",
+    "external_id",
+    "correlation",
+    "in_nelems",
+    "out_nelems",
+    "dtype",
+    "group_size",
+    "seq",
 )
 
 
@@ -234,7 +243,7 @@ class ColumnBuilder:
         }
         self.text["msg_dtype"] = []
         self.num: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("ts", "dur", "ext_id", "correlation", "msg_nelems", "group_size")
+            k: [] for k in ("ts", "dur", "ext_id", "correlation", "msg_nelems", "group_size", "seq")
         }
         self.ext_missing = 0
         self.mem_num: dict[str, list[np.ndarray]] = {
@@ -254,7 +263,7 @@ class ColumnBuilder:
     def _add_complete(self, xs: list[_Event]) -> None:
         # attrgetter and zip run in C: a column per field without a Python call per value
         name, cat, ts, dur, pid, tid, args = zip(*map(_EVENT_FIELDS, xs), strict=True)
-        dims, types, ext, corr, n_in, n_out, dtype, group = zip(
+        dims, types, ext, corr, n_in, n_out, dtype, group, seq = zip(
             *map(_ARGS_FIELDS, [a or _NO_ARGS for a in args]), strict=True
         )
         if msgspec.UNSET in ts:
@@ -285,6 +294,7 @@ class ColumnBuilder:
         nelems = np.fmax(np.nan_to_num(in_nelems), np.nan_to_num(out_nelems))
         c["msg_nelems"].append(np.where(np.isnan(in_nelems) & np.isnan(out_nelems), np.nan, nelems))
         c["group_size"].append(np.array(group, dtype=float))
+        c["seq"].append(np.array(seq, dtype=np.int64))
 
     def _add_memory(self, mem: list[_Event]) -> None:
         n = len(mem)
@@ -319,6 +329,7 @@ class ColumnBuilder:
             "correlation": num["correlation"],
             "msg_nelems": num["msg_nelems"],
             "group_size": num["group_size"],
+            "seq": num["seq"],
         }
         mem = {k: _cat(v) for k, v in self.mem_num.items()}
         mem["addr"] = self.mem_addr

@@ -48,6 +48,7 @@ EVENT_COLUMNS = [
     "msg_nelems",
     "msg_dtype",
     "group_size",
+    "seq",
 ]
 MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
 STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
@@ -60,6 +61,7 @@ _EVENT_TYPES = {
     "correlation": np.int64,
     "msg_nelems": float,
     "group_size": float,
+    "seq": np.int64,
 }
 
 
@@ -73,7 +75,8 @@ class Trace:
     msg_nelems, msg_dtype and group_size are a collective's payload as the profiler records
     it on ``record_param_comms`` and NCCL kernels (the larger of its "In msg nelems" and
     "Out msg nelems", its element type such as ``Float``, the process group's size; NaN
-    and empty where not recorded).
+    and empty where not recorded); seq is the autograd sequence number the profiler records
+    on a forward op and on the backward node that differentiates it (-1: none).
     memory: ``[memory]`` allocation (bytes > 0) and free (bytes < 0) events.
     steps: one row per profiler step span: step, start_us, end_us, dur_us, and the tid of
     the thread that ran the training loop.
@@ -135,6 +138,7 @@ def _parse_events(raw: list[dict]) -> Trace:
         "msg_nelems": [_msg_nelems(a) for a in args],
         "msg_dtype": [a.get("dtype") or "" for a in args],
         "group_size": [a.get("Group size", np.nan) for a in args],
+        "seq": [a.get("Sequence number", -1) for a in args],
     }
     mem_events = [e for e in raw if e.get("ph") == "i" and e.get("name") == "[memory]"]
     margs = [e.get("args") or {} for e in mem_events]
@@ -171,6 +175,7 @@ def _trace_from_columns(ev: dict[str, Any], mem: dict[str, Any]) -> Trace:
             "msg_nelems": ev["msg_nelems"],
             "msg_dtype": ev["msg_dtype"],
             "group_size": ev["group_size"],
+            "seq": ev["seq"],
         },
         columns=EVENT_COLUMNS,
     )
@@ -381,7 +386,7 @@ def save_tables(trace: Trace, path: Path, source: Path | None = None) -> None:
 
 
 _INT_COLUMNS = {
-    "events": ["step", "correlation"],
+    "events": ["step", "correlation", "seq"],
     "memory": ["bytes", "total_allocated", "device_type", "device_id", "step"],
     "steps": ["step"],
 }

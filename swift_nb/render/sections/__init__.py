@@ -15,6 +15,7 @@ from swift_nb.render.sections import (
     forecast,
     gpu,
     memory,
+    modules,
     notes,
     oom,
     operators_memory,
@@ -41,6 +42,7 @@ SECTIONS: list[SectionKind] = [
     forecast.SECTION,
     operators_time.SECTION,
     operators_memory.SECTION,
+    modules.SECTION,
     environment.SECTION,
     notes.SECTION,
 ]

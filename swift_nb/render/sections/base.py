@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 #: The results panel's tabs, in order; every section names the one it goes to
-TABS = ("Summary", "Timeline", "Memory", "Operators", "Advice", "Files")
+TABS = ("Summary", "Timeline", "Memory", "Operators", "Modules", "Advice", "Files")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class ReportInputs:
     idle_causes: pd.DataFrame | None = None
     forecasts: Sequence[Any] | None = None
     forecast_problem: str | None = None
+    modules: pd.DataFrame | None = None
     not_analyzed: str | None = None
 
 

@@ -1,0 +1,47 @@
+"""The recorded steps by module (``swift_nb.analysis.modules``): the model as an icicle,
+then the modules that take the most time and those whose forward keeps the most
+activations."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from swift_nb.render.figure_cache import figure_key
+from swift_nb.render.html import empty, frame_table
+from swift_nb.render.modules_figure import modules_figure
+from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
+
+TITLE = "Time and memory by module"
+TOP = 10
+CAPTION = (
+    "Each module's forward and backward time per recorded step (its children included), the "
+    "activations its forward keeps for backward, and its parameters, gradients and optimizer state. "
+    "The backward of a module is the autograd nodes that differentiate the ops its forward ran."
+)
+SHOWN = ["path", "class", "calls", "forward_s", "backward_s", "step_share", "saved_bytes", "parameter_bytes"]
+
+
+def build(inputs: ReportInputs) -> list[Part]:
+    table = inputs.modules
+    if not has_rows(table):
+        run = inputs.run
+        why = next((n.removeprefix("modules: ") for n in run.notes if n.startswith("modules: ")), None)
+        return [empty(f"No time by module — {why}." if why else "No time by module: no module scopes were recorded.")]
+    assert table is not None
+    source = table.attrs.get("time_source", "host")
+    caption = CAPTION + (" Times are the kernels' (GPU)." if source == "device" else " Times are the host's.")
+    leaves = table[table["depth"] > 0] if (table["depth"] > 0).any() else table
+    return [
+        FigurePart(lambda: modules_figure(table), TITLE, caption, figure_key("modules", table)),
+        "<h4>By time</h4>",
+        frame_table(_top(leaves, "total_s")),
+        "<h4>By activations kept for backward</h4>",
+        frame_table(_top(leaves, "saved_bytes")),
+    ]
+
+
+def _top(table: pd.DataFrame, by: str) -> pd.DataFrame:
+    return table.nlargest(TOP, by)[SHOWN].reset_index(drop=True)
+
+
+SECTION = SectionKind(TITLE, tab="Modules", build=build)

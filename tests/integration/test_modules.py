@@ -1,0 +1,182 @@
+"""Time and memory by module, from a real profile of a Llama-shaped Hugging Face model:
+the module scopes only inside the traced window, the forward and backward of the layers
+adding up to the model's, the activations each layer keeps as a saved-tensors count of the
+test's own says, the parameters exact, modules.csv written and read back, and the finding
+that names a block slower than its siblings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import swift_nb
+from swift_nb.analysis.modules import blocks
+
+VOCAB, LAYERS, HIDDEN = 512, 4, 256
+BATCH, SEQ = 2, 128
+
+
+def _model() -> transformers.LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=4 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attn_implementation="eager",
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+class Slower(nn.Module):
+    """An MLP with extra matmuls: its layer costs more than its siblings."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+        self.w = nn.Parameter(torch.randn(HIDDEN, 4 * HIDDEN) / HIDDEN**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra = x
+        for _ in range(6):
+            extra = (extra @ self.w) @ self.w.T / HIDDEN
+        return self.mlp(x) + 1e-6 * extra
+
+
+def _train(model: nn.Module, out, steps: int = 6, hooks_seen: list | None = None) -> swift_nb.Run:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with swift_nb.profile(out_dir=out, wait=1, warmup=1, active=3) as run:
+        for _ in range(steps):
+            if hooks_seen is not None:
+                hooks_seen.append(len(nn.modules.module._global_forward_pre_hooks))
+            logits = model(input_ids=ids).logits
+            loss = nn.functional.cross_entropy(logits.view(-1, VOCAB), ids.view(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return run
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    seen: list[int] = []
+    model = _model()
+    run = _train(model, tmp_path_factory.mktemp("modules"), hooks_seen=seen)
+    return model, swift_nb.load_run(run.path), seen
+
+
+def test_scopes_are_on_only_in_the_recorded_steps(profiled):
+    _, run, seen = profiled
+    phases = run.steps["phase"].tolist()
+    assert [n > 0 for n in seen] == [p == "active" for p in phases[: len(seen)]]
+    assert not nn.modules.module._global_forward_pre_hooks and not nn.modules.module._global_forward_hooks
+
+
+def test_the_layers_add_up_to_the_model(profiled):
+    _, run, _ = profiled
+    m = run.modules.set_index("path")
+    parts = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(LAYERS)), "model.norm", "lm_head"]
+    root = m[m["depth"] == 0].iloc[0]
+    fwd = sum(m.at[p, "forward_s"] for p in parts)
+    assert fwd == pytest.approx(root["forward_s"], rel=0.10)
+    # every backward node of the step, whichever module it belongs to
+    all_backward = root["backward_s"] + run.modules.attrs.get("unattributed_backward_s", 0.0)
+    bwd = sum(m.at[p, "backward_s"] for p in parts)
+    assert bwd == pytest.approx(root["backward_s"], rel=0.10)
+    assert root["backward_s"] > 0.5 * all_backward or all_backward == 0
+    assert (m.loc[parts, "calls"] == 1).all()
+    assert m.at["model.layers.0", "class"] == "LlamaDecoderLayer" and m.at["model.layers.0", "parent"] == "model.layers"
+
+
+def test_parameters_per_module_are_exact(profiled):
+    model, run, _ = profiled
+    m = run.modules.set_index("path")
+    for path, module in model.named_modules():
+        if path and path in m.index:
+            want = sum(p.numel() * p.element_size() for p in module.parameters())
+            assert m.at[path, "parameter_bytes"] == want, path
+    total = sum(p.numel() * 4 for p in model.parameters())
+    root = m[m["depth"] == 0].iloc[0]
+    assert root["parameter_bytes"] == total and root["gradient_bytes"] == total
+    # AdamW's two moments, and its step count: a one-element fp32 tensor per parameter
+    assert root["state_bytes"] == 2 * total + 4 * len(list(model.parameters()))
+
+
+def test_saved_bytes_per_layer_match_a_count_of_the_saved_tensors(profiled):
+    model, run, _ = profiled
+    own = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    own |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    layers = list(model.model.layers)
+    current: list[int] = []
+    counted: list[dict[int, int]] = [{} for _ in layers]
+
+    def pack(t):
+        if current and t.untyped_storage().data_ptr() not in own:
+            counted[current[-1]][t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def enter(i: int):
+        return lambda module, args: current.append(i)  # None: the input stays
+
+    def leave(module, args, output) -> None:
+        current.pop()
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(enter(i)))
+        handles.append(layer.register_forward_hook(leave))
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids).logits.sum()
+    for h in handles:
+        h.remove()
+    m = run.modules.set_index("path")
+    for i in range(LAYERS):
+        want = sum(counted[i].values())
+        assert want > 0
+        assert m.at[f"model.layers.{i}", "saved_bytes"] == pytest.approx(want, rel=0.10)
+
+
+def test_modules_csv_is_written_and_read_back(profiled):
+    _, run, _ = profiled
+    assert (run.path / "modules.csv").exists() and run.files["modules"] == "modules.csv"
+    assert list(run.modules.columns) == swift_nb.record.MODULES_COLUMNS
+    assert run.modules.loc[run.modules["depth"] == 0, "parent"].tolist() == [""]
+    assert len(blocks(run.modules)) == LAYERS
+    html = (run.path / "report.html").read_text()
+    assert "Time and memory by module" in html and "model.layers.0" in html
+
+
+def test_a_slower_block_is_named(tmp_path):
+    model = _model()
+    model.model.layers[2].mlp = Slower(model.model.layers[2].mlp)
+    run = swift_nb.load_run(_train(model, tmp_path).path)
+    reported = swift_nb.report(run)
+    found = [f for f in reported.analysis.findings if f.id == "slow_block"]
+    assert len(found) == 1 and found[0].evidence["block"] == "model.layers.2"
+    assert "model.layers.2" in found[0].title
+    assert found[0].evidence["ops_that_differ"]
+
+
+def test_a_run_reported_later_gets_its_modules_then(tmp_path):
+    """A record saved without its report (or by a version without modules) loads with an
+    empty table; ``swift_nb.report`` writes modules.csv from the trace and the capture."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with swift_nb.profile(out_dir=tmp_path, report=False, wait=0, warmup=1, active=2) as run:
+        for _ in range(4):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    loaded = swift_nb.load_run(run.path)
+    assert loaded.modules.empty and list(loaded.modules.columns) == swift_nb.record.MODULES_COLUMNS
+    assert "modules" not in loaded.files
+    swift_nb.report(loaded)
+    again = swift_nb.load_run(run.path)
+    assert again.modules["path"].tolist()[0] == "model" and set(again.modules["path"]) == {"model", "0", "1", "2"}
+    assert (again.modules.set_index("path").loc[["0", "2"], "forward_s"] > 0).all()
