@@ -90,7 +90,10 @@ def test_the_layers_add_up_to_the_model(profiled):
     assert bwd == pytest.approx(root["backward_s"], rel=0.10)
     assert root["backward_s"] > 0.5 * all_backward or all_backward == 0
     assert (m.loc[parts, "calls"] == 1).all()
-    assert m.at["model.layers.0", "class"] == "LlamaDecoderLayer" and m.at["model.layers.0", "parent"] == "model.layers"
+    assert (
+        m.at["model.layers.0", "class"] == "LlamaDecoderLayer"
+        and m.at["model.layers.0", "parent"] == "model.layers"
+    )
 
 
 def test_parameters_per_module_are_exact(profiled):
@@ -178,5 +181,45 @@ def test_a_run_reported_later_gets_its_modules_then(tmp_path):
     assert "modules" not in loaded.files
     swift_nb.report(loaded)
     again = swift_nb.load_run(run.path)
-    assert again.modules["path"].tolist()[0] == "model" and set(again.modules["path"]) == {"model", "0", "1", "2"}
+    assert again.modules["path"].tolist()[0] == "model" and set(again.modules["path"]) == {
+        "model",
+        "0",
+        "1",
+        "2",
+    }
     assert (again.modules.set_index("path").loc[["0", "2"], "forward_s"] > 0).all()
+
+
+def test_flash_attention_changes_the_attention_modules_activations_and_not_the_mlps(tmp_path):
+    """Baseline (eager attention) against the flash_attention toggle, module by module: the
+    attention modules keep less for backward (no T×T scores), the MLPs exactly as much."""
+    runs = []
+    for label, toggles in (("baseline", []), ("flash_attention", ["flash_attention"])):
+        torch.manual_seed(0)
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        with swift_nb.profile(
+            out_dir=tmp_path,
+            label=label,
+            wait=1,
+            warmup=1,
+            active=2,
+            toggles=toggles,
+            namespace={"model": model, "opt": opt},
+            context={"variant": label},
+        ) as run:
+            for _ in range(5):
+                logits = model(input_ids=ids).logits
+                nn.functional.cross_entropy(logits.view(-1, VOCAB), ids.view(-1)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        runs.append(swift_nb.load_run(run.path))
+    d = swift_nb.diff(*runs)
+    m = d.modules.set_index("path")
+    for i in range(LAYERS):
+        attn, mlp = m.loc[f"model.layers.{i}.self_attn"], m.loc[f"model.layers.{i}.mlp"]
+        assert attn["delta_saved_bytes"] < -0.2 * attn["a_saved_bytes"], attn
+        assert mlp["b_saved_bytes"] == mlp["a_saved_bytes"] > 0
+    assert d.modules["path"].iloc[0].endswith("self_attn")  # ranked by the change in activations
+    assert any("self_attn" in s and "activations kept" in s for s in d.sentences)

@@ -59,6 +59,20 @@ TOP_NAMES = {ONLY_A: 3, ONLY_B: 3, BOTH: 4}
 COMPILED = re.compile(r"CompiledFunction|Torch-Compiled Region|CompiledFxGraph|^triton_")
 
 
+MODULE_CHANGE_COLUMNS = [
+    "path",
+    "class",
+    "a_total_s",
+    "b_total_s",
+    "delta_total_s",
+    "a_saved_bytes",
+    "b_saved_bytes",
+    "delta_saved_bytes",
+    "status",
+]
+#: the module changes worded: the largest by saved activations, then by time
+TOP_MODULES = 3
+
 @dataclass
 class RunDiff:
     """Run B against run A.
@@ -86,7 +100,12 @@ class RunDiff:
     notes: what could not be compared, and why (a run without a profiled step);
     money: one row per energy and money figure either run has (``MONEY_DIFF_COLUMNS``:
     ``field`` from ``cost.MONEY_COLUMNS``, ``a``, ``b``; None where a run has none), each
-    run priced as ``cost.cost_summary`` prices it (J, W, USD).
+    run priced as ``cost.cost_summary`` prices it (J, W, USD);
+    modules: one row per module either run recorded (``MODULE_CHANGE_COLUMNS``: ``path``,
+    ``class``, each run's ``total_s`` and ``saved_bytes`` per step, B − A of both, ``status``
+    as for ``changes``), ranked by how much what their own ops keep for backward changed,
+    then their own time (a change shows where it happens, before the ancestors that sum
+    it); empty when either run has no ``modules`` table.
     """
 
     a_name: str
@@ -104,6 +123,7 @@ class RunDiff:
     sentences: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     money: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MONEY_DIFF_COLUMNS))
+    modules: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MODULE_CHANGE_COLUMNS))
 
 
 def diff(run_a: Run | Path | str, run_b: Run | Path | str, names: tuple[str, str] | None = None) -> RunDiff:
@@ -148,9 +168,50 @@ def diff(run_a: Run | Path | str, run_b: Run | Path | str, names: tuple[str, str
         memory_regression_pct=_pct_change(a_peak, b_peak),
         notes=notes,
         money=_money(a, b),
+        modules=module_changes(a.modules, b.modules),
     )
     out.sentences = _sentences(out)
     return out
+
+
+
+
+def module_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Each module's time and saved activations in both runs (see ``RunDiff.modules``)."""
+    if a.empty or b.empty:
+        return pd.DataFrame(columns=MODULE_CHANGE_COLUMNS)
+    keep = ["path", "class", "total_s", "saved_bytes", "saved_self_bytes", "forward_self_s", "backward_self_s"]
+    both = a[keep].merge(b[keep], on="path", how="outer", suffixes=("_a", "_b"), indicator=True)
+    # ranked where the change happens (a module's own ops), not in every ancestor that sums it
+    own_saved = both["saved_self_bytes_b"].fillna(0.0) - both["saved_self_bytes_a"].fillna(0.0)
+    own_time = (both["forward_self_s_b"] + both["backward_self_s_b"]).fillna(0.0) - (
+        both["forward_self_s_a"] + both["backward_self_s_a"]
+    ).fillna(0.0)
+    out = pd.DataFrame(
+        {
+            "path": both["path"],
+            "class": both["class_a"].fillna(both["class_b"]),
+            "a_total_s": both["total_s_a"].fillna(0.0),
+            "b_total_s": both["total_s_b"].fillna(0.0),
+            "a_saved_bytes": both["saved_bytes_a"].fillna(0.0),
+            "b_saved_bytes": both["saved_bytes_b"].fillna(0.0),
+            "status": both["_merge"].map({"both": "both", "left_only": "only_a", "right_only": "only_b"}),
+        }
+    )
+    out["delta_total_s"] = out["b_total_s"] - out["a_total_s"]
+    out["delta_saved_bytes"] = out["b_saved_bytes"] - out["a_saved_bytes"]
+    order = pd.DataFrame({"saved": -own_saved.abs(), "time": -own_time.abs()}).sort_values(["saved", "time"])
+    return out.loc[order.index, MODULE_CHANGE_COLUMNS].reset_index(drop=True)
+
+
+def _module_sentences(modules: pd.DataFrame) -> list[str]:
+    shown = modules[(modules["status"] == "both") & (modules["delta_saved_bytes"] != 0)].head(TOP_MODULES)
+    return [
+        f"{r.path} ({r[2]}): activations kept {fmt_bytes(r.a_saved_bytes)} → {fmt_bytes(r.b_saved_bytes)} "
+        f"({_relative(r.a_saved_bytes, r.b_saved_bytes) if r.a_saved_bytes > 0 else 'new'}), "
+        f"time {_ms(1e3 * r.a_total_s)} → {_ms(1e3 * r.b_total_s)} ms per step"
+        for r in shown.itertuples()
+    ]
 
 
 def run_name(run: Run) -> str:
@@ -414,4 +475,5 @@ def _sentences(d: RunDiff) -> list[str]:
     picked = pd.concat([names[names["status"] == status].head(TOP_NAMES[status]) for status in TOP_NAMES])
     out += [row_sentence(r, on_host) for r in kinds.itertuples()]
     out += [row_sentence(r, on_host) for r in picked.sort_index().itertuples()]
+    out += _module_sentences(d.modules)
     return out

@@ -38,6 +38,22 @@ def changes_table(d: RunDiff, rows: int | None = SHOWN_ROWS, width: int = 60) ->
     )
 
 
+def modules_table(d: RunDiff, rows: int | None = SHOWN_ROWS) -> pd.DataFrame:
+    """The modules whose activations or time changed the most, as shown."""
+    m = d.modules if rows is None else d.modules.head(rows)
+    return pd.DataFrame(
+        {
+            "module": m["path"],
+            "class": m["class"],
+            f"{d.a_name} ms per step": (1e3 * m["a_total_s"].astype(float)).round(2),
+            f"{d.b_name} ms per step": (1e3 * m["b_total_s"].astype(float)).round(2),
+            f"{d.a_name} activations (MiB)": (m["a_saved_bytes"].astype(float) / 2**20).round(2),
+            f"{d.b_name} activations (MiB)": (m["b_saved_bytes"].astype(float) / 2**20).round(2),
+            "found": m["status"].map(_status_words(d)).fillna(m["status"]),
+        }
+    )
+
+
 def environment_table(d: RunDiff) -> pd.DataFrame:
     """The environment's differences with the runs' names as columns."""
     env = d.environment
@@ -68,6 +84,8 @@ def diff_text(d: RunDiff, rows: int | None = SHOWN_ROWS) -> str:
         more = _more(d, rows)
         if more:
             parts.append(f"({more})")
+    if len(d.modules):
+        parts += ["", "By module:", modules_table(d).to_string(index=False)]
     parts += [f"note: {n}" for n in d.notes]
     return "\n".join(parts)
 
@@ -87,5 +105,7 @@ def diff_html(d: RunDiff, rows: int | None = SHOWN_ROWS) -> str:
         more = _more(d, rows)
         if more:
             parts.append(empty(more))
+    if len(d.modules):
+        parts += ["<h4>By module</h4>", frame_table(modules_table(d))]
     parts += [empty(n) for n in d.notes]
     return "".join(parts)
