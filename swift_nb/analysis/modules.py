@@ -161,7 +161,26 @@ def module_table(
     out.attrs["time_source"] = "device" if device is not None else "host"
     out.attrs["steps"] = n_steps
     out.attrs["unattributed_backward_s"] = float(own[~known].sum()) / n_steps / 1e6
+    out.attrs["blocks"] = stack_summary(out)
     return out
+
+
+def stack_summary(table: pd.DataFrame) -> dict[str, Any] | None:
+    """The stack of blocks (``blocks``): where, how many, their mean time per step, their
+    spread ((slowest − fastest) / mean) and the slowest; None without one."""
+    stack = blocks(table)
+    if len(stack) < 2:
+        return None
+    t = stack["total_s"].astype(float)
+    mean = float(t.mean())
+    return {
+        "parent": str(stack["parent"].iloc[0]),
+        "class": str(stack["class"].iloc[0]),
+        "count": len(stack),
+        "mean_s": mean,
+        "spread": float((t.max() - t.min()) / mean) if mean > 0 else None,
+        "slowest": str(stack.loc[t.idxmax(), "path"]),
+    }
 
 
 def _per_path(paths: np.ndarray, weights: np.ndarray) -> pd.Series:

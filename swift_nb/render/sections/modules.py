@@ -4,6 +4,8 @@ activations."""
 
 from __future__ import annotations
 
+from html import escape
+
 import pandas as pd
 
 from swift_nb.render.figure_cache import figure_key
@@ -31,8 +33,18 @@ def build(inputs: ReportInputs) -> list[Part]:
     source = table.attrs.get("time_source", "host")
     caption = CAPTION + (" Times are the kernels' (GPU)." if source == "device" else " Times are the host's.")
     leaves = table[table["depth"] > 0] if (table["depth"] > 0).any() else table
+    stack = table.attrs.get("blocks")
+    said = []
+    if stack:
+        spread = f", spread {stack['spread']:.0%}" if stack.get("spread") is not None else ""
+        said.append(
+            f"<p>{stack['count']} {escape(stack['class'])} blocks under {escape(stack['parent'])}: "
+            f"{stack['mean_s'] * 1e3:.2f} ms per step each on average{spread}; the slowest is "
+            f"{escape(stack['slowest'])}.</p>"
+        )
     return [
         FigurePart(lambda: modules_figure(table), TITLE, caption, figure_key("modules", table)),
+        *said,
         "<h4>By time</h4>",
         frame_table(_top(leaves, "total_s")),
         "<h4>By activations kept for backward</h4>",
