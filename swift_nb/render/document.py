@@ -18,14 +18,16 @@ from typing import Any
 from swift_nb.analysis import Analysis
 from swift_nb.analysis.breakdown import trace_breakdown
 from swift_nb.analysis.memory import memory_timeline
+from swift_nb.analysis.modules import module_table
 from swift_nb.analysis.operators import by_memory, top_operators
-from swift_nb.analysis.trace.tables import Trace, parse_events, save_tables
+from swift_nb.analysis.trace.tables import Trace, load_trace, parse_events, save_tables
 from swift_nb.record import REPORT_FILE, Run, atomic_write_text, tables_path
 from swift_nb.render import sections
 from swift_nb.render.figure_cache import FigureCache
 from swift_nb.render.html import CSP, STYLE
 from swift_nb.render.sections import breakdown, operators_memory, operators_time
 from swift_nb.render.sections import memory as memory_section
+from swift_nb.render.sections import modules as modules_section
 from swift_nb.render.sections import timeline as timeline_section
 from swift_nb.render.sections.base import FigurePart, ReportInputs, Section
 from swift_nb.render.sections.operators import operator_parts
@@ -115,13 +117,18 @@ def build_ahead(events: list[dict], trace_path: Path, written: Path) -> FigureCa
 
 def draw_run_ahead(run: Run, trace_timeline: bool = False) -> FigureCache:
     """The figures that the run's record alone determines (utilisation and memory over
-    time; with ``trace_timeline``, the trace's timeline as the PNG a notebook's static
-    outputs show), drawn and returned: in the helper process, while the training process
+    time; the modules' icicle; with ``trace_timeline``, the trace's timeline as the PNG a
+    notebook's static outputs show), drawn and returned: in the helper process, while the training process
     analyses the run (``swift_nb.api.finish``). The report's figures that show the same
     take them."""
     figures = FigureCache()
     inputs = ReportInputs(run, timeline=memory_timeline(run))
-    for kind in (timeline_section.SECTION, memory_section.SECTION):
+    kinds = [timeline_section.SECTION, memory_section.SECTION]
+    if run.context.get("modules"):  # the icicle: the trace and what the capture counted
+        with contextlib.suppress(Exception):  # drawn where it is shown, if not here
+            inputs.modules = module_table(load_trace(run), run.context["modules"])
+            kinds.append(modules_section.SECTION)
+    for kind in kinds:
         section = kind.section(inputs)
         for part in section.parts if section is not None else ():
             if isinstance(part, FigurePart):

@@ -20,6 +20,8 @@ CAPTION = (
     "activations its forward keeps for backward, and its parameters, gradients and optimizer state. "
     "The backward of a module is the autograd nodes that differentiate the ops its forward ran."
 )
+#: what the icicle draws: its key (the helper draws it from a table without the peak's share)
+DRAWN = ["path", "parent", "depth", "total_s", "saved_bytes"]
 SHOWN = ["path", "class", "calls", "forward_s", "backward_s", "step_share", "saved_bytes", "parameter_bytes"]
 
 
@@ -43,7 +45,7 @@ def build(inputs: ReportInputs) -> list[Part]:
             f"{escape(stack['slowest'])}.</p>"
         )
     return [
-        FigurePart(lambda: modules_figure(table), TITLE, caption, figure_key("modules", table)),
+        FigurePart(lambda: modules_figure(table), TITLE, caption, figure_key("modules", table[DRAWN])),
         *said,
         "<h4>By time</h4>",
         frame_table(_top(leaves, "total_s")),
