@@ -150,10 +150,13 @@ def module_table(
         ("state_bytes", "state_bytes"),
     ):
         table[total_col] = _subtree_sum(table, own_col)
+    # a container never called (a ModuleList) runs its children's forwards
+    for path in table[table["calls"] == 0].sort_values("depth", ascending=False).index:
+        table.at[path, "forward_s"] = table.loc[table["parent"] == path, "forward_s"].sum()
     children_fwd = table.groupby("parent")["forward_s"].sum()
     table["forward_self_s"] = (table["forward_s"] - children_fwd.reindex(table.index).fillna(0.0)).clip(lower=0)
     table["total_s"] = table["forward_s"] + table["backward_s"]
-    step_s = float(np.median(trace.steps["dur_us"].to_numpy())) / 1e6
+    step_s = float(np.mean(trace.steps["dur_us"].to_numpy())) / 1e6  # the times are means per step
     table["step_share"] = table["total_s"] / step_s if step_s > 0 else np.nan
     held = table["saved_bytes"] + table["parameter_bytes"] + table["gradient_bytes"] + table["state_bytes"]
     table["peak_share"] = held / peak_bytes if peak_bytes else np.nan

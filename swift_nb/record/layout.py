@@ -126,7 +126,7 @@ MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
 # root: the model's variable); parent: its parent's path (empty for a root); class, depth;
 # calls: forward calls per step; forward_s/backward_s: per step, its children included;
 # forward_self_s/backward_self_s: its own part; total_s = forward_s + backward_s;
-# step_share: total_s / the median recorded step; saved_bytes: what its forward (children
+# step_share: total_s / the mean recorded step; saved_bytes: what its forward (children
 # included) kept for backward per step; saved_self_bytes: its own ops'; parameter/gradient/
 # state_bytes: its parameters, their gradients and their optimizer state, children included;
 # peak_share: those bytes / the peak's. A run recorded without module scopes has no file.

@@ -166,7 +166,7 @@ def test_a_slower_block_is_named(tmp_path):
     assert found[0].evidence["ops_that_differ"]
     stack = reported.analysis.modules.attrs["blocks"]
     assert stack["count"] == LAYERS and stack["slowest"] == "model.layers.2" and stack["parent"] == "model.layers"
-    assert "LlamaDecoderLayer blocks under model.layers" in (run.path / "report.html").read_text()
+    assert "The stack model.layers holds 4 blocks of class LlamaDecoderLayer" in (run.path / "report.html").read_text()
 
 
 def test_a_run_reported_later_gets_its_modules_then(tmp_path):

@@ -22,7 +22,7 @@ CAPTION = (
 )
 #: what the icicle draws: its key (the helper draws it from a table without the peak's share)
 DRAWN = ["path", "parent", "depth", "total_s", "saved_bytes"]
-SHOWN = ["path", "class", "calls", "forward_s", "backward_s", "step_share", "saved_bytes", "parameter_bytes"]
+SHOWN = ["path", "class", "calls", "forward_s", "backward_s", "step_pct", "saved_bytes", "parameter_bytes"]
 
 
 def build(inputs: ReportInputs) -> list[Part]:
@@ -40,8 +40,8 @@ def build(inputs: ReportInputs) -> list[Part]:
     if stack:
         spread = f", spread {stack['spread']:.0%}" if stack.get("spread") is not None else ""
         said.append(
-            f"<p>{stack['count']} {escape(stack['class'])} blocks under {escape(stack['parent'])}: "
-            f"{stack['mean_s'] * 1e3:.2f} ms per step each on average{spread}; the slowest is "
+            f"<p>The stack {escape(stack['parent'])} holds {stack['count']} blocks of class "
+            f"{escape(stack['class'])}: {stack['mean_s'] * 1e3:.2f} ms per step each on average{spread}; the slowest is "
             f"{escape(stack['slowest'])}.</p>"
         )
     return [
@@ -55,7 +55,8 @@ def build(inputs: ReportInputs) -> list[Part]:
 
 
 def _top(table: pd.DataFrame, by: str) -> pd.DataFrame:
-    return table.nlargest(TOP, by)[SHOWN].reset_index(drop=True)
+    top = table.nlargest(TOP, by)
+    return top.assign(step_pct=100 * top["step_share"])[SHOWN].reset_index(drop=True)
 
 
 SECTION = SectionKind(TITLE, tab="Modules", build=build)
