@@ -17,7 +17,7 @@ Per mode, for torch on every core and with one core left free (``--free-core``):
 With ``--components``, what each piece of the capture costs a step after the window: the
 profiled loop with every piece, then with one piece switched off in turn (the per-step
 sample, the sampler thread, the journal, the stderr filter, the helper's digest during
-the loop), each against the bare loop of its own round: median and worst step after the
+the loop, the module scopes of the recorded steps; ``--pieces`` picks some), each against the bare loop of its own round: median and worst step after the
 window, steps above 1.25x, the step hook's own time after the window (median), and the whole run with its report.
 
     python benchmarks/never_waits.py [--steps 120] [--rounds 3] [--threads 2] [--free-core]
@@ -84,6 +84,7 @@ def _off(obj: object, name: str, value: object) -> Callable[[], contextlib.Abstr
 def _components() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     """Each piece of the capture, as a switch that turns it off."""
     from swift_nb.capture import journal, stderr_filter, torch_profiler
+    from swift_nb.capture.memory.modules import ModuleScopes
     from swift_nb.capture.resources import sampler
 
     def digest_at_end(self, replay=None):  # the window's trace digested after the loop only
@@ -114,11 +115,12 @@ def _components() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
         "- journal": _off(journal.Journal, "start", lambda self: None),
         "- stderr filter": _off(stderr_filter.StderrFilter, "start", lambda self: None),
         "- digest in loop": no_digest_in_loop,
+        "- module scopes": _off(ModuleScopes, "start", lambda self: None),
     }
 
 
 def components(args, model, opt, batches, out: str) -> None:
-    switches = _components()
+    switches = {k: v for k, v in _components().items() if not args.pieces or k == "all" or k in args.pieces}
     rows: dict[str, list[dict]] = {name: [] for name in switches}
     for _ in range(args.rounds):
         for name, switch in switches.items():
@@ -174,6 +176,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--components", action="store_true", help="what each piece of the capture costs")
+    ap.add_argument(
+        "--pieces", nargs="*", default=[], help="with --components: only these (e.g. '- module scopes'), beside 'all'"
+    )
     args = ap.parse_args()
     threads = max(1, args.threads - 1) if args.free_core else args.threads
     torch.set_num_threads(threads)

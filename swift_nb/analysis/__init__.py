@@ -20,6 +20,7 @@ from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.memory import memory_timeline
+from swift_nb.analysis.module_findings import with_modules
 from swift_nb.analysis.modules import block_ops, module_table, slow_block_finding
 from swift_nb.analysis.operators import by_memory, compiling_steps, top_operators
 from swift_nb.analysis.run_data import run_data
@@ -113,6 +114,7 @@ def analyze(
     slow = slow_block_finding(modules, block_ops(trace, modules)) if len(modules) else None
     if slow is not None:
         findings.append(slow)
+    findings = with_modules(findings, modules)
     return Analysis(
         forecasts=forecasts,
         forecast_problem=forecast_problem,

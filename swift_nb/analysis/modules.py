@@ -105,6 +105,9 @@ def module_table(
     if not captured or trace is None or trace.empty:
         return empty()
     rows = pd.DataFrame(list(captured))
+    for text in ("role", "dtype"):  # captured before the modules had them
+        if text not in rows.columns:
+            rows[text] = ""
     ev = trace.events
     recorded = ev["step"].to_numpy() >= 0
     n_steps = max(1, trace.steps["step"].nunique())
@@ -165,7 +168,38 @@ def module_table(
     out.attrs["steps"] = n_steps
     out.attrs["unattributed_backward_s"] = float(own[~known].sum()) / n_steps / 1e6
     out.attrs["blocks"] = stack_summary(out)
+    out.attrs["adapters"] = adapters_summary(out)
     return out
+
+
+def adapter_roots(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the peft adapters' outermost modules (``lora_A``, ``lora_B``, …: their
+    sums hold the rest of the adapter), empty without adapters."""
+    if "role" not in table.columns or table.empty:
+        return table.iloc[0:0]
+    role = table.set_index("path")["role"].astype(str)
+    is_adapter = table["role"].astype(str) == "adapter"
+    parent_adapter = table["parent"].map(role).fillna("") == "adapter"
+    return table[is_adapter & ~parent_adapter]
+
+
+def adapters_summary(table: pd.DataFrame) -> dict[str, Any] | None:
+    """The peft adapters apart from the base model: how many modules, their time per step
+    and share of it, the activations they keep and the parameters they train; None
+    without adapters."""
+    roots = adapter_roots(table)
+    if roots.empty:
+        return None
+    seconds = float(roots["total_s"].sum())
+    share = roots["step_share"].astype(float).sum()
+    return {
+        "modules": int((table["role"].astype(str) == "adapter").sum()),
+        "seconds": seconds,
+        "step_share": float(share) if np.isfinite(share) else None,
+        "saved_bytes": float(roots["saved_bytes"].sum()),
+        "parameter_bytes": float(roots["parameter_bytes"].sum()),
+        "gradient_bytes": float(roots["gradient_bytes"].sum()),
+    }
 
 
 def stack_summary(table: pd.DataFrame) -> dict[str, Any] | None:
@@ -342,11 +376,24 @@ def describe(table: pd.DataFrame, n: int = 5) -> str:
     """A few lines: the modules that take the most time and hold the most memory."""
     if table.empty:
         return "no module scopes were recorded"
-    leaves = table[table["depth"] > 0]
+    adapters = table.attrs.get("adapters")
+    leaves = table[(table["depth"] > 0) & (table["role"].astype(str) != "adapter")]
     lines = ["by time:"]
     for _, r in leaves.nlargest(n, "total_s").iterrows():
         lines.append(f"  {r['path']} ({r['class']}): {r['total_s'] * 1e3:.2f} ms, {r['step_share']:.0%} of the step")
     lines.append("by saved activations:")
     for _, r in leaves.nlargest(n, "saved_bytes").iterrows():
         lines.append(f"  {r['path']} ({r['class']}): {fmt_bytes(r['saved_bytes'])}")
+    if adapters:
+        lines.append(f"adapters (peft), apart from the above: {adapters_line(adapters)}")
     return "\n".join(lines)
+
+
+def adapters_line(a: Mapping[str, Any]) -> str:
+    """``adapters_summary`` in words."""
+    share = f" ({a['step_share']:.0%} of the step)" if a.get("step_share") is not None else ""
+    return (
+        f"{a['modules']} modules, {a['seconds'] * 1e3:.2f} ms per step{share}, "
+        f"{fmt_bytes(a['saved_bytes'])} of activations kept, {fmt_bytes(a['parameter_bytes'])} of parameters "
+        f"({fmt_bytes(a['gradient_bytes'])} trained)"
+    )

@@ -103,27 +103,38 @@ def results_panel(
         content["Memory"].append(ScaleForm(run).widget())
     content["Files"][:0] = [_html(files_html(run))]
     buttons: list[widgets.Button] = []
+    linked: list[tuple[widgets.Button, dict]] = []
     if viewers and viewers[0].places:
-        buttons = [
-            widgets.Button(
-                description=f"Show on timeline: {p['title']}",
-                tooltip=p["title"],
-                layout=widgets.Layout(width="auto"),
-                _dom_classes=["swift-nb-show-on-timeline"],
-            )
-            for p in viewers[0].places
-        ]
+        buttons = [_place_button(p) for p in viewers[0].places]
         content["Advice"].append(_html("<h4>On the timeline</h4>"))
         content["Advice"].append(widgets.HBox(buttons, layout=widgets.Layout(flex_flow="row wrap")))
+        # the module scopes' places have a button in the Modules tab too
+        for p in viewers[0].places:
+            if p["id"] in MODULE_PLACES:
+                linked.append((_place_button(p), p))
+                content["Modules"].append(linked[-1][0])
     if actions is not None:
         content["Advice"].append(actions)
     for tab in TABS:
         if not content[tab]:
             content[tab].append(_html("<p class='empty'>Nothing recorded for this tab.</p>"))
     tabs = widgets.Tab(children=[widgets.VBox(content[t]) for t in TABS], titles=TABS)
-    for button, place in zip(buttons, viewers[0].places if viewers else (), strict=False):
+    for button, place in [*zip(buttons, viewers[0].places if viewers else (), strict=False), *linked]:
         button.on_click(_show_place(tabs, viewers[0], place))
     return widgets.VBox([widgets.HTML(PANEL_STYLE), tabs], _dom_classes=["swift-nb-results"])
+
+
+#: the places (``analysis.timeline.places``) the Modules tab links to
+MODULE_PLACES = ("modules", "slow_block")
+
+
+def _place_button(place: dict) -> widgets.Button:
+    return widgets.Button(
+        description=f"Show on timeline: {place['title']}",
+        tooltip=place["title"],
+        layout=widgets.Layout(width="auto"),
+        _dom_classes=["swift-nb-show-on-timeline"],
+    )
 
 
 def _show_place(tabs: widgets.Tab, viewer: TimelineWidget, place: dict) -> Callable[[widgets.Button], None]:

@@ -129,7 +129,10 @@ MEMORY_COLUMNS = ["t_s", "step", *(f"{c}_bytes" for c in MEMORY_CATEGORIES)]
 # step_share: total_s / the mean recorded step; saved_bytes: what its forward (children
 # included) kept for backward per step; saved_self_bytes: its own ops'; parameter/gradient/
 # state_bytes: its parameters, their gradients and their optimizer state, children included;
-# peak_share: those bytes / the peak's. A run recorded without module scopes has no file.
+# peak_share: those bytes / the peak's; role: "lm_head" (the model's output embeddings),
+# "adapter" (a peft adapter's part), "sharded" (an FSDP2 unit) or empty; dtype: its own
+# parameters' element type ("mixed", empty without any). A run recorded without module
+# scopes has no file; one recorded before role and dtype reads them empty.
 MODULES_COLUMNS = [
     "path",
     "parent",
@@ -148,6 +151,8 @@ MODULES_COLUMNS = [
     "gradient_bytes",
     "state_bytes",
     "peak_share",
+    "role",
+    "dtype",
 ]
 
 #: the summary's key for the models alive in the kernel that the run neither trained nor ran

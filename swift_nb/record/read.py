@@ -195,7 +195,7 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 #: the columns of the run tables that hold text; every other known column holds numbers.
-_TEXT_COLUMNS = {"phase", "trigger", "kind", "path", "parent", "class"}
+_TEXT_COLUMNS = {"phase", "trigger", "kind", "path", "parent", "class", "role", "dtype"}
 #: the columns without which a file is not that table (a foreign CSV); the table's other
 #: known columns may be absent (records of older versions lack some) and read as missing.
 REQUIRED_COLUMNS = {
@@ -321,7 +321,8 @@ def load_run(path: Path | str) -> Run:
     run.memory = _read_table(folder, MEMORY_FILE, MEMORY_COLUMNS, problems, memory_lost)
     modules_lost = "the recorded steps by module are unknown" if "modules" in run.files else None
     run.modules = _read_table(folder, MODULES_FILE, MODULES_COLUMNS, problems, modules_lost)
-    run.modules["parent"] = run.modules["parent"].fillna("")  # a root's (CSV has no empty text)
+    for text in ("parent", "role", "dtype"):  # a root's parent, no role (CSV has no empty text)
+        run.modules[text] = ["" if pd.isna(v) else str(v) for v in run.modules[text]]
     for name, file in RANK_TABLES.items():
         if name in run.files:
             table = _read_table(

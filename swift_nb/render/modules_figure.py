@@ -54,7 +54,7 @@ def modules_figure(table: pd.DataFrame, width_in: float = 10.0) -> Figure:
 
     depth = min(MAX_DEPTH, int(table["depth"].max())) + 1
     fig = new_figure(width_in, 0.55 * depth + 1.2)
-    ax = fig.add_axes((0.02, 0.18, 0.96, 0.74))
+    ax = fig.add_axes((0.07, 0.18, 0.91, 0.74))  # room on the left for the depths' labels
     saved = table["saved_bytes"].astype(float)
     norm = Normalize(0, max(float(saved.max()), 1.0))
     cmap = colormaps["OrRd"]
@@ -65,7 +65,7 @@ def modules_figure(table: pd.DataFrame, width_in: float = 10.0) -> Figure:
             width,
             left=left,
             height=0.92,
-            color=cmap(0.15 + 0.85 * norm(row["saved_bytes"])),
+            color=(fill := cmap(0.15 + 0.85 * norm(row["saved_bytes"]))),
             edgecolor="white",
             linewidth=0.6,
         )
@@ -73,7 +73,9 @@ def modules_figure(table: pd.DataFrame, width_in: float = 10.0) -> Figure:
         if chars >= 3:
             label = f"{str(row['path']).rsplit('.', 1)[-1]} {row['total_s'] * 1e3:.1f} ms"
             label = label if len(label) <= chars else label[: chars - 1] + "…"
-            ax.text(left + width / 2, -d, label, ha="center", va="center", fontsize=7)
+            # white on the dark end of the scale (relative luminance of the fill below 0.4)
+            dark = 0.2126 * fill[0] + 0.7152 * fill[1] + 0.0722 * fill[2] < 0.4
+            ax.text(left + width / 2, -d, label, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xlim(0, 1)
     ax.set_ylim(-depth + 0.5, 0.5)
     ax.set_yticks([-d for d in range(depth)], [f"depth {d}" for d in range(depth)], fontsize=7)

@@ -1,6 +1,7 @@
 """The quickstart notebook in a real JupyterLab, driven by Debian's Chromium through
 Playwright: the live panel renders and reaches the last step, the results tabs render and
-the Memory tab shows its figure, and our outputs log no JavaScript errors. Then a 40-step
+the Memory and Modules tabs show their figures (the Modules tab's link brings the
+Timeline forward), and our outputs log no JavaScript errors. Then a 40-step
 cell added to it, without ``--steps``, ends with a full bar: the panel learns the total
 only as the steps come, and sends the bound before the value.
 
@@ -107,6 +108,14 @@ def test_quickstart_in_jupyterlab(lab, new_page, tmp_path):
     image = results.locator(".widget-tab-contents img:visible").first
     page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=image.element_handle())
     results.screenshot(path=tmp_path / "results_panel.png")
+
+    tabs.filter(has_text="Modules").click()
+    icicle = results.locator(".widget-tab-contents img:visible").first
+    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=icicle.element_handle())
+    expect(results.locator(".widget-tab-contents .widget-vbox:visible").first).to_contain_text("By time")
+    results.screenshot(path=tmp_path / "results_modules.png")
+    results.locator(".swift-nb-show-on-timeline:visible").first.click()  # the model's forward
+    expect(results.locator(".lm-TabBar-tab.lm-mod-current")).to_have_text("Timeline")
 
     tabs.filter(has_text="Files").click()
     files = results.locator(".widget-tab-contents .widget-vbox:visible").first

@@ -183,6 +183,38 @@ def test_a_view_moved_while_hidden_is_drawn_when_shown(new_page, tmp_path):
     assert moved["end"] - moved["start"] < shown["end"] - shown["start"]
 
 
+def test_the_modules_section_paints_and_links_to_the_modules_track(new_page, tmp_path):
+    """report.html of a run with module scopes, offline: the Modules section's icicle loads,
+    its "Show on timeline" moves the viewer to the model's forward, and the modules' own
+    track names a module under the pointer."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with swift_nb.profile(out_dir=tmp_path, wait=0, warmup=1, active=3) as run:
+        for _ in range(5):
+            model(torch.randn(32, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    page = new_page(viewport={"width": 1280, "height": 1000})
+    page.route("**/*", _refuse_all_but_files)
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto((run.path / "report.html").as_uri())
+    root = page.locator(".swift-tl")
+    shown = wait_viewer(page, root, "s.painted && s.settled")
+    icicle = page.locator("img[alt*='module']").first
+    icicle.scroll_into_view_if_needed()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=icicle.element_handle())
+    link = page.locator("[data-timeline-place='modules'] a.show-on-timeline")
+    expect(link).to_have_count(1)
+    link.click()
+    moved = wait_viewer(page, root, f"s.settled && {MOVED}", shown)
+    assert moved["end"] - moved["start"] < shown["end"] - shown["start"]
+    assert hover_op(page, root, "module: ").startswith("module: ")
+    assert problems == []
+
+
 # Stands in for ui.perfetto.dev (served by Playwright's router: no network): answers PING
 # with PONG, as Perfetto does, and shows what it was posted.
 FAKE_PERFETTO = """<!DOCTYPE html><title>waiting</title><script>

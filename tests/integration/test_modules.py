@@ -12,9 +12,15 @@ import transformers
 from torch import nn
 
 import swift_nb
+from swift_nb.analysis import analyze
+from swift_nb.analysis.advisor import Thresholds
 from swift_nb.analysis.modules import blocks
+from swift_nb.analysis.timeline.places import places
+from swift_nb.analysis.timeline.query import Timeline
+from swift_nb.analysis.trace.tables import load_trace
+from swift_nb.core import trace_names as tn
 
-VOCAB, LAYERS, HIDDEN = 512, 4, 256
+VOCAB, LAYERS, HIDDEN = 1024, 4, 256  # a vocabulary of 1024: its head is an LM head
 BATCH, SEQ = 2, 128
 
 
@@ -226,3 +232,117 @@ def test_flash_attention_changes_the_attention_modules_activations_and_not_the_m
         assert mlp["b_saved_bytes"] == mlp["a_saved_bytes"] > 0
     assert d.modules["path"].iloc[0].endswith("self_attn")  # ranked by the change in activations
     assert any("self_attn" in s and "activations kept" in s for s in d.sentences)
+
+
+def test_roles_dtypes_and_the_modules_track(profiled):
+    _, run, _ = profiled
+    m = run.modules.set_index("path")
+    assert m.at["lm_head", "role"] == "lm_head"  # the model's output embeddings
+    assert set(m["role"]) == {"", "lm_head"}
+    assert m.at["model.layers.0.mlp.up_proj", "dtype"] == "float32" and m.at["model.layers", "dtype"] == ""
+    # the scopes are a track of their own, under the steps, and on no thread's
+    trace = load_trace(run)
+    tl = Timeline.of_trace(trace)
+    labels = tl.tracks["label"].tolist()
+    assert labels[:2] == ["Steps", "Modules"]
+    scopes = trace.events[trace.events["name"].str.startswith(tn.MODULE_PREFIX)]
+    hits = tl.query(float(scopes["ts_us"].min()), float(scopes["end_us"].max()))
+    on = hits.loc[hits["name"].str.startswith(tn.MODULE_PREFIX), "track"]
+    assert set(on) == {"modules"}, set(on)
+    # the model's longest forward is a place the Modules tab links to
+    where = places(run, analyze(run).findings, trace)["modules"]
+    root = scopes.loc[scopes["dur_us"].idxmax()]
+    assert where[0] < root["ts_us"] and where[1] > root["end_us"] and root["name"] == tn.MODULE_PREFIX + "model (root)"
+
+
+def test_the_activations_and_logits_findings_name_their_modules(profiled):
+    _, run, _ = profiled
+    analysis = analyze(run, thresholds=Thresholds(activation_share=0.01, logits_share=0.001))
+    found = {f.id: f for f in analysis.findings}
+    act = found["activations"].evidence
+    assert act["saved_by"] == "model.layers.0 … model.layers.3 (4 LlamaDecoderLayer blocks)"
+    m = run.modules.set_index("path")
+    layers = sum(m.at[f"model.layers.{i}", "saved_bytes"] for i in range(LAYERS))
+    assert act["saved_by_bytes"] == layers
+    assert act["saved_by_share"] == pytest.approx(layers / m.at["model (root)", "saved_bytes"], abs=1e-3)
+    assert "model.layers.0 … model.layers.3" in found["activations"].predicted_effect
+    logits = found["logits"]
+    assert logits.evidence["lm_head"] == "lm_head" and "By module: lm_head and the loss" in logits.suggestion
+    head_s = m.at["lm_head", "total_s"] + analysis.modules.attrs["unattributed_backward_s"]
+    assert logits.evidence["lm_head_loss_s"] == pytest.approx(head_s)
+
+
+def _small_llama(vocab: int, hidden: int = 64) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _profile(model: nn.Module, out, vocab: int, autocast: bool = False) -> swift_nb.Run:
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    ids = torch.randint(0, vocab, (2, 64))
+    with swift_nb.profile(out_dir=out, wait=0, warmup=1, active=2) as run:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=ids).logits
+                loss = nn.functional.cross_entropy(logits.float().view(-1, vocab), ids.view(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return swift_nb.load_run(run.path)
+
+
+def test_an_fp32_norm_in_a_bf16_model_and_a_costly_head(tmp_path):
+    """A bf16 model whose final norm and embedding stay fp32 (under autocast, as a
+    half-converted checkpoint runs); its head (4096 tokens × 64) is most of the step."""
+    vocab = 4096
+    model = _small_llama(vocab).to(torch.bfloat16)
+    model.model.norm.float()
+    model.model.embed_tokens.float()
+    run = _profile(model, tmp_path, vocab, autocast=True)
+    m = run.modules.set_index("path")
+    assert m.at["model.norm", "dtype"] == "float32" and m.at["model.layers.0.input_layernorm", "dtype"] == "bfloat16"
+    found = {f.id: f for f in analyze(run).findings}
+    fp32 = found["fp32_module"]
+    assert fp32.evidence["count"] == 2 and fp32.evidence["model_dtype"] == "bfloat16"
+    assert "model.norm (LlamaRMSNorm)" in fp32.evidence["modules"]
+    assert "model.embed_tokens (Embedding)" in fp32.evidence["modules"]
+    want = m.at["model.norm", "parameter_bytes"] + m.at["model.embed_tokens", "parameter_bytes"]
+    assert fp32.evidence["fp32_parameter_bytes"] == want == (64 + vocab * 64) * 4
+    # the head and its loss: a finding of their own when the logits' is not made
+    alone = {f.id: f for f in analyze(run, thresholds=Thresholds(logits_share=1.0)).findings}
+    head = alone["lm_head"]
+    assert head.evidence["lm_head"] == "lm_head" and head.toggle == "fused_ce"
+    assert head.evidence["lm_head_loss_share"] >= 0.25
+    step_s = float(run.steps.loc[run.steps["phase"] == "active", "duration_s"].mean())
+    assert head.evidence["lm_head_loss_share"] == pytest.approx(head.evidence["lm_head_loss_s"] / step_s, rel=0.05)
+    # the same model all in bf16 has no fp32 module
+    same = _small_llama(vocab).to(torch.bfloat16)
+    assert "fp32_module" not in {f.id for f in analyze(_profile(same, tmp_path, vocab, autocast=True)).findings}
+
+
+def test_peft_adapters_are_shown_apart_from_the_base(tmp_path):
+    import peft
+    vocab = 1024
+    model = peft.get_peft_model(
+        _small_llama(vocab), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    run = _profile(model, tmp_path, vocab)
+    m = run.modules
+    adapters = m[m["role"] == "adapter"]
+    assert len(adapters) and adapters["path"].str.contains(r"\.lora_(?:A|B|dropout|embedding|magnitude)").all()
+    named = {p for p, _ in model.named_modules() if ".lora_A" in p or ".lora_B" in p or ".lora_dropout" in p}
+    assert named and named <= set(adapters["path"].str.removeprefix("model (root)."))
+    summary = swift_nb.report(run).analysis.modules.attrs["adapters"]
+    trained = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+    assert summary["parameter_bytes"] == summary["gradient_bytes"] == trained
+    assert summary["modules"] == len(adapters) and summary["seconds"] > 0
+    html = (run.path / "report.html").read_text()
+    assert "The peft adapters, apart from the base model" in html and "<h4>Adapters</h4>" in html

@@ -171,6 +171,14 @@ def test_fsdp_records_all_gather_and_reduce_scatter(tmp_path_factory):
     assert (per_rank(run)["peak_mem_bytes"] > 0).all(), per_rank(run)
     fp = memory_footprint(run).set_index("category")["at_peak_bytes"]
     assert fp["parameters"] == params_bytes / 2
+    # by module: FSDP2's units under their own class, each holding its shard
+    mods = analyze(run).modules.set_index("path")
+    assert set(mods.index) == {"model", "0", "1", "2"}, mods.index
+    assert mods.at["model", "class"] == "Sequential" and mods.at["0", "class"] == "Linear"
+    assert mods.loc[["model", "0", "2"], "role"].tolist() == ["sharded"] * 3 and mods.at["1", "role"] == ""
+    assert mods.at["0", "parameter_bytes"] == mods.at["0", "gradient_bytes"] == params_bytes / 4
+    assert mods.at["model", "parameter_bytes"] == params_bytes / 2
+    assert (mods.loc[["0", "2"], "forward_s"] > 0).all() and (mods.loc[["0", "2"], "backward_s"] > 0).all()
 
 
 def test_slow_rank_is_the_straggler(tmp_path_factory):

@@ -88,6 +88,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "swift_nb.capture.journal": ("test_durability.py",),
     "swift_nb.capture.resources.link": ("test_scale_integration.py", "test_scale.py"),
     "swift_nb.render.modules_figure": ("test_modules.py",),
+    "swift_nb.analysis.module_findings": ("test_modules.py",),
     "swift_nb.capture.memory.categories": ("test_analysis.py", "test_cost_equivalence.py"),
     "swift_nb.capture.memory.logits": ("test_logits_identity.py", "test_tokens.py"),
     "swift_nb.capture.memory.peak_tracker": ("test_forecast_from_model.py", "test_logits_identity.py"),

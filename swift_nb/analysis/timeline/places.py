@@ -1,8 +1,9 @@
 """Where in a run's trace a finding happened, so a timeline can show it: a window (µs on
 the trace's clock) around the moment that decided it.
 
-Keys are finding ids (``Finding.id``) plus ``slowest_step`` and ``oom`` (the run's last
-allocations before it ran out of memory), each present only where the trace holds it.
+Keys are finding ids (``Finding.id``) plus ``slowest_step``, ``modules`` (the longest
+forward a module scope recorded: the model's, on the modules' track) and ``oom`` (the run's
+last allocations before it ran out of memory), each present only where the trace holds it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,17 @@ def last_allocations(trace: Trace, n: int = OOM_ALLOCATIONS) -> tuple[float, flo
     return _window(float(ts[-min(n, len(ts))]), float(ts[-1]))
 
 
+def module_forward(trace: Trace, path: str | None = None) -> tuple[float, float] | None:
+    """The longest forward of the module ``path`` (any module's: the model's own, when None)."""
+    ev = trace.events
+    if path is None:
+        is_scope = per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX))
+    else:
+        is_scope = per_name(trace, lambda n: n == tn.MODULE_PREFIX + path)
+    row = _longest(ev[is_scope & (ev["cat"] == "user_annotation").to_numpy()])
+    return None if row is None else _window(row["ts_us"], row["end_us"])
+
+
 #: finding id → where it happened
 _BY_FINDING = {
     "overhead": launch_gap,
@@ -124,10 +136,16 @@ def places(
     out: dict[str, tuple[float, float]] = {}
     if (w := slowest_step(trace)) is not None:
         out["slowest_step"] = w
+    if (w := module_forward(trace)) is not None:
+        out["modules"] = w
     if getattr(run, "oom", None) is not None and (w := last_allocations(trace)) is not None:
         out["oom"] = w
     for finding in findings:
         where = _BY_FINDING.get(finding.id)
-        if where is not None and finding.id not in out and (w := where(trace)) is not None:
+        if finding.id == "slow_block":  # the block it names
+            w = module_forward(trace, str(finding.evidence.get("block")))
+        else:
+            w = where(trace) if where is not None and finding.id not in out else None
+        if w is not None and finding.id not in out:
             out[finding.id] = w
     return out

@@ -1,7 +1,8 @@
 """Which track of the timeline each trace event goes on, and its depth there.
 
-Tracks, in drawing order: the profiler's steps; the DataLoader's batches (each wait for a
-batch, also drawn on its thread); the CPU threads of the training process, the loop's
+Tracks, in drawing order: the profiler's steps; the model's modules (each module's forward,
+nested by the module tree: ``swift_nb.capture.memory.modules``' scopes, moved here from the
+loop's thread); the DataLoader's batches (each wait for a batch, also drawn on its thread); the CPU threads of the training process, the loop's
 thread first; other processes' threads (workers); the GPUs' streams, by device and stream.
 """
 
@@ -18,6 +19,7 @@ from swift_nb.core import trace_names as tn
 MAX_DEPTH = 24
 STEPS_TRACK = "steps"
 DATA_TRACK = "dataloader"
+MODULES_TRACK = "modules"
 TRACK_COLUMNS = ["track", "label", "kind"]
 
 
@@ -79,7 +81,10 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
         labelled.append((sort, g, track, label, kind))
     labelled.sort(key=lambda x: x[0])
     is_data = per_name(trace, lambda n: tn.DATA.match(n) is not None) & ~gpu
+    is_module = per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX)) & ~gpu & (ev["cat"] == "user_annotation").to_numpy()
     head = [(STEPS_TRACK, "Steps", "steps")] if len(trace.steps) else []
+    if is_module.any():
+        head.append((MODULES_TRACK, "Modules", "cpu"))
     if is_data.any():
         head.append((DATA_TRACK, "DataLoader", "worker"))
     tracks = pd.DataFrame(
@@ -89,17 +94,20 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     for position, (_, g, *_rest) in enumerate(labelled):
         index_of_group[g] = len(head) + position
     track_of = index_of_group[group] if len(group) else np.zeros(0, dtype=np.int32)
+    track_of[is_module] = -1  # drawn on the modules' track only
     steps = trace.steps
+    place = {t: i for i, t in enumerate(tracks["track"])}
+    again = np.flatnonzero(is_module | is_data)  # module scopes and batches, in trace order
     extra = pd.DataFrame(
         {
-            "start_us": np.r_[steps["start_us"].to_numpy(dtype=float), ev["ts_us"].to_numpy()[is_data]],
-            "end_us": np.r_[steps["end_us"].to_numpy(dtype=float), ev["end_us"].to_numpy()[is_data]],
-            "name": [f"{tn.STEP_PREFIX}{int(s)}" for s in steps["step"]]
-            + list(ev["name"].to_numpy()[is_data]),
-            "source": np.r_[np.full(len(steps), -1), np.flatnonzero(is_data)].astype(np.int64),
-            "track": np.r_[np.zeros(len(steps)), np.full(int(is_data.sum()), 1 if len(steps) else 0)].astype(
-                np.int32
-            ),
+            "start_us": np.r_[steps["start_us"].to_numpy(dtype=float), ev["ts_us"].to_numpy()[again]],
+            "end_us": np.r_[steps["end_us"].to_numpy(dtype=float), ev["end_us"].to_numpy()[again]],
+            "name": [f"{tn.STEP_PREFIX}{int(s)}" for s in steps["step"]] + list(ev["name"].to_numpy()[again]),
+            "source": np.r_[np.full(len(steps), -1), again].astype(np.int64),
+            "track": np.r_[
+                np.zeros(len(steps)),
+                np.where(is_module[again], place.get(MODULES_TRACK, 0), place.get(DATA_TRACK, 0)),
+            ].astype(np.int32),
         }
     )
     return track_of, tracks, extra

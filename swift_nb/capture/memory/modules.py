@@ -29,6 +29,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.hooks import RemovableHandle
 
+from swift_nb.capture.memory.logits import find_head
 from swift_nb.core import trace_names as tn
 
 #: the most modules scoped (a model with more is scoped to this many, the shallowest first:
@@ -46,9 +47,16 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
+def _local_bytes(t: torch.Tensor) -> int:
+    """A tensor's bytes on this process: a DTensor's (FSDP2's sharded parameters and their
+    optimizer state) local shard, not the whole it stands for."""
+    local = t.to_local() if callable(getattr(t, "to_local", None)) else t
+    return local.numel() * local.element_size()
+
+
 def _state_bytes(state: Any) -> int:
     if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
+        return _local_bytes(state)
     if isinstance(state, Mapping):
         return sum(_state_bytes(v) for v in state.values())
     if isinstance(state, (list, tuple)):
@@ -63,6 +71,7 @@ class ModuleScopes:
         self.note = note
         self._paths: dict[int, str] = {}
         self._modules: dict[str, tuple[nn.Module, str, int]] = {}  # path → (module, parent, depth)
+        self._roles: dict[int, str] = {}  # id(module) → ROLES' word, for the modules that have one
         self._own: set[int] = set()  # storages of parameters and buffers
         self._stack: list[tuple[nn.Module, Any]] = []
         self._handles: list[RemovableHandle] = []
@@ -93,6 +102,7 @@ class ModuleScopes:
                 full = (f"{name}.{path}" if many else path) if path else root
                 parent = "" if not path else (root if "." not in path else full.rsplit(".", 1)[0])
                 rows.append((path.count(".") + 1 if path else 0, full, module, parent))
+            self._roles.update(_roles(model))
         rows.sort(key=lambda r: r[0])
         for depth, full, module, parent in rows[:MAX_MODULES]:
             if id(module) in self._paths:
@@ -239,16 +249,61 @@ class ModuleScopes:
                 {
                     "path": path,
                     "parent": parent,
-                    "class": type(module).__name__,
+                    "class": _class_name(module),
                     "depth": depth,
-                    "parameter_bytes": sum(p.numel() * p.element_size() for p in own),
-                    "gradient_bytes": sum(p.numel() * p.element_size() for p in own if p.requires_grad),
+                    "role": self._roles.get(id(module), ""),
+                    "dtype": _dtype(own),
+                    "parameter_bytes": sum(_local_bytes(p) for p in own),
+                    "gradient_bytes": sum(_local_bytes(p) for p in own if p.requires_grad),
                     "state_bytes": sum(state.get(id(p), 0) for p in own),
                     "saved_self_bytes": sum(s.get(path, (0, 0))[0] for s in self.saved_steps) / steps,
                     "saved_bytes": sum(s.get(path, (0, 0))[1] for s in self.saved_steps) / steps,
                 }
             )
         return rows
+
+
+#: what a module is to the analyses beside its class: the model's LM head (its output
+#: embeddings, ``capture.memory.logits.find_head``), a part of a peft adapter (LoRA's A and B,
+#: their dropout: trained apart from the frozen base), or a unit FSDP2 shards (``fully_shard``)
+ROLES = ("lm_head", "adapter", "sharded")
+
+
+def _roles(model: nn.Module) -> dict[int, str]:
+    """id(module) → its role (``ROLES``) for the modules of ``model`` that have one."""
+    roles: dict[int, str] = {}
+    for m in model.modules():
+        if type(m).__name__.startswith("FSDP") and hasattr(m, "reshard"):  # fully_shard's class
+            roles[id(m)] = "sharded"
+    head, known = find_head(model)
+    if head is not None and known:
+        roles[id(head)] = "lm_head"
+    for m in model.modules():
+        # a peft tuner layer names the attributes holding its adapters (lora_A, lora_B, …)
+        names = (*getattr(m, "adapter_layer_names", ()), *getattr(m, "other_param_names", ()))
+        for name in names if isinstance(names, tuple) else ():
+            part = getattr(m, name, None)
+            if isinstance(part, nn.Module):
+                roles.update((id(sub), "adapter") for sub in part.modules())
+    return roles
+
+
+def _class_name(module: nn.Module) -> str:
+    """The module's class; the model's own for a module FSDP2 wrapped (``FSDPLlamaDecoderLayer``
+    is a ``LlamaDecoderLayer``)."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and hasattr(module, "reshard"):
+        own = [c for c in cls.__mro__[1:] if c.__name__ == cls.__name__[4:]]
+        if own:
+            return own[0].__name__
+    return cls.__name__
+
+
+def _dtype(params: list[torch.Tensor]) -> str:
+    """The element type of a module's own parameters (``bfloat16``), ``mixed`` when they
+    differ, empty without any."""
+    kinds = {str(p.dtype).removeprefix("torch.") for p in params}
+    return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "")
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from html import escape
 
 import pandas as pd
 
+from swift_nb.analysis.modules import adapter_roots, adapters_line
 from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.html import empty, frame_table
 from swift_nb.render.modules_figure import modules_figure
@@ -34,16 +35,27 @@ def build(inputs: ReportInputs) -> list[Part]:
     assert table is not None
     source = table.attrs.get("time_source", "host")
     caption = CAPTION + (" Times are the kernels' (GPU)." if source == "device" else " Times are the host's.")
-    leaves = table[table["depth"] > 0] if (table["depth"] > 0).any() else table
+    base = table[table["role"].astype(str) != "adapter"]
+    leaves = base[base["depth"] > 0] if (base["depth"] > 0).any() else base
     stack = table.attrs.get("blocks")
+    # the timeline's viewer links a [data-timeline-place] to its place (the model's forward)
     said = []
     if stack:
         spread = f", spread {stack['spread']:.0%}" if stack.get("spread") is not None else ""
         said.append(
-            f"<p>The stack {escape(stack['parent'])} holds {stack['count']} blocks of class "
-            f"{escape(stack['class'])}: {stack['mean_s'] * 1e3:.2f} ms per step each on average{spread}; the slowest is "
-            f"{escape(stack['slowest'])}.</p>"
+            f"<p data-timeline-place='modules'>The stack {escape(stack['parent'])} holds {stack['count']} "
+            f"blocks of class {escape(stack['class'])}: {stack['mean_s'] * 1e3:.2f} ms per step each on "
+            f"average{spread}; the slowest is {escape(stack['slowest'])}.</p>"
         )
+    else:
+        said.append("<p data-timeline-place='modules'>The modules' forwards are a track of the timeline.</p>")
+    adapters = table.attrs.get("adapters")
+    if adapters:
+        said += [
+            f"<p>The peft adapters, apart from the base model's modules below: {escape(adapters_line(adapters))}.</p>",
+            "<h4>Adapters</h4>",
+            frame_table(_top(adapter_roots(table), "total_s")),
+        ]
     return [
         FigurePart(lambda: modules_figure(table), TITLE, caption, figure_key("modules", table[DRAWN])),
         *said,

@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 #: titles of the places that are not a finding's
-PLACE_TITLES = {"slowest_step": "slowest step", "oom": "last allocations before the OOM"}
+PLACE_TITLES = {
+    "slowest_step": "slowest step",
+    "modules": "the model's forward, by module",
+    "oom": "last allocations before the OOM",
+}
 
 
 #: what the report and the notebook say under the timeline

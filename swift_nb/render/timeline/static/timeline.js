@@ -369,8 +369,9 @@ export function mountEmbedded(host, payload) {
   });
   // Each finding of the document with a place in time (.finding[data-finding]) gets its link.
   const byId = new Map((payload.places || []).map((p) => [p.id, p]));
-  for (const finding of document.querySelectorAll(".finding[data-finding]")) {
-    const place = byId.get(finding.dataset.finding);
+  // So does any other element naming a place (the Modules section: [data-timeline-place]).
+  for (const finding of document.querySelectorAll(".finding[data-finding], [data-timeline-place]")) {
+    const place = byId.get(finding.dataset.finding || finding.dataset.timelinePlace);
     if (!place) continue;
     const link = el("a", { href: "#" + host.id, class: "show-on-timeline" }, "Show on timeline");
     link.addEventListener("click", (ev) => {
