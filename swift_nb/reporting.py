@@ -13,7 +13,14 @@ from swift_nb.analysis.comparison.variants import compare_runs
 from swift_nb.analysis.cost import price
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.ranks import RankAnalysis
-from swift_nb.analysis.trace.tables import Trace, parse_events, save_tables, tables_fresh
+from swift_nb.analysis.trace.tables import (
+    Trace,
+    parse_events,
+    save_tables,
+    share,
+    shared_traces,
+    tables_fresh,
+)
 from swift_nb.core.devices import check_price
 from swift_nb.core.errors import RecordError
 from swift_nb.record import (
@@ -87,6 +94,21 @@ def report(
     price_per_hour = check_price("price_per_hour", price_per_hour)
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
+    with shared_traces():  # the analyses, the timeline and the figures read the trace once
+        return _report(run, trace_events, trace_tables, figures, ranks, drawing, price_per_hour, price_per_kwh, on_analysed)
+
+
+def _report(
+    run: Run,
+    trace_events: list[dict] | None,
+    trace_tables: Trace | None,
+    figures: FigureCache | None,
+    ranks: dict[int, RankAnalysis] | None,
+    drawing: Callable[[], FigureCache | None] | None,
+    price_per_hour: float | None,
+    price_per_kwh: float | None,
+    on_analysed: Callable[[Run, list[Section]], None] | None,
+) -> Reported:
     price(run, price_per_hour, price_per_kwh)  # the prices in its context: the verdict's words use them
     analysis, failure = _analysed(run, trace_events, trace_tables, ranks)
     if failure is not None and failure not in run.problems:
@@ -138,6 +160,8 @@ def _analysed(
                 trace = parse_events(trace_events)
             if trace is not None and not tables_fresh(run.trace_path):
                 save_tables(trace, tables_path(run.trace_path), source=run.trace_path)
+            if trace is not None:
+                share(run.trace_path, trace)
         return analyze(run, trace=trace, ranks=ranks), None
     except RecordError as e:
         return None, f"{e.path.name} is damaged ({e.problem}): the analysis could not run"

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.advisor.findings import Finding
-from swift_nb.analysis.trace.tables import Trace
+from swift_nb.analysis.trace.tables import Trace, per_name
 from swift_nb.core import trace_names as tn
 from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MODULES_COLUMNS
@@ -112,9 +112,10 @@ def module_table(
     recorded = ev["step"].to_numpy() >= 0
     n_steps = max(1, trace.steps["step"].nunique())
     loop_tid = trace.steps["tid"].mode().iloc[0]
-    names = ev["name"].astype(str)
-    is_scope = (ev["cat"] == "user_annotation").to_numpy() & names.str.startswith(tn.MODULE_PREFIX).to_numpy()
-    is_node = names.str.startswith(_NODE).to_numpy() & recorded
+    is_scope = (ev["cat"] == "user_annotation").to_numpy() & per_name(
+        trace, lambda n: str(n).startswith(tn.MODULE_PREFIX)
+    )
+    is_node = per_name(trace, lambda n: str(n).startswith(_NODE)) & recorded
     scopes = ev[is_scope & recorded & (ev["tid"] == loop_tid).to_numpy()]
     if scopes.empty:
         return empty()
@@ -357,9 +358,8 @@ def block_ops(trace: Trace, table: pd.DataFrame) -> dict[str, pd.Series]:
     n_steps = max(1, trace.steps["step"].nunique())
     loop_tid = trace.steps["tid"].mode().iloc[0]
     on_loop = ev[(ev["tid"] == loop_tid).to_numpy() & (ev["step"].to_numpy() >= 0)]
-    names = on_loop["name"].astype(str)
     wanted = {tn.MODULE_PREFIX + p: p for p in stack["path"]}
-    spans = on_loop[names.isin(list(wanted)).to_numpy()].sort_values("ts_us").reset_index(drop=True)
+    spans = on_loop[on_loop["name"].isin(list(wanted)).to_numpy()].sort_values("ts_us").reset_index(drop=True)
     ops = on_loop[(on_loop["cat"] == "cpu_op").to_numpy()]
     where = _innermost(spans, ops["ts_us"].to_numpy(), ops["end_us"].to_numpy())
     inside = ops[where >= 0].assign(block=[wanted[spans["name"].iloc[w]] for w in where[where >= 0]])

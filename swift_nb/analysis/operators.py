@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, derived, load_trace
+from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_value
 from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
 
@@ -121,8 +121,7 @@ def _compiled(ops: pd.DataFrame, order: np.ndarray, parent: np.ndarray) -> np.nd
     """Per op, whether it is torch.compile's code: a compiled region, a generated kernel or
     dynamo's runtime by its name (``trace_names.is_compiled``), an op nested in a compiled
     region on its thread, or a kernel launched by one (same external id)."""
-    names = ops["name"].astype(str)
-    marker = names.map(tn.is_compiled).to_numpy(dtype=bool)
+    marker = per_value(ops["name"], lambda n: tn.is_compiled(str(n)))  # once per distinct name
     if not marker.any():
         return marker
     in_order = marker[order]

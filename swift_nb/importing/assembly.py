@@ -126,7 +126,8 @@ def import_trace(
     if report:
         from swift_nb import reporting  # the API composes the layers above
 
-        return reporting.report(run, ranks=analyzed).run
+        tables = reduced[0].trace if len(reduced) == 1 else None
+        return reporting.report(run, trace_tables=tables, ranks=analyzed).run
     return run
 
 
@@ -169,7 +170,9 @@ def _reduce_all(
         return gather(futures, files)
     small = sum(f.stat().st_size for f in files) < IN_PROCESS_BYTES
     if len(files) == 1 or workers == 1 or (workers is None and small):
-        return [reduce_rank(f, s, max_bytes, analyze) for f, s in zip(files, staged, strict=True)]
+        # one trace's tables are kept for its report (read once); a job's are not
+        keep = len(files) == 1
+        return [reduce_rank(f, s, max_bytes, analyze, keep) for f, s in zip(files, staged, strict=True)]
     return reduce_in_workers(files, staged, max_bytes, workers, analyze)
 
 

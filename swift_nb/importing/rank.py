@@ -4,6 +4,7 @@ with what a trace cannot say recorded as absent."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -168,17 +169,26 @@ class RankRecord:
     record: Run
     staged: Path
     analysis: RankAnalysis | None = None  # made while the tables were held, for a job's report
+    trace: Trace | None = None  # the tables, when kept for the report (a run of one trace)
 
 
 def reduce_rank(
-    path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES, analyze: bool = False
+    path: Path, staged: Path, max_bytes: int = DEFAULT_MAX_BYTES, analyze: bool = False, keep: bool = False
 ) -> RankRecord:
     """Read one rank's trace, copy it (gzipped) to ``staged`` with its tables beside it,
-    and keep only its record (and, ``analyze``, its ``RankAnalysis``): the events and
-    tables are dropped when this returns. Runs in a worker process for a job's ranks."""
-    rt = read_trace_file(path, max_bytes)
-    copy_gzipped(rt.path, staged)
+    and keep only its record (and, ``analyze``, its ``RankAnalysis``; ``keep``, its
+    tables): otherwise the events and tables are dropped when this returns. Runs in a
+    worker process for a job's ranks. The copy is compressed on a thread of its own while
+    the trace is decoded (zlib leaves the interpreter's lock: a second core does it)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="swift_nb-copy") as pool:
+        copied = pool.submit(copy_gzipped, Path(path), staged)
+        try:
+            rt = read_trace_file(path, max_bytes)
+        except BaseException:
+            copied.exception()  # waited for: the trace's own error is the one to tell
+            raise
+        copied.result()  # its error (a full disk) is the import's
     save_tables(rt.trace, tables_path(staged), source=staged)
     record = rank_record(rt)
     analysis = analyze_rank(record, rt.trace, rt.rank, rt.world_size) if analyze else None
-    return RankRecord(rt.path, rt.rank, rt.world_size, record, staged, analysis)
+    return RankRecord(rt.path, rt.rank, rt.world_size, record, staged, analysis, rt.trace if keep else None)

@@ -8,7 +8,8 @@ event carries the profiler step it falls in (``step``, from the profiler's step 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -52,12 +53,14 @@ EVENT_COLUMNS = [
 ]
 MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
 STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
+#: the event columns that hold text: plain Python strings (object columns) of which a trace
+#: has a few thousand distinct, each interned, so a million-row column is a million
+#: pointers. pandas' Arrow-backed ``str`` type would copy every string into Arrow and again
+#: at each row selection, which the analyses make dozens of: several times the decode's
+#: own time on a large trace (benchmarks/scale.py)
+TEXT_COLUMNS = ("name", "cat", "input_dims", "input_types", "msg_dtype")
 _EVENT_TYPES = {
-    "name": str,
-    "cat": str,
-    "input_dims": str,
-    "input_types": str,
-    "msg_dtype": str,
+    **dict.fromkeys(TEXT_COLUMNS, object),
     "correlation": np.int64,
     "msg_nelems": float,
     "group_size": float,
@@ -153,10 +156,21 @@ def _parse_events(raw: list[dict]) -> Trace:
     return _trace_from_columns(events, memory)
 
 
+def text_column(values: Any) -> pd.Series:
+    """A text column of the events: an object column of ``str``, a missing value (None)
+    as NaN and anything else (a number where a name belongs) as its ``str``, as pandas'
+    ``astype(str)`` makes them."""
+    arr = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values.astype(object, copy=False)
+    if len(arr) and pd.api.types.infer_dtype(arr, skipna=False) != "string":
+        arr = np.array([v if type(v) is str else (np.nan if v is None or v != v else str(v)) for v in arr], dtype=object)
+    return pd.Series(arr, dtype=object)
+
+
 def _trace_from_columns(ev: dict[str, Any], mem: dict[str, Any]) -> Trace:
     """The tables from their columns, as ``_parse_events`` or ``trace_decode`` fill them
     (``ts``, ``dur`` and the args' values of each complete event; ``ts`` and the args'
     values of each ``[memory]`` event)."""
+    ev = {k: text_column(v) if k in TEXT_COLUMNS else v for k, v in ev.items()}
     ts, dur = np.asarray(ev["ts"], dtype=float), np.asarray(ev["dur"], dtype=float)
     events = pd.DataFrame(
         {
@@ -258,6 +272,39 @@ _TEXT_COLUMNS = {
 }
 
 
+#: while ``shared_traces()`` is open: trace file (its path, modification time and size) → its
+#: tables, so that the analyses, the figures and the timeline of one report read them once
+_SHARED: dict[tuple[str, int, int], Trace] | None = None
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    st = Path(path).stat()
+    return str(Path(path).resolve()), st.st_mtime_ns, st.st_size
+
+
+@contextmanager
+def shared_traces() -> Iterator[None]:
+    """Inside it, ``load_trace_file`` reads each trace file once: a report's analyses,
+    timeline and places share the same tables (a large trace's tables take seconds to read
+    and are held only while it lasts)."""
+    global _SHARED
+    outer = _SHARED is not None
+    if not outer:
+        _SHARED = {}
+    try:
+        yield
+    finally:
+        if not outer:
+            _SHARED = None
+
+
+def share(path: Path | None, trace: Trace) -> None:
+    """Hand the tables of the trace file ``path`` to the ``shared_traces()`` open (nothing
+    when none is)."""
+    if _SHARED is not None and path is not None and Path(path).exists():
+        _SHARED[_file_key(path)] = trace
+
+
 def load_trace(run: Run) -> Trace:
     """The run's trace as tables; an empty Trace when there is none."""
     return load_trace_file(run.trace_path)
@@ -277,6 +324,14 @@ def load_trace_file(path: Path | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Tr
     if path is None or not Path(path).exists():
         return parse_events([])
     path = Path(path)
+    if _SHARED is not None and (shared := _SHARED.get(_file_key(path))) is not None:
+        return shared
+    trace = _load_trace_file(path, max_bytes)
+    share(path, trace)
+    return trace
+
+
+def _load_trace_file(path: Path, max_bytes: int) -> Trace:
     cache = tables_path(path)
     if tables_fresh(path):
         try:
@@ -392,14 +447,14 @@ _INT_COLUMNS = {
 }
 
 
-def _text_column(z, key: str) -> np.ndarray:
+def _text_column(z, key: str, missing: Any = None) -> np.ndarray:
     labels = orjson.loads(z[key + "#labels"].tobytes())
     codes = z[key]
     if not isinstance(labels, list) or not np.issubdtype(codes.dtype, np.integer):
         raise ValueError(f"{key}: not codes and labels")
     if len(codes) and (codes.min() < -1 or codes.max() >= len(labels)):
         raise ValueError(f"{key}: codes outside its {len(labels)} labels")
-    return np.array([*labels, None], dtype=object)[codes]  # code -1 (missing) picks the trailing None
+    return np.array([*labels, missing], dtype=object)[codes]  # code -1 picks the trailing missing value
 
 
 def _read_tables(path: Path, source_size: int) -> Trace:
@@ -416,7 +471,9 @@ def _read_tables(path: Path, source_size: int) -> Trace:
             for col in cols:
                 key = f"{table_name}/{col}"
                 if col in _TEXT_COLUMNS[table_name]:
-                    data[col] = _text_column(z, key)
+                    # a text column's missing value is NaN (text_column); a pid's or an address's, None
+                    missing = np.nan if table_name == "events" and col in TEXT_COLUMNS else None
+                    data[col] = pd.Series(_text_column(z, key, missing), dtype=object)
                 elif not np.issubdtype(z[key].dtype, np.number):
                     raise ValueError(f"{key}: not numbers")
                 else:
