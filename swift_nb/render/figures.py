@@ -213,7 +213,7 @@ def _bar_layer(
     verts = np.stack(
         [np.column_stack(p) for p in ((left, bottom), (left, top), (right, top), (right, bottom))], axis=1
     )
-    ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", label=label))
+    ax.add_collection(PolyCollection(list(verts), facecolors=color, edgecolors="none", label=label))
     ax.update_datalim(np.column_stack([np.r_[left, right], np.r_[bottom, top]]))
 
 
