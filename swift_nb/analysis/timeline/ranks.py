@@ -15,7 +15,7 @@ import pandas as pd
 
 from swift_nb.analysis.device import device_work
 from swift_nb.analysis.timeline.query import Timeline
-from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events, per_name
+from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events, per_name, per_value
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.core.errors import RecordError
@@ -41,7 +41,8 @@ def rank_states(trace: Trace) -> list[tuple[str, np.ndarray]]:
         comm = intervals.union(t0[comm_mask], t1[comm_mask])
     else:
         ev = trace.events
-        loop = ev["tid"].astype(str).to_numpy() == str(trace.steps["tid"].iloc[0])
+        loop_tid = str(trace.steps["tid"].iloc[0])
+        loop = per_value(ev["tid"], lambda t: str(t) == loop_tid)
         is_comm = per_name(trace, tn.is_collective) & loop
         ops = (ev["cat"] == "cpu_op").to_numpy() & loop & ~is_comm
         busy = intervals.union(ev["ts_us"].to_numpy()[ops], ev["end_us"].to_numpy()[ops])

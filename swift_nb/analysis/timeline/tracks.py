@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, per_name
+from swift_nb.analysis.trace.tables import Trace, per_name, per_value
 from swift_nb.core import trace_names as tn
 
 #: a row deeper than this holds every deeper event too (a thread's 40th level of nesting
@@ -52,8 +52,9 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     spans drawn besides the events (``start_us``, ``end_us``, ``name``, ``source``: the
     event drawn again, -1 for a step; ``track``)."""
     ev = trace.events
-    pid = ev["pid"].astype(str).to_numpy()
-    tid = ev["tid"].astype(str).to_numpy()
+    # as text, once per distinct value (astype(str) copies a million rows into Arrow strings)
+    pid = per_value(ev["pid"], str, object, "None")
+    tid = per_value(ev["tid"], str, object, "None")
     gpu = ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
     keys = pd.DataFrame({"gpu": gpu, "pid": pid, "tid": tid})
     group = keys.groupby(["gpu", "pid", "tid"], sort=False).ngroup().to_numpy()
