@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES, GZIP_MAGIC
+from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES, GZIP_MAGIC, decode_events
 from swift_nb.analysis.trace.tables import Trace, read_trace_with_meta
 from swift_nb.core import trace_names as tn
 from swift_nb.core.errors import ConfigError, RecordError
+from swift_nb.importing.halves import decode_in_halves
 
 #: the file names torch.profiler gives traces (``*.pt.trace.json`` too)
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -62,11 +63,12 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
     return list(dict.fromkeys(files))
 
 
-def read_trace_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankTrace:
+def read_trace_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, halves: bool = False) -> RankTrace:
     """One trace file (gzipped or not) read and parsed; ``RecordError`` saying what is
     wrong with a file that is not a torch.profiler trace of profiler steps, or holds more
-    than ``max_bytes`` of JSON."""
-    trace, meta = read_trace_with_meta(path, max_bytes)
+    than ``max_bytes`` of JSON. ``halves``: a large trace's events are decoded by two
+    processes (``halves.decode_in_halves``; for a trace read alone, not in a worker)."""
+    trace, meta = read_trace_with_meta(path, max_bytes, decode_in_halves if halves else decode_events)
     if trace.empty:
         raise RecordError(
             path,

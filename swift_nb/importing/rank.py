@@ -183,7 +183,7 @@ def reduce_rank(
     with ThreadPoolExecutor(1, thread_name_prefix="swift_nb-copy") as pool:
         copied = pool.submit(copy_gzipped, Path(path), staged)
         try:
-            rt = read_trace_file(path, max_bytes)
+            rt = read_trace_file(path, max_bytes, halves=keep)  # a trace read alone: two processes
         except BaseException:
             copied.exception()  # waited for: the trace's own error is the one to tell
             raise

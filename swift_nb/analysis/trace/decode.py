@@ -313,6 +313,17 @@ class ColumnBuilder:
             m[key].append(np.fromiter((int(getattr(a, attr)) for a in args), dtype=np.int64, count=n))
         self.mem_addr += [a.addr for a in args]
 
+    def extend(self, other: ColumnBuilder) -> None:
+        """Append ``other``'s events after this one's (the second half of a trace's)."""
+        for k, v in other.text.items():
+            self.text[k] += v
+        for k, parts in other.num.items():
+            self.num[k] += parts
+        for k, parts in other.mem_num.items():
+            self.mem_num[k] += parts
+        self.ext_missing += other.ext_missing
+        self.mem_addr += other.mem_addr
+
     def columns(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(event columns, memory columns) as ``parse_events`` builds its frames from."""
         num = {k: _cat(v) for k, v in self.num.items()}
@@ -393,6 +404,19 @@ def give_back_freed_memory() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def release_range(text: bytearray, start: int, end: int) -> None:
+    """Give the whole pages of ``text[start:end]`` back to the system; they read as zeros
+    afterwards (nothing on a platform without ``madvise``)."""
+    if _MADVISE is None or end <= start:
+        return
+    view = np.frombuffer(text, dtype=np.uint8)
+    first = -(-(view.ctypes.data + start) // _PAGE) * _PAGE
+    last = ((view.ctypes.data + end) // _PAGE) * _PAGE
+    del view
+    if last > first:
+        _MADVISE(first, last - first, _MADV_DONTNEED)
 
 
 _MADV_DONTNEED = 4

@@ -361,14 +361,18 @@ def read_trace(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
     return read_trace_with_meta(path, max_bytes)[0]
 
 
-def read_trace_with_meta(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Trace, dict[str, Any]]:
+def read_trace_with_meta(
+    path: Path, max_bytes: int = DEFAULT_MAX_BYTES, decode: Callable[..., Any] = decode_events
+) -> tuple[Trace, dict[str, Any]]:
     """``read_trace`` and the trace's other top-level keys (``distributedInfo``,
-    ``deviceProperties``, ``baseTimeNanoseconds``, …)."""
+    ``deviceProperties``, ``baseTimeNanoseconds``, …). ``decode``: what turns the events'
+    byte ranges into columns (``decode_events``'s arguments and result; the importer's
+    decodes a large trace in two processes)."""
     path = Path(path)
     data = read_json_bytes(path, max_bytes)
     meta, raw_events = split_document(path, data)
     with paused():
-        columns = decode_events(path, raw_events, data)
+        columns = decode(path, raw_events, data)
         del raw_events, data  # the JSON text goes before the frames are built
         try:
             trace = _trace_from_columns(*columns.columns())

@@ -1,0 +1,108 @@
+"""A large trace's events decoded by two processes at once: the second half of its events
+in a worker while this process decodes the first.
+
+Decoding a trace's events into columns is Python work, one core's worth; a trace of a
+million events or more is split at its middle event. The second half's JSON text is
+written to a file in memory (``/dev/shm`` where there is one), its pages in this process
+given back, and a worker (forkserver, as the import's other workers) decodes it into the
+same columns and sends them back; they follow the first half's, so the tables are those
+one process makes. A worker that dies leaves its half to this process; an error in its
+events is the import's, as it would have been here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from swift_nb.analysis.trace.decode import ColumnBuilder, decode_events, release_range
+from swift_nb.core.errors import RecordError
+
+#: fewer events than this are decoded in one process: a worker's start costs more
+MIN_EVENTS = 1_000_000
+#: how long the worker may take to end once it has sent its half (s)
+_JOIN_S = 10.0
+_split = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _address(buffer) -> int:
+    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+
+
+def _memory_dir() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def decode_in_halves(path: Path, events: list[msgspec.Raw], text: bytearray) -> ColumnBuilder:
+    """``decode_events(path, events, text)``, its second half in a worker process when
+    there are ``MIN_EVENTS`` or more and more than one core. ``events`` must not be read
+    afterwards (the second half's pages of ``text`` are given back to the system)."""
+    if len(events) < MIN_EVENTS or (os.cpu_count() or 1) < 2 or not len(text):
+        return decode_events(path, events, text)
+    mid = len(events) // 2
+    base = _address(text)
+    start = _address(events[mid]) - base
+    end = _address(events[-1]) - base + len(events[-1])
+    if not 0 <= start < end <= len(text):  # not views of the text: nothing to hand over
+        return decode_events(path, events, text)
+    from swift_nb.importing.pool import _context, _main_script_hidden  # its workers' start method
+
+    with tempfile.NamedTemporaryFile(dir=_memory_dir(), prefix="swift_nb-events-", suffix=".json") as half:
+        half.write(b"[")
+        half.write(memoryview(text)[start:end])
+        half.write(b"]")
+        half.flush()
+        release_range(text, start, end)  # the worker's now; this process reads the file if it must
+        del events[mid:]  # their text is gone
+        ctx: Any = _context()  # typeshed's BaseContext lacks Process
+        here, there = ctx.Pipe(duplex=False)
+        with _main_script_hidden():
+            worker = ctx.Process(target=_decode_half, args=(half.name, str(path), there), daemon=True)
+            worker.start()
+        there.close()
+        try:
+            first = decode_events(path, events, text)
+            try:
+                status, second = here.recv()
+            except (EOFError, OSError):  # the worker died: its half is decoded here
+                status, second = "died", None
+        finally:
+            here.close()
+            worker.join(_JOIN_S)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+        if status == "error":
+            raise RecordError(path, second)
+        if status != "ok":
+            second = _decode_file(path, half.name)
+    first.extend(second)
+    return first
+
+
+def _decode_file(path: Path, name: str) -> ColumnBuilder:
+    """The columns of the events in the file ``name`` (a JSON array of them)."""
+    text = bytearray(os.path.getsize(name))
+    with open(name, "rb") as f:
+        f.readinto(text)
+    return decode_events(path, _split.decode(text), text)  # its pages given back as it goes
+
+
+def _decode_half(name: str, path: str, conn: Connection) -> None:
+    """The worker: ``("ok", columns)`` or ``("error", what is wrong with the events)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the importing process handles an interrupt
+    try:
+        conn.send(("ok", _decode_file(Path(path), name)))
+    except RecordError as e:
+        conn.send(("error", e.problem))
+    except Exception as e:  # malformed past what decode_events names
+        conn.send(("error", f"malformed trace events ({type(e).__name__}: {e})"))
+    finally:
+        conn.close()
