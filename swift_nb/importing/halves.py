@@ -24,6 +24,7 @@ import numpy as np
 
 from swift_nb.analysis.trace.decode import ColumnBuilder, decode_events, release_range
 from swift_nb.core.errors import RecordError
+from swift_nb.core.gc_pause import paused
 
 #: fewer events than this are decoded in one process: a worker's start costs more
 MIN_EVENTS = 1_000_000
@@ -99,7 +100,9 @@ def _decode_half(name: str, path: str, conn: Connection) -> None:
     """The worker: ``("ok", columns)`` or ``("error", what is wrong with the events)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the importing process handles an interrupt
     try:
-        conn.send(("ok", _decode_file(Path(path), name)))
+        with paused():  # millions of objects made at once, as in the importing process (gc_pause)
+            columns = _decode_file(Path(path), name)
+        conn.send(("ok", columns))
     except RecordError as e:
         conn.send(("error", e.problem))
     except Exception as e:  # malformed past what decode_events names
