@@ -25,6 +25,7 @@ import numpy as np
 from swift_nb.analysis.trace.decode import ColumnBuilder, decode_events, release_range
 from swift_nb.core.errors import RecordError
 from swift_nb.core.gc_pause import paused
+from swift_nb.importing.processes import context, main_script_hidden
 
 #: fewer events than this are decoded in one process: a worker's start costs more
 MIN_EVENTS = 1_000_000
@@ -53,8 +54,6 @@ def decode_in_halves(path: Path, events: list[msgspec.Raw], text: bytearray) -> 
     end = _address(events[-1]) - base + len(events[-1])
     if not 0 <= start < end <= len(text):  # not views of the text: nothing to hand over
         return decode_events(path, events, text)
-    from swift_nb.importing.pool import _context, _main_script_hidden  # its workers' start method
-
     with tempfile.NamedTemporaryFile(dir=_memory_dir(), prefix="swift_nb-events-", suffix=".json") as half:
         half.write(b"[")
         half.write(memoryview(text)[start:end])
@@ -62,9 +61,9 @@ def decode_in_halves(path: Path, events: list[msgspec.Raw], text: bytearray) -> 
         half.flush()
         release_range(text, start, end)  # the worker's now; this process reads the file if it must
         del events[mid:]  # their text is gone
-        ctx: Any = _context()  # typeshed's BaseContext lacks Process
+        ctx: Any = context()  # typeshed's BaseContext lacks Process
         here, there = ctx.Pipe(duplex=False)
-        with _main_script_hidden():
+        with main_script_hidden():
             worker = ctx.Process(target=_decode_half, args=(half.name, str(path), there), daemon=True)
             worker.start()
         there.close()

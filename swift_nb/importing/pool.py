@@ -12,14 +12,12 @@ traces, mid-reply, as it starts) reads here as the end of its pipe."""
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
-import sys
 import traceback
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, wait
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as ready
@@ -28,6 +26,7 @@ from typing import Any
 
 from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.core.units import fmt_span
+from swift_nb.importing.processes import context, main_script_hidden
 from swift_nb.importing.rank import RankRecord, reduce_rank
 
 #: what to do when a local worker process dies
@@ -66,35 +65,6 @@ KILL_WAIT_S = 5.0
 #: the warning multiprocessing gives where its resource tracker was killed since it last
 #: wrote to it (it starts another as a worker is started)
 _TRACKER_RELAUNCHED = "resource_tracker: process died unexpectedly"
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    # forkserver (or spawn): a fork of a process that has started torch's or CUDA's threads
-    # can deadlock in the child
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    # the server imports the workers' module (and the reduction's) once; each worker forked
-    # from it starts with them loaded
-    ctx.set_forkserver_preload([__name__])
-    return ctx
-
-
-@contextlib.contextmanager
-def _main_script_hidden() -> Iterator[None]:
-    """While workers start, the caller's script is not named as the main module: spawn and
-    forkserver would run it again in each worker (as ``__mp_main__``), and a script that
-    calls ``import_trace`` at its top level, without ``if __name__ == "__main__":``, would
-    then import again in every worker. The workers need nothing of it."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    try:
-        for k in saved:
-            setattr(main, k, None)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(main, k, v)
 
 
 def _serve(conn: Connection) -> None:
@@ -196,10 +166,10 @@ def reduce_in_workers(
 
     done = False
     try:
-        ctx = _context()
+        ctx = context()
         for _ in range(n):
             try:
-                with _main_script_hidden(), warnings.catch_warnings():
+                with main_script_hidden(), warnings.catch_warnings():
                     # these workers register nothing with the tracker: its replacement has
                     # nothing of theirs to miss
                     warnings.filterwarnings("ignore", _TRACKER_RELAUNCHED, UserWarning)
