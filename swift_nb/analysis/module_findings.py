@@ -60,7 +60,7 @@ def saved_by(table: pd.DataFrame) -> tuple[str, float, float] | None:
     if len(stack) >= 2:
         kept = float(stack["saved_bytes"].sum())
         first, last = stack["path"].iloc[0], stack["path"].iloc[-1]
-        who = f"{first} … {last} ({len(stack)} {stack['class'].iloc[0]} blocks)"
+        who = f"{first} … {last} ({len(stack)} blocks of class {stack['class'].iloc[0]})"
     else:
         below = table[table["depth"] == 1]
         if below.empty:

@@ -260,7 +260,7 @@ def test_the_activations_and_logits_findings_name_their_modules(profiled):
     analysis = analyze(run, thresholds=Thresholds(activation_share=0.01, logits_share=0.001))
     found = {f.id: f for f in analysis.findings}
     act = found["activations"].evidence
-    assert act["saved_by"] == "model.layers.0 … model.layers.3 (4 LlamaDecoderLayer blocks)"
+    assert act["saved_by"] == "model.layers.0 … model.layers.3 (4 blocks of class LlamaDecoderLayer)"
     m = run.modules.set_index("path")
     layers = sum(m.at[f"model.layers.{i}", "saved_bytes"] for i in range(LAYERS))
     assert act["saved_by_bytes"] == layers
