@@ -12,6 +12,7 @@ from swift_nb.analysis import Analysis, analyze
 from swift_nb.analysis.comparison.variants import compare_runs
 from swift_nb.analysis.cost import price
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
+from swift_nb.analysis.kernels import SUMMARY_KEYS as FILL_KEYS
 from swift_nb.analysis.ranks import RankAnalysis
 from swift_nb.analysis.trace.tables import (
     Trace,
@@ -122,7 +123,7 @@ def _report(
         run.summary.update(
             {
                 k: round(float(analysis.device[k]), 3)
-                for k in RUN_SUMMARY_KEYS
+                for k in (*RUN_SUMMARY_KEYS, *FILL_KEYS)
                 if analysis.device.get(k) is not None
             }
         )

@@ -19,6 +19,7 @@ from swift_nb.analysis.breakdown import device_busy
 from swift_nb.analysis.comm import collectives
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
+from swift_nb.analysis.kernels import fill_summary, idle_sms_finding
 from swift_nb.analysis.memory import memory_timeline
 from swift_nb.analysis.module_findings import with_modules
 from swift_nb.analysis.modules import block_ops, module_table, slow_block_finding
@@ -115,6 +116,10 @@ def analyze(
     if slow is not None:
         findings.append(slow)
     findings = with_modules(findings, modules)
+    device = {**device_summary(trace, work=work), **fill_summary(trace)}
+    idle_sms = idle_sms_finding(trace, device)
+    if idle_sms is not None:
+        findings.append(idle_sms)
     return Analysis(
         forecasts=forecasts,
         forecast_problem=forecast_problem,
@@ -129,7 +134,7 @@ def analyze(
         findings=findings,
         per_rank=per_rank,
         collectives=comm,
-        device=device_summary(trace, work=work),
+        device=device,
         device_steps=device_steps(trace, work=work),
         kernel_kinds=kernels_by_kind(trace, work=work),
         idle_causes=idle_by_cause(trace, work=work),

@@ -15,6 +15,7 @@ import pandas as pd
 
 from swift_nb.analysis.comm import comm_per_step, comm_shares
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
+from swift_nb.analysis.kernels import fill_summary
 from swift_nb.analysis.ranks import RankAnalysis, analyze_rank
 from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES
 from swift_nb.analysis.trace.tables import Trace, save_tables
@@ -133,6 +134,7 @@ def rank_record(rt: RankTrace) -> Run:
     run.summary["trace_events"] = len(rt.trace.events)
     work = device_summary(rt.trace)
     run.summary.update({k: round(float(work[k]), 3) for k in RUN_SUMMARY_KEYS if work.get(k) is not None})
+    run.summary.update(fill_summary(rt.trace))  # how well its kernels fill the GPU
     collective_s, share = _collective_summary(rt.trace)
     if np.isfinite(collective_s) and collective_s > 0:
         run.summary["collective_s_per_step"] = collective_s

@@ -98,16 +98,7 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             else f"{fmt_pct(s.get('mean_util_pct'))} / {fmt_pct(s.get('peak_util_pct'))}",
         ),
         ("Device", f"{env.get('device', '–')} ({devices})"),
-        *(
-            [
-                (
-                    "GPU time (idle / computing)",
-                    f"{fmt_pct(s['device_idle_pct'])} / {fmt_pct(s.get('device_compute_pct'))}",
-                )
-            ]
-            if s.get("device_idle_pct") is not None
-            else []
-        ),
+        *_gpu_rows(s),
         ("Ranks", _ranks_text(run)),
     ]
     finetune = run.context.get(FINETUNE_KEY)
@@ -261,3 +252,27 @@ def runs_text(table: pd.DataFrame) -> str:
         return "No swift_nb runs yet."
     note = step_note(_bases(table))
     return _runs_display(table).to_string(index=False, na_rep="–") + (f"\n{note}" if note else "")
+
+
+def _gpu_rows(s: dict) -> list[tuple[str, str]]:
+    """The device's time and how well its kernels fill it, where the run has them."""
+    rows = []
+    if s.get("device_idle_pct") is not None:
+        idle = f"{fmt_pct(s['device_idle_pct'])} / {fmt_pct(s.get('device_compute_pct'))}"
+        rows.append(("GPU time (idle / computing)", idle))
+    if fill := _fill_text(s):
+        rows.append(("GPU kernels (occupancy · under-filled · tensor-core GEMMs)", fill))
+    return rows
+
+
+def _fill_text(s: dict) -> str:
+    """How well the recorded steps' kernels fill the GPU (``analysis.kernels``): "occupancy
+    31 % · 42 % of kernel time under-filled · tensor cores 96 % of GEMM time"; empty without."""
+    parts = []
+    if s.get("kernel_occupancy_pct") is not None:
+        parts.append(f"occupancy {fmt_pct(s['kernel_occupancy_pct'])}")
+    if s.get("kernel_under_filled_pct") is not None:
+        parts.append(f"{fmt_pct(s['kernel_under_filled_pct'])} of kernel time on fewer blocks than SMs")
+    if s.get("tensor_core_gemm_pct") is not None:
+        parts.append(f"tensor cores {fmt_pct(s['tensor_core_gemm_pct'])} of GEMM time")
+    return " · ".join(parts)

@@ -112,7 +112,10 @@ def test_a_ddp_job_is_set_beside_its_forecast(out, base, link):
     # 50 MB of fp32 gradients over gloo: the job spends a good part of its step reducing them
     assert row["measured_comm_s"] > 0.2 * row["measured_step_s"]
     assert row["efficiency"] < 1 and row["measured_efficiency"] < 1
-    assert "gradient all-reduce" in row["why"]
+    # the reason names DDP's gradient work: the all-reduce, or its bucket copies where the
+    # link's measured overlap hides most of the all-reduce under the backward (a loaded
+    # machine measured it so once)
+    assert "gradient all-reduce" in row["why"] or "bucket copies" in row["why"], row["why"]
     assert t.loc[t["world_size"] == 1, "efficiency"].tolist() == [1.0, 1.0]
     four = t[(t["world_size"] == 4) & (t["layout"] == "ddp")].iloc[0]
     assert four["comm_s"] > row["comm_s"]  # 2(n−1)/n of the gradients on the wire, and more hops

@@ -57,6 +57,8 @@ class _Args(msgspec.Struct, gc=False):
     device_id: Any = msgspec.field(default=-1, name="Device Id")
     addr: Any = msgspec.field(default=None, name="Addr")
     seq: Any = msgspec.field(default=-1, name="Sequence number")
+    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
+    blocks_per_sm: Any = msgspec.field(default=None, name="blocks per SM")
 
 
 _NO_ARGS = _Args()
@@ -70,6 +72,8 @@ _ARGS_FIELDS = operator.attrgetter(
     "dtype",
     "group_size",
     "seq",
+    "occupancy",
+    "blocks_per_sm",
 )
 
 
@@ -243,7 +247,18 @@ class ColumnBuilder:
         }
         self.text["msg_dtype"] = []
         self.num: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("ts", "dur", "ext_id", "correlation", "msg_nelems", "group_size", "seq")
+            k: []
+            for k in (
+                "ts",
+                "dur",
+                "ext_id",
+                "correlation",
+                "msg_nelems",
+                "group_size",
+                "seq",
+                "occupancy",
+                "blocks_per_sm",
+            )
         }
         self.ext_missing = 0
         self.mem_num: dict[str, list[np.ndarray]] = {
@@ -263,7 +278,7 @@ class ColumnBuilder:
     def _add_complete(self, xs: list[_Event]) -> None:
         # attrgetter and zip run in C: a column per field without a Python call per value
         name, cat, ts, dur, pid, tid, args = zip(*map(_EVENT_FIELDS, xs), strict=True)
-        dims, types, ext, corr, n_in, n_out, dtype, group, seq = zip(
+        dims, types, ext, corr, n_in, n_out, dtype, group, seq, occupancy, blocks = zip(
             *map(_ARGS_FIELDS, [a or _NO_ARGS for a in args]), strict=True
         )
         if msgspec.UNSET in ts:
@@ -295,6 +310,8 @@ class ColumnBuilder:
         c["msg_nelems"].append(np.where(np.isnan(in_nelems) & np.isnan(out_nelems), np.nan, nelems))
         c["group_size"].append(np.array(group, dtype=float))
         c["seq"].append(np.array(seq, dtype=np.int64))
+        c["occupancy"].append(np.array(occupancy, dtype=float))  # None → NaN: not a kernel
+        c["blocks_per_sm"].append(np.array(blocks, dtype=float))
 
     def _add_memory(self, mem: list[_Event]) -> None:
         n = len(mem)
@@ -341,6 +358,8 @@ class ColumnBuilder:
             "msg_nelems": num["msg_nelems"],
             "group_size": num["group_size"],
             "seq": num["seq"],
+            "occupancy": num["occupancy"],
+            "blocks_per_sm": num["blocks_per_sm"],
         }
         mem = {k: _cat(v) for k, v in self.mem_num.items()}
         mem["addr"] = self.mem_addr

@@ -50,6 +50,8 @@ EVENT_COLUMNS = [
     "msg_dtype",
     "group_size",
     "seq",
+    "occupancy_pct",
+    "blocks_per_sm",
 ]
 MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "addr", "step"]
 STEP_COLUMNS = ["step", "start_us", "end_us", "dur_us", "tid"]
@@ -65,6 +67,8 @@ _EVENT_TYPES = {
     "msg_nelems": float,
     "group_size": float,
     "seq": np.int64,
+    "occupancy_pct": float,
+    "blocks_per_sm": float,
 }
 
 
@@ -79,7 +83,11 @@ class Trace:
     it on ``record_param_comms`` and NCCL kernels (the larger of its "In msg nelems" and
     "Out msg nelems", its element type such as ``Float``, the process group's size; NaN
     and empty where not recorded); seq is the autograd sequence number the profiler records
-    on a forward op and on the backward node that differentiates it (-1: none).
+    on a forward op and on the backward node that differentiates it (-1: none);
+    occupancy_pct and blocks_per_sm are what Kineto records of a kernel's launch on an NVIDIA
+    GPU ("est. achieved occupancy %": the share of the SMs' warp slots its blocks could fill;
+    "blocks per SM": its grid over the device's SMs, below 1 when some SMs get no block), NaN
+    for every other event and on other devices.
     memory: ``[memory]`` allocation (bytes > 0) and free (bytes < 0) events.
     steps: one row per profiler step span: step, start_us, end_us, dur_us, and the tid of
     the thread that ran the training loop.
@@ -142,6 +150,8 @@ def _parse_events(raw: list[dict]) -> Trace:
         "msg_dtype": [a.get("dtype") or "" for a in args],
         "group_size": [a.get("Group size", np.nan) for a in args],
         "seq": [a.get("Sequence number", -1) for a in args],
+        "occupancy": [a.get("est. achieved occupancy %", np.nan) for a in args],
+        "blocks_per_sm": [a.get("blocks per SM", np.nan) for a in args],
     }
     mem_events = [e for e in raw if e.get("ph") == "i" and e.get("name") == "[memory]"]
     margs = [e.get("args") or {} for e in mem_events]
@@ -190,6 +200,8 @@ def _trace_from_columns(ev: dict[str, Any], mem: dict[str, Any]) -> Trace:
             "msg_dtype": ev["msg_dtype"],
             "group_size": ev["group_size"],
             "seq": ev["seq"],
+            "occupancy_pct": ev["occupancy"],
+            "blocks_per_sm": ev["blocks_per_sm"],
         },
         columns=EVENT_COLUMNS,
     )

@@ -54,6 +54,26 @@ def _device_sentences(device: dict, gpu: str) -> str:
         text += (
             f" Communication kernels ran alongside compute kernels for {pct1(overlap)} of their running time."
         )
+    fill = []  # analysis.kernels: how much of the GPU the kernels used while it was busy
+    if not is_missing(device.get("kernel_occupancy_pct")):
+        fill.append(
+            f"reached an achieved occupancy of {pct1(device['kernel_occupancy_pct'])} (by kernel time)"
+        )
+    if not is_missing(device.get("kernel_under_filled_pct")):
+        fill.append(
+            f"spent {pct1(device['kernel_under_filled_pct'])} of their time launching fewer blocks than "
+            "the GPU has SMs"
+        )
+    if not is_missing(device.get("tensor_core_gemm_pct")):
+        fill.append(f"ran {pct1(device['tensor_core_gemm_pct'])} of their GEMM time on the tensor cores")
+    if fill:
+        text += (
+            " In the recorded steps, its kernels "
+            + ", ".join(fill[:-1])
+            + (" and " if len(fill) > 1 else "")
+            + fill[-1]
+            + "."
+        )
     return f"<p>{escape(text)}</p>"
 
 
