@@ -38,8 +38,35 @@ def _address(buffer) -> int:
     return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
 
 
-def _memory_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def _room_for(size: int) -> str | None:
+    """Where a file of ``size`` bytes fits twice over: ``/dev/shm`` (memory), else the temp
+    folder; None where neither has the room (a container's /dev/shm is often 64 MB)."""
+    for folder in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            st = os.statvfs(folder)
+        except (OSError, AttributeError):  # no such folder; no statvfs (Windows)
+            continue
+        if os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize > 2 * size:
+            return folder
+    return None
+
+
+def _write_half(text: bytearray, start: int, end: int) -> Any:
+    """The events of ``text[start:end]`` as a JSON array in a temporary file (open; gone
+    when closed), or None when there is no room for it."""
+    folder = _room_for(end - start)
+    if folder is None:
+        return None
+    half = tempfile.NamedTemporaryFile(dir=folder, prefix="swift_nb-events-", suffix=".json")  # noqa: SIM115 (handed to the caller open)
+    try:
+        half.write(b"[")
+        half.write(memoryview(text)[start:end])
+        half.write(b"]")
+        half.flush()
+    except OSError:  # filled meanwhile: decoded in one process
+        half.close()
+        return None
+    return half
 
 
 def decode_in_halves(path: Path, events: list[msgspec.Raw], text: bytearray) -> ColumnBuilder:
@@ -54,11 +81,10 @@ def decode_in_halves(path: Path, events: list[msgspec.Raw], text: bytearray) -> 
     end = _address(events[-1]) - base + len(events[-1])
     if not 0 <= start < end <= len(text):  # not views of the text: nothing to hand over
         return decode_events(path, events, text)
-    with tempfile.NamedTemporaryFile(dir=_memory_dir(), prefix="swift_nb-events-", suffix=".json") as half:
-        half.write(b"[")
-        half.write(memoryview(text)[start:end])
-        half.write(b"]")
-        half.flush()
+    half = _write_half(text, start, end)
+    if half is None:
+        return decode_events(path, events, text)
+    with half:
         release_range(text, start, end)  # the worker's now; this process reads the file if it must
         del events[mid:]  # their text is gone
         ctx: Any = context()  # typeshed's BaseContext lacks Process

@@ -59,3 +59,17 @@ def test_a_malformed_event_in_the_workers_half_is_a_record_error(split_small, tm
     with pytest.raises(RecordError, match="malformed trace events") as two:
         read_trace_with_meta(bad, decode=halves.decode_in_halves)
     assert two.value.path == bad and two.value.problem == one.value.problem
+
+
+def test_without_room_for_the_half_it_is_decoded_in_one_process(split_small, monkeypatch):
+    """A container's /dev/shm is often 64 MB and its temp folder small: where the second
+    half does not fit, nothing is written and the trace is decoded here, whole."""
+    import os
+
+    monkeypatch.setattr(os, "statvfs", lambda folder: os.statvfs_result((4096, 4096, 10, 1, 1, 10, 1, 1, 0, 255)))
+    started = []
+    monkeypatch.setattr(halves, "context", lambda: started.append(1))
+    one = read_trace(GPU / "gpu_nccl_2ranks_rank0.json.gz")
+    two, _ = read_trace_with_meta(GPU / "gpu_nccl_2ranks_rank0.json.gz", decode=halves.decode_in_halves)
+    assert started == []
+    pd.testing.assert_frame_equal(two.events, one.events)
