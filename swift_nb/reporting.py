@@ -96,7 +96,17 @@ def report(
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
     with shared_traces():  # the analyses, the timeline and the figures read the trace once
-        return _report(run, trace_events, trace_tables, figures, ranks, drawing, price_per_hour, price_per_kwh, on_analysed)
+        return _report(
+            run,
+            trace_events,
+            trace_tables,
+            figures,
+            ranks,
+            drawing,
+            price_per_hour,
+            price_per_kwh,
+            on_analysed,
+        )
 
 
 def _report(

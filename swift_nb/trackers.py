@@ -44,6 +44,8 @@ SCALARS = [
     "peak_mem_bytes",
     "peak_rss_bytes",
     "mean_util_pct",
+    "mean_sm_active_pct",
+    "mean_tensor_active_pct",
     "device_idle_pct",
     "device_compute_pct",
     "device_non_compute_pct",

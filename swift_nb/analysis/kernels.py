@@ -28,7 +28,7 @@ from swift_nb.core import trace_names as tn
 
 COLUMNS = ["step", "kernel_s", "occupancy_pct", "under_filled_share", "gemm_s", "tensor_core_gemm_share"]
 #: the run summary's keys (over the recorded steps' kernels)
-SUMMARY_KEYS = ("kernel_occupancy_pct", "kernel_under_filled_pct", "tensor_core_gemm_pct")
+SUMMARY_KEYS = ("kernel_occupancy_pct", "kernel_under_filled_pct", "tensor_core_gemm_pct", "gemm_kernel_pct")
 
 
 def _kernels(trace: Trace) -> pd.DataFrame:
@@ -87,6 +87,7 @@ def fill_summary(trace: Trace) -> dict[str, float]:
         "kernel_occupancy_pct": f["occupancy_pct"],
         "kernel_under_filled_pct": 100 * f["under_filled_share"],
         "tensor_core_gemm_pct": 100 * f["tensor_core_gemm_share"],
+        "gemm_kernel_pct": 100 * f["gemm_s"] / f["kernel_s"] if f["kernel_s"] > 0 else np.nan,
     }
     return {key: round(v, 1) for key, v in out.items() if np.isfinite(v)}
 
@@ -117,6 +118,14 @@ def _short(name: str, limit: int = 60) -> str:
     return base if len(base) <= limit else base[: limit - 1] + "…"
 
 
+IDLE_SMS_FIX = (
+    "Give each kernel more work: a larger batch or sequence per step (the forecast, "
+    "%%swift_profile --forecast, says whether it fits), fused kernels (torch.compile: fewer, larger "
+    "kernels), and CUDA graphs (torch.compile(mode='reduce-overhead')) where the step launches many "
+    "small ones. Busy time counts any kernel running, however few SMs it uses"
+)
+
+
 def idle_sms_finding(trace: Trace, device: dict) -> Finding | None:
     """ "Busy but idle SMs": the device runs kernels most of its window, but they fill few of
     its SMs (``UNDER_FILLED_SHARE``, ``LOW_OCCUPANCY_PCT``)."""
@@ -145,13 +154,7 @@ def idle_sms_finding(trace: Trace, device: dict) -> Finding | None:
             "kernel_under_filled_pct": under,
             "under_filled_kernels": named or None,
         },
-        suggestion=(
-            "Give each kernel more work: a larger batch or sequence per step (the forecast, "
-            "%%swift_profile --forecast, says whether it fits), fused kernels (torch.compile: fewer, larger "
-            "kernels), and CUDA graphs (torch.compile(mode='reduce-overhead')) where the step launches many "
-            "small ones. Busy time counts any kernel running, however few SMs it uses"
-            + (f"; the most time under-filled: {named}." if named else ".")
-        ),
+        suggestion=IDLE_SMS_FIX + (f"; the most time under-filled: {named}." if named else "."),
         toggle="torch_compile",
         predicted_effect=(
             "throughput up where the kernels grow: the same busy time does more work once more SMs take part "

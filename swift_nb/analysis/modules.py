@@ -42,9 +42,7 @@ def empty() -> pd.DataFrame:
     return pd.DataFrame(columns=COLUMNS)
 
 
-def _innermost(
-    spans: pd.DataFrame, points_ts: np.ndarray, points_end: np.ndarray
-) -> np.ndarray:
+def _innermost(spans: pd.DataFrame, points_ts: np.ndarray, points_end: np.ndarray) -> np.ndarray:
     """For each point (ts, end), the row index in ``spans`` (ts_us, end_us, sorted by
     start) of the innermost span holding it, -1 for none: a sweep with a stack of the
     spans open at each point's start."""
@@ -158,7 +156,9 @@ def module_table(
     for path in table[table["calls"] == 0].sort_values("depth", ascending=False).index:
         table.at[path, "forward_s"] = table.loc[table["parent"] == path, "forward_s"].sum()
     children_fwd = table.groupby("parent")["forward_s"].sum()
-    table["forward_self_s"] = (table["forward_s"] - children_fwd.reindex(table.index).fillna(0.0)).clip(lower=0)
+    table["forward_self_s"] = (table["forward_s"] - children_fwd.reindex(table.index).fillna(0.0)).clip(
+        lower=0
+    )
     table["total_s"] = table["forward_s"] + table["backward_s"]
     step_s = float(np.mean(trace.steps["dur_us"].to_numpy())) / 1e6  # the times are means per step
     table["step_share"] = table["total_s"] / step_s if step_s > 0 else np.nan
@@ -323,7 +323,9 @@ def slow_block_finding(table: pd.DataFrame, ops: Mapping[str, pd.Series] | None 
         others = [ops[p] for p in stack["path"] if p != slowest["path"] and p in ops]
         if others:
             typical = pd.concat(others, axis=1).fillna(0.0).median(axis=1)
-            extra = (ops[slowest["path"]] - typical.reindex(ops[slowest["path"]].index).fillna(0.0)).nlargest(3)
+            extra = (ops[slowest["path"]] - typical.reindex(ops[slowest["path"]].index).fillna(0.0)).nlargest(
+                3
+            )
             extra = extra[extra > 0]
             differ = ", ".join(f"{name} +{v * 1e3:.2f} ms" for name, v in extra.items())
     ratio = slowest["total_s"] / median
@@ -380,7 +382,9 @@ def describe(table: pd.DataFrame, n: int = 5) -> str:
     leaves = table[(table["depth"] > 0) & (table["role"].astype(str) != "adapter")]
     lines = ["by time:"]
     for _, r in leaves.nlargest(n, "total_s").iterrows():
-        lines.append(f"  {r['path']} ({r['class']}): {r['total_s'] * 1e3:.2f} ms, {r['step_share']:.0%} of the step")
+        lines.append(
+            f"  {r['path']} ({r['class']}): {r['total_s'] * 1e3:.2f} ms, {r['step_share']:.0%} of the step"
+        )
     lines.append("by saved activations:")
     for _, r in leaves.nlargest(n, "saved_bytes").iterrows():
         lines.append(f"  {r['path']} ({r['class']}): {fmt_bytes(r['saved_bytes'])}")

@@ -60,6 +60,7 @@ from swift_nb.record import (
     summarize,
     utc_now_iso,
 )
+from swift_nb.record.counters import step_counters
 from swift_nb.vocabulary.options import ProfileOptions
 
 _RUNNING: list[Session] = []  # the session capturing in this process (one at a time: no nesting)
@@ -326,8 +327,8 @@ class Session:
             self._add_trace(run, steps, trace)
         elif self.profiler_cfg is not None and not self._trace_lost:
             self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
-        run.steps = steps
         run.samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
+        run.steps = pd.concat([steps, step_counters(steps, run.samples)], axis=1)
         run.status = status
         run.wall_s = end_s
         run.summary.update(summarize(run.steps, run.samples))

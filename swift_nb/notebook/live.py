@@ -155,6 +155,7 @@ class LivePanel:
             _dom_classes=["swift-nb-live"],
         )
         self._util = History()
+        self._sm = History()  # GPM's SM activity beside the utilisation, where the GPU counts it
         self._mem = History()
         self._series: tuple[tuple[str, str] | None, tuple[str, str] | None] = (None, None)
         self._last_sample_t: float | None = None
@@ -198,10 +199,12 @@ class LivePanel:
         samples = run.samples
         if samples is not None and not samples.empty:
             self._series = _series(samples.iloc[-1].to_dict())
-            self._util, self._mem = History(), History()
+            self._util, self._sm, self._mem = History(), History(), History()
             util, mem = self._series
             if util:
                 self._util.extend(samples[util[0]])
+                if _sm_column(util[0]) in samples:
+                    self._sm.extend(samples[_sm_column(util[0])].dropna())
             if mem:
                 self._mem.extend(samples[mem[0]])
         total = self._total if self._total and steps < self._total else steps
@@ -286,6 +289,9 @@ class LivePanel:
         util, mem = self._series
         if util:
             self._util.add(float(row.get(util[0], math.nan)))
+            sm = row.get(_sm_column(util[0]))
+            if isinstance(sm, (int, float)) and math.isfinite(sm):  # GPM reads once per window
+                self._sm.add(float(sm))
         if mem:
             self._mem.add(float(row.get(mem[0], math.nan)))
         self._chart_dirty = True
@@ -342,11 +348,18 @@ class LivePanel:
             values = self._util.values
             y_max = max([100.0, *(v for v in values if math.isfinite(v))])
             parts.append(sparkline(values, util[1], fmt_pct(_last(values)), y_max))
+            if self._sm.values:  # the gap between the two is the message: busy is not full
+                parts.append(sparkline(self._sm.values, "SMs active", fmt_pct(_last(self._sm.values)), 100.0))
         if mem:
             values = self._mem.values
             y_max = max((v for v in values if math.isfinite(v)), default=0.0)
             parts.append(sparkline(values, mem[1], fmt_bytes(_last(values)), y_max))
         return f"<div class='swift-nb-live-charts'>{''.join(parts)}</div>"
+
+
+def _sm_column(util: str) -> str:
+    """The SM-activity column of the device whose utilisation column is ``util``."""
+    return util.replace("_util_pct", "_sm_active_pct")
 
 
 def _alert_html(message: str, count: int) -> str:

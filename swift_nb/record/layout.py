@@ -69,7 +69,10 @@ STATUSES = ("running", "ok", "failed", "oom", "interrupted", "terminated", "cras
 #     a lazy backward compile; swift_nb.capture.compile), 0 when it compiled nothing;
 #   tokens, real_tokens (written when the run ends; steps whose model received token ids):
 #     positions the model computed (batch × sequence) and those that are not padding
-#     (swift_nb.capture.tokens), summed over the step's forward calls.
+#     (swift_nb.capture.tokens), summed over the step's forward calls;
+#   gpu{i}_util_pct, gpu{i}_sm_active_pct … gpu{i}_sm_clock_mhz, gpu{i}_throttled_pct (runs that
+#     sampled a GPU): the step's time-weighted mean of each counter, and the share of it the
+#     clocks were held down (swift_nb.record.counters).
 STEP_COLUMNS = [
     "step",
     "start_s",
@@ -91,7 +94,12 @@ STEP_COLUMNS = [
 # gpu{i}_util_pct, gpu{i}_mem_util_pct (memory controller), gpu{i}_mem_used_bytes,
 # gpu{i}_mem_total_bytes, gpu{i}_sm_clock_mhz, gpu{i}_temp_c, gpu{i}_power_w: NVML;
 # gpu{i}_energy_j (NVML's energy counter, or the power integrated) and cpu_energy_j (RAPL):
-# joules since the run's first sample, cumulative (swift_nb.capture.resources.energy).
+# joules since the run's first sample, cumulative (swift_nb.capture.resources.energy);
+# gpu{i}_sm_active_pct, _sm_occupancy_pct, _tensor_active_pct, _dram_bw_pct,
+# _pcie_tx/_rx_bytes_per_s, _nvlink_tx/_rx_bytes_per_s (NVML GPM, Hopper and newer: each the
+# mean over the window ending at the sample, empty where the window was under 100 ms),
+# gpu{i}_pcie_max_bytes_per_s, gpu{i}_clock_reasons (NVML's clocks-event bitmask) and
+# gpu{i}_sm_clock_max_mhz (swift_nb.capture.resources.gpm).
 SAMPLE_COLUMNS = [
     "t_s",
     "kind",

@@ -154,7 +154,17 @@ class Run:
 
 
 # Run fields that are not stored in run.json
-NOT_IN_JSON = {"steps", "samples", "memory", "modules", "ranks", "rank_steps", "rank_samples", "path", "problems"}
+NOT_IN_JSON = {
+    "steps",
+    "samples",
+    "memory",
+    "modules",
+    "ranks",
+    "rank_steps",
+    "rank_samples",
+    "path",
+    "problems",
+}
 RANK_TABLES = {
     "ranks": RANKS_FILE,
     "rank_steps": RANK_STEPS_FILE,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.core.errors import ConfigError, RunDirError
+from swift_nb.record.counters import counter_summary
 from swift_nb.record.layout import (
     DEFAULT_KEEP,
     ENV_DIR,
@@ -250,6 +251,7 @@ def summarize(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
     out["peak_util_pct"] = float(util.max()) if len(util) else None
     out.update(energy_summary(steps, samples))
     out.update(token_summary(steps))
+    out.update(counter_summary(steps, samples))
     return out
 
 

@@ -271,6 +271,23 @@ LABELS: dict[str, Label] = {
     # utilisation, throughput
     "mean_util_pct": Label("Utilisation (mean)"),
     "peak_util_pct": Label("Utilisation (peak)"),
+    "mean_step_util_pct": Label("Utilisation over the steps"),
+    "mean_sm_active_pct": Label("SMs active (mean)"),
+    "mean_sm_occupancy_pct": Label("Warps occupied (mean)"),
+    "mean_tensor_active_pct": Label("Tensor cores active (mean)"),
+    "mean_dram_bw_pct": Label("DRAM bandwidth used (mean)"),
+    "throttled_steps_pct": Label("Steps throttled"),
+    # the GPU's counters in findings' evidence (swift_nb.analysis.counters)
+    "utilisation_pct": Label("Utilisation (NVML, over the steps)"),
+    "sm_active_pct": Label("SMs active (GPM)"),
+    "sm_occupancy_pct": Label("Warps occupied (GPM)"),
+    "tensor_active_pct": Label("Tensor cores active (GPM)"),
+    "dram_bw_pct": Label("DRAM bandwidth used (GPM)"),
+    "gemm_kernel_pct": Label("GEMMs' share of kernel time"),
+    "clock_lost_mhz": Label("SM clock lost (MHz)", "count"),
+    "clock_max_mhz": Label("SM clock at most (MHz)", "count"),
+    "pcie_peak_pct": Label("PCIe, the busiest step, of the link"),
+    "pcie_link_bytes_per_s": Label("PCIe link per second, each way"),
     "samples_per_s": Label("Samples per second", "count"),
     "tokens_per_s": Label("Tokens per second", "count"),
     # energy and cost

@@ -75,7 +75,15 @@ def modules_figure(table: pd.DataFrame, width_in: float = 10.0) -> Figure:
             label = label if len(label) <= chars else label[: chars - 1] + "…"
             # white on the dark end of the scale (relative luminance of the fill below 0.4)
             dark = 0.2126 * fill[0] + 0.7152 * fill[1] + 0.0722 * fill[2] < 0.4
-            ax.text(left + width / 2, -d, label, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+            ax.text(
+                left + width / 2,
+                -d,
+                label,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if dark else "black",
+            )
     ax.set_xlim(0, 1)
     ax.set_ylim(-depth + 0.5, 0.5)
     ax.set_yticks([-d for d in range(depth)], [f"depth {d}" for d in range(depth)], fontsize=7)

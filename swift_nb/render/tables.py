@@ -262,7 +262,45 @@ def _gpu_rows(s: dict) -> list[tuple[str, str]]:
         rows.append(("GPU time (idle / computing)", idle))
     if fill := _fill_text(s):
         rows.append(("GPU kernels (occupancy · under-filled · tensor-core GEMMs)", fill))
+    if counted := counters_text(s):
+        rows.append(("GPU counters (over the steps)", counted))
+    if s.get("throttled_steps_pct") is not None:
+        rows.append(("GPU clocks", throttle_text(s)))
     return rows
+
+
+def counters_text(s: dict) -> str:
+    """What the GPU counted over the steps (``swift_nb.record.counters``): "GPU busy 96 % ·
+    SMs active 31 % · tensor cores 4 % · DRAM bandwidth 12 %"; empty without GPM."""
+    if s.get("mean_sm_active_pct") is None:
+        return ""
+    parts = [
+        f"GPU busy {fmt_pct(s.get('mean_step_util_pct'))}",
+        f"SMs active {fmt_pct(s['mean_sm_active_pct'])}",
+    ]
+    for key, name in (
+        ("mean_sm_occupancy_pct", "warps occupied"),
+        ("mean_tensor_active_pct", "tensor cores"),
+        ("mean_dram_bw_pct", "DRAM bandwidth"),
+    ):
+        if s.get(key) is not None:
+            parts.append(f"{name} {fmt_pct(s[key])}")
+    if s.get("pcie_peak_pct") is not None:
+        parts.append(f"PCIe peak {fmt_pct(s['pcie_peak_pct'])} of the link")
+    return " · ".join(parts)
+
+
+def throttle_text(s: dict) -> str:
+    """ "held down in 35 % of the steps (power cap), 580 MHz below 1980 MHz", or "not throttled"."""
+    share = float(s.get("throttled_steps_pct") or 0.0)
+    if share <= 0:
+        return "not throttled in any step"
+    text = f"held down in {fmt_pct(share)} of the steps"
+    if s.get("throttle_reasons"):
+        text += f" ({', '.join(s['throttle_reasons'])})"
+    if s.get("clock_lost_mhz") is not None and s.get("clock_max_mhz"):
+        text += f", {s['clock_lost_mhz']:.0f} MHz below their {s['clock_max_mhz']:.0f} MHz"
+    return text
 
 
 def _fill_text(s: dict) -> str:

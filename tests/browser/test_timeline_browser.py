@@ -306,7 +306,9 @@ def test_timeline_in_jupyterlab(lab, new_page, tmp_path):
     # had the Timeline tab selected when it handled the press, so the panel's switch
     # (notebook/panel.py's _show_place) was no change and sent nothing.
     page.wait_for_function(WIDGETS_SYNCED, polling=100)
-    results.locator(".swift-nb-show-on-timeline:visible").first.click()  # the Advice tab's (the Modules tab has its own)
+    results.locator(
+        ".swift-nb-show-on-timeline:visible"
+    ).first.click()  # the Advice tab's (the Modules tab has its own)
     # the button brings the Timeline tab forward, and the view moved there is drawn
     expect(root).to_be_visible()
     wait_viewer(page, root, f"s.settled && {MOVED}", keyed)

@@ -66,7 +66,9 @@ def test_without_room_for_the_half_it_is_decoded_in_one_process(split_small, mon
     half does not fit, nothing is written and the trace is decoded here, whole."""
     import os
 
-    monkeypatch.setattr(os, "statvfs", lambda folder: os.statvfs_result((4096, 4096, 10, 1, 1, 10, 1, 1, 0, 255)))
+    monkeypatch.setattr(
+        os, "statvfs", lambda folder: os.statvfs_result((4096, 4096, 10, 1, 1, 10, 1, 1, 0, 255))
+    )
     started = []
     monkeypatch.setattr(halves, "context", lambda: started.append(1))
     one = read_trace(GPU / "gpu_nccl_2ranks_rank0.json.gz")

@@ -171,8 +171,15 @@ def test_a_slower_block_is_named(tmp_path):
     assert "model.layers.2" in found[0].title
     assert found[0].evidence["ops_that_differ"]
     stack = reported.analysis.modules.attrs["blocks"]
-    assert stack["count"] == LAYERS and stack["slowest"] == "model.layers.2" and stack["parent"] == "model.layers"
-    assert "The stack model.layers holds 4 blocks of class LlamaDecoderLayer" in (run.path / "report.html").read_text()
+    assert (
+        stack["count"] == LAYERS
+        and stack["slowest"] == "model.layers.2"
+        and stack["parent"] == "model.layers"
+    )
+    assert (
+        "The stack model.layers holds 4 blocks of class LlamaDecoderLayer"
+        in (run.path / "report.html").read_text()
+    )
 
 
 def test_a_run_reported_later_gets_its_modules_then(tmp_path):
@@ -252,7 +259,11 @@ def test_roles_dtypes_and_the_modules_track(profiled):
     # the model's longest forward is a place the Modules tab links to
     where = places(run, analyze(run).findings, trace)["modules"]
     root = scopes.loc[scopes["dur_us"].idxmax()]
-    assert where[0] < root["ts_us"] and where[1] > root["end_us"] and root["name"] == tn.MODULE_PREFIX + "model (root)"
+    assert (
+        where[0] < root["ts_us"]
+        and where[1] > root["end_us"]
+        and root["name"] == tn.MODULE_PREFIX + "model (root)"
+    )
 
 
 def test_the_activations_and_logits_findings_name_their_modules(profiled):
@@ -308,7 +319,10 @@ def test_an_fp32_norm_in_a_bf16_model_and_a_costly_head(tmp_path):
     model.model.embed_tokens.float()
     run = _profile(model, tmp_path, vocab, autocast=True)
     m = run.modules.set_index("path")
-    assert m.at["model.norm", "dtype"] == "float32" and m.at["model.layers.0.input_layernorm", "dtype"] == "bfloat16"
+    assert (
+        m.at["model.norm", "dtype"] == "float32"
+        and m.at["model.layers.0.input_layernorm", "dtype"] == "bfloat16"
+    )
     found = {f.id: f for f in analyze(run).findings}
     fp32 = found["fp32_module"]
     assert fp32.evidence["count"] == 2 and fp32.evidence["model_dtype"] == "bfloat16"
@@ -322,14 +336,19 @@ def test_an_fp32_norm_in_a_bf16_model_and_a_costly_head(tmp_path):
     assert head.evidence["lm_head"] == "lm_head" and head.toggle == "fused_ce"
     assert head.evidence["lm_head_loss_share"] >= 0.25
     step_s = float(run.steps.loc[run.steps["phase"] == "active", "duration_s"].mean())
-    assert head.evidence["lm_head_loss_share"] == pytest.approx(head.evidence["lm_head_loss_s"] / step_s, rel=0.05)
+    assert head.evidence["lm_head_loss_share"] == pytest.approx(
+        head.evidence["lm_head_loss_s"] / step_s, rel=0.05
+    )
     # the same model all in bf16 has no fp32 module
     same = _small_llama(vocab).to(torch.bfloat16)
-    assert "fp32_module" not in {f.id for f in analyze(_profile(same, tmp_path, vocab, autocast=True)).findings}
+    assert "fp32_module" not in {
+        f.id for f in analyze(_profile(same, tmp_path, vocab, autocast=True)).findings
+    }
 
 
 def test_peft_adapters_are_shown_apart_from_the_base(tmp_path):
     import peft
+
     vocab = 1024
     model = peft.get_peft_model(
         _small_llama(vocab), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -337,7 +356,9 @@ def test_peft_adapters_are_shown_apart_from_the_base(tmp_path):
     run = _profile(model, tmp_path, vocab)
     m = run.modules
     adapters = m[m["role"] == "adapter"]
-    assert len(adapters) and adapters["path"].str.contains(r"\.lora_(?:A|B|dropout|embedding|magnitude)").all()
+    assert (
+        len(adapters) and adapters["path"].str.contains(r"\.lora_(?:A|B|dropout|embedding|magnitude)").all()
+    )
     named = {p for p, _ in model.named_modules() if ".lora_A" in p or ".lora_B" in p or ".lora_dropout" in p}
     assert named and named <= set(adapters["path"].str.removeprefix("model (root)."))
     summary = swift_nb.report(run).analysis.modules.attrs["adapters"]

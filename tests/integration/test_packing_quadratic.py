@@ -48,7 +48,9 @@ def _profiled(out_dir, with_toggles=()):
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids, mask, labels = _batch()
-    with swift_nb.profile(out_dir=out_dir, wait=0, warmup=1, active=2, report=False, toggles=with_toggles) as run:
+    with swift_nb.profile(
+        out_dir=out_dir, wait=0, warmup=1, active=2, report=False, toggles=with_toggles
+    ) as run:
         for _ in range(4):
             model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
             opt.step()

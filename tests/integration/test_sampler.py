@@ -35,6 +35,7 @@ class _FailingNvml:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.failed: list[str] = []  # NvmlReader's parts that failed (none: the whole reader fails)
 
     def read(self, t_s):
         self.calls += 1

@@ -79,7 +79,9 @@ def test_the_jobs_ran_beside_their_forecast(executed):
     fsdp_rows = [line for line in lines if re.search(r"^\d+\s+[24]\s+fsdp\s", line)]
     assert len(ddp_rows) == 2 and len(fsdp_rows) == 2, lines
     assert all(re.search(r"gradient all-reduce|bucket copies|slowest rank", r) for r in ddp_rows), ddp_rows
-    assert all(re.search(r"all-gathers|reduce-sca|shard copies|slowest rank", r) for r in fsdp_rows), fsdp_rows
+    assert all(re.search(r"all-gathers|reduce-sca|shard copies|slowest rank", r) for r in fsdp_rows), (
+        fsdp_rows
+    )
     assert "efficiency forecast" in _text(nb, "for f in table.attrs")
 
 

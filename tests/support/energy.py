@@ -36,6 +36,11 @@ def fake_pynvml(counter: bool = True, devices: int = 1, clock=time.perf_counter)
     nv.nvmlDeviceGetTemperature = lambda h, kind: 60
     nv.nvmlDeviceGetPowerUsage = lambda h: int(WATTS * 1000)
     nv.nvmlDeviceGetTotalEnergyConsumption = energy_mj
+    # a GPU before Hopper: no GPM (tests/support/nvml.py has one with it); clocks unthrottled
+    nv.nvmlDeviceGetName = lambda h: "NVIDIA A100-SXM4-80GB"
+    nv.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=0)
+    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0
+    nv.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980
     return nv
 
 

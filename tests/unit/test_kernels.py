@@ -79,7 +79,15 @@ def test_a_cpu_trace_has_no_fill(tmp_path):
 
     trace = parse_events(
         [
-            {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+            {
+                "ph": "X",
+                "name": "ProfilerStep#1",
+                "cat": "user_annotation",
+                "ts": 0,
+                "dur": 10,
+                "pid": 1,
+                "tid": 1,
+            },
             {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 5, "pid": 1, "tid": 1},
         ]
     )

@@ -73,6 +73,7 @@ MODULE_CHANGE_COLUMNS = [
 #: the module changes worded: the largest by saved activations, then by time
 TOP_MODULES = 3
 
+
 @dataclass
 class RunDiff:
     """Run B against run A.
@@ -174,13 +175,19 @@ def diff(run_a: Run | Path | str, run_b: Run | Path | str, names: tuple[str, str
     return out
 
 
-
-
 def module_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Each module's time and saved activations in both runs (see ``RunDiff.modules``)."""
     if a.empty or b.empty:
         return pd.DataFrame(columns=MODULE_CHANGE_COLUMNS)
-    keep = ["path", "class", "total_s", "saved_bytes", "saved_self_bytes", "forward_self_s", "backward_self_s"]
+    keep = [
+        "path",
+        "class",
+        "total_s",
+        "saved_bytes",
+        "saved_self_bytes",
+        "forward_self_s",
+        "backward_self_s",
+    ]
     both = a[keep].merge(b[keep], on="path", how="outer", suffixes=("_a", "_b"), indicator=True)
     # ranked where the change happens (a module's own ops), not in every ancestor that sums it
     own_saved = both["saved_self_bytes_b"].fillna(0.0) - both["saved_self_bytes_a"].fillna(0.0)

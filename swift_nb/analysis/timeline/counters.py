@@ -15,9 +15,15 @@ from swift_nb.analysis.trace.tables import Trace
 COUNTER_COLUMNS = ["track", "t_us", "value"]
 #: samples.csv columns drawn as counters → their track's name and unit
 SERIES = {"cpu_pct": ("CPU", "%"), "rss_bytes": ("Process memory (RSS)", "bytes")}
-_GPU_SERIES = re.compile(r"^gpu(\d+)_(util_pct|mem_used_bytes|power_w)$")
+_GPU_SERIES = re.compile(
+    r"^gpu(\d+)_(util_pct|sm_active_pct|tensor_active_pct|dram_bw_pct|sm_clock_mhz|mem_used_bytes|power_w)$"
+)
 _GPU_LABELS = {
     "util_pct": ("GPU {} utilisation", "%"),
+    "sm_active_pct": ("GPU {} SMs active", "%"),
+    "tensor_active_pct": ("GPU {} tensor cores active", "%"),
+    "dram_bw_pct": ("GPU {} DRAM bandwidth", "%"),
+    "sm_clock_mhz": ("GPU {} SM clock", "MHz"),
     "mem_used_bytes": ("GPU {} memory used", "bytes"),
     "power_w": ("GPU {} power", "W"),
 }

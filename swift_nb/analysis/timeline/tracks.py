@@ -82,7 +82,11 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
         labelled.append((sort, g, track, label, kind))
     labelled.sort(key=lambda x: x[0])
     is_data = per_name(trace, lambda n: tn.DATA.match(n) is not None) & ~gpu
-    is_module = per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX)) & ~gpu & (ev["cat"] == "user_annotation").to_numpy()
+    is_module = (
+        per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX))
+        & ~gpu
+        & (ev["cat"] == "user_annotation").to_numpy()
+    )
     head = [(STEPS_TRACK, "Steps", "steps")] if len(trace.steps) else []
     if is_module.any():
         head.append((MODULES_TRACK, "Modules", "cpu"))

@@ -170,9 +170,15 @@ def text_column(values: Any) -> pd.Series:
     """A text column of the events: an object column of ``str``, a missing value (None)
     as NaN and anything else (a number where a name belongs) as its ``str``, as pandas'
     ``astype(str)`` makes them."""
-    arr = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values.astype(object, copy=False)
+    arr = (
+        np.asarray(values, dtype=object)
+        if not isinstance(values, np.ndarray)
+        else values.astype(object, copy=False)
+    )
     if len(arr) and pd.api.types.infer_dtype(arr, skipna=False) != "string":
-        arr = np.array([v if type(v) is str else (np.nan if v is None or v != v else str(v)) for v in arr], dtype=object)
+        arr = np.array(
+            [v if type(v) is str else (np.nan if v is None or v != v else str(v)) for v in arr], dtype=object
+        )
     return pd.Series(arr, dtype=object)
 
 

@@ -67,7 +67,9 @@ def _once(kind: str, numel: int, n: int, device: torch.device, dtype: torch.dtyp
     if kind == "all_gather":
         part = torch.ones(max(1, numel // n), device=device, dtype=dtype)
         out = torch.empty(part.numel() * n, device=device, dtype=dtype)
-        gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # the newer name; the older warns
+        gather = getattr(
+            dist, "all_gather_single", dist.all_gather_into_tensor
+        )  # the newer name; the older warns
         return lambda: gather(out, part)
     whole = torch.ones(max(n, numel - numel % n), device=device, dtype=dtype)
     out = torch.empty(whole.numel() // n, device=device, dtype=dtype)

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from swift_nb.capture.resources.energy import GpuEnergy, Rapl
+from swift_nb.capture.resources.gpm import ClockReasons, Gpm
 from swift_nb.capture.resources.rate import WindowedRate, allowed_cores
 from swift_nb.capture.resources.rss import RssReader
 from swift_nb.record import SAMPLE_COLUMNS
@@ -42,6 +43,11 @@ class NvmlReader:
         self._nvml = nvml
         self._handles = handles
         self.energy = GpuEnergy(nvml, handles)
+        self.notes: list[str] = []  # the parts the driver does not give, said once at open
+        self.failed: list[str] = []  # the parts that failed mid-run, for the owner to say once
+        self.gpm, note = Gpm.open(nvml, handles)
+        self.clocks, note_2 = ClockReasons.open(nvml, handles)
+        self.notes += [n for n in (self.energy.note(), note, note_2) if n]
 
     @classmethod
     def open(cls, cuda_indices: list[int]) -> tuple[NvmlReader | None, str | None]:
@@ -66,7 +72,7 @@ class NvmlReader:
             pynvml.nvmlShutdown()
             return None, None
         reader = cls(pynvml, handles)
-        return reader, reader.energy.note()
+        return reader, "; ".join(reader.notes) or None
 
     def read(self, t_s: float) -> dict[str, float]:
         """Every device's metrics, and its cumulative energy at ``t_s`` (the sample's time)."""
@@ -83,9 +89,32 @@ class NvmlReader:
             row[f"gpu{i}_temp_c"] = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
             row[f"gpu{i}_power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
         row.update(self.energy.read(t_s, {i: row[f"gpu{i}_power_w"] for i in self._handles}))
+        if self.clocks is not None:
+            row.update(self._optional("clocks", lambda: self.clocks.read(), t_s))
+        if self.gpm is not None:
+            row.update(self._optional("gpm", lambda: self.gpm.read(t_s), t_s))
         return row
 
+    def _optional(self, part: str, read: Callable[[], dict[str, float]], t_s: float) -> dict[str, float]:
+        """A part that fails mid-run is read no more, with one note; the other columns go on."""
+        try:
+            return read()
+        except Exception as e:
+            what = {"gpm": "the GPU performance counters (GPM)", "clocks": "the clocks' throttle reasons"}[
+                part
+            ]
+            self.failed.append(
+                f"{what} failed mid-run ({type(e).__name__}: {e}); they stop at t={t_s:.1f}s, "
+                "utilisation, clocks and power go on"
+            )
+            if part == "gpm" and self.gpm is not None:
+                self.gpm.close()
+            setattr(self, part, None)
+            return {}
+
     def close(self) -> None:
+        if self.gpm is not None:
+            self.gpm.close()
         try:
             self._nvml.nvmlShutdown()
         except Exception:
@@ -253,6 +282,8 @@ class Sampler:
         if self._nvml is not None:
             try:
                 row.update(self._nvml.read(row["t_s"]))
+                while self._nvml.failed:
+                    self._note(self._nvml.failed.pop(0))
             except Exception as e:
                 self._note(
                     f"NVML failed mid-run ({type(e).__name__}: {e}); GPU metrics stop at "

@@ -65,6 +65,8 @@ SHOWN = {
     "peak_mem_bytes",
     *(f"{c}_bytes" for c in MEMORY_CATEGORIES),
     "mean_util_pct",
+    "mean_sm_active_pct",
+    "mean_tensor_active_pct",
     "ranks",
     "step_time_max_rank_s",
     "peak_mem_max_rank_bytes",
@@ -107,6 +109,9 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     for c in MEMORY_CATEGORIES:
         out[c.replace("_", " ")] = [_num(x, fmt_bytes) for x in table[f"{c}_bytes"]]
     out["utilisation"] = [value_text("mean_util_pct", x) for x in table["mean_util_pct"]]
+    for column, head in (("mean_sm_active_pct", "SMs active"), ("mean_tensor_active_pct", "tensor cores")):
+        if column in table and pd.to_numeric(table[column], errors="coerce").notna().any():  # GPM's
+            out[head] = [value_text(column, x) for x in table[column]]
     if "ranks" in table and (pd.to_numeric(table["ranks"], errors="coerce").fillna(1) > 1).any():
         # multi-rank variants (sequence parallel): the worst rank beside rank 0's numbers
         out["ranks"] = [_num(x, lambda v: f"{v:.0f}") for x in table["ranks"]]

@@ -31,7 +31,11 @@ def build(inputs: ReportInputs) -> list[Part]:
     if not has_rows(table):
         run = inputs.run
         why = next((n.removeprefix("modules: ") for n in run.notes if n.startswith("modules: ")), None)
-        return [empty(f"No time by module — {why}." if why else "No time by module: no module scopes were recorded.")]
+        return [
+            empty(
+                f"No time by module — {why}." if why else "No time by module: no module scopes were recorded."
+            )
+        ]
     assert table is not None
     source = table.attrs.get("time_source", "host")
     caption = CAPTION + (" Times are the kernels' (GPU)." if source == "device" else " Times are the host's.")
