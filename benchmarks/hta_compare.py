@@ -72,6 +72,52 @@ def hta_run(trace_dir: Path, exact: bool = False) -> tuple[dict, float]:
     return {name: float(row[key]) for name, key, _ in METRICS}, seconds
 
 
+def hta_kernel_fill(trace_dir: Path) -> dict:
+    """The kernel figures of ``analysis.kernels`` computed from HTA's own parse of the trace
+    (its ``est_occupancy`` and ``blocks_per_sm`` columns, its ``iteration`` per kernel, its
+    durations unrounded): the kernels of the recorded steps, weighted by their time."""
+    from hta.configs.parser_config import ParserConfig
+    from hta.trace_analysis import TraceAnalysis
+
+    cfg = ParserConfig.get_default_cfg()
+    wanted = ("est_occupancy", "blocks_per_sm")
+    cfg.add_args([a for a in ParserConfig.get_all_available_args().values() if a.name in wanted])
+    ParserConfig.set_default_cfg(cfg)
+    before = os.environ.get("HTA_DISABLE_NS_ROUNDING")
+    os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
+    try:
+        t = TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True).t
+    finally:
+        if before is None:
+            os.environ.pop("HTA_DISABLE_NS_ROUNDING")
+        else:
+            os.environ["HTA_DISABLE_NS_ROUNDING"] = before
+    df = t.get_trace(next(iter(t.get_all_traces())))
+    kernel = t.symbol_table.get_sym_id_map()["kernel"]
+    k = df[(df["cat"] == kernel) & (df["stream"] > 0) & (df["iteration"] >= 0)]
+    dur = k["dur"].astype(float)
+    occ = k["est_occupancy"].astype(float)
+    blocks = k["blocks_per_sm"].astype(float)
+    has_occ = occ >= 0
+    return {
+        "occupancy %": float((occ[has_occ] * dur[has_occ]).sum() / dur[has_occ].sum()),
+        "under-filled %": float(100 * dur[blocks < 1].sum() / dur.sum()),
+    }
+
+
+def kernel_rows(folder: Path, trace: Path, name: str) -> list[list[str]]:
+    """HTA's kernel figures beside ``analysis.kernels.fill_summary``'s on one trace."""
+    from swift_nb.analysis.kernels import fill_summary
+
+    theirs = hta_kernel_fill(folder)
+    summary = fill_summary(load_trace_file(trace))
+    ours = {
+        "occupancy %": summary.get("kernel_occupancy_pct"),
+        "under-filled %": summary.get("kernel_under_filled_pct"),
+    }
+    return [[name, m, _num(theirs[m]), _num(ours[m]), _num(_diff(theirs[m], ours[m]))] for m in theirs]
+
+
 def swift_run(trace: Path) -> tuple[dict, float, float]:
     """swift_nb's numbers, and the seconds to parse the trace cold and to compute them."""
     tables_path(trace).unlink(missing_ok=True)
@@ -123,7 +169,7 @@ def main() -> int:
         return 2
     logging.getLogger("hta").setLevel(logging.ERROR)
     traces = args.traces or sorted(TRACES.glob("*.json.gz"))
-    compare, timing, worst = [], [], 0.0
+    compare, timing, kernels, worst = [], [], [], 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for trace in traces:
             name = trace.name.removesuffix(".json.gz")
@@ -139,6 +185,7 @@ def main() -> int:
                 theirs, s = hta_run(folder)
                 hta_times.append(s)
             exact, _ = hta_run(folder, exact=True)
+            kernels += kernel_rows(folder, copy, name)
             tables_path(copy).unlink(missing_ok=True)
             for label, _, _ in METRICS:
                 d, d_exact = _diff(theirs[label], ours[label]), _diff(exact[label], ours[label])
@@ -159,6 +206,9 @@ def main() -> int:
             )
     print(table(compare, ["trace", "metric", "HTA", "swift_nb", "Δ pp", "Δ no rounding"]))
     print(f"\nlargest difference: {worst:.2f} percentage points\n")
+    print("kernel figures of the recorded steps (analysis.kernels; HTA's parse, unrounded):")
+    print(table(kernels, ["trace", "metric", "from HTA's parse", "swift_nb", "Δ pp"]))
+    print()
     print(
         table(
             timing,

@@ -15,7 +15,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-CUDA_ONLY = ["quickstart_nvml", "max_memory_allocated", "cuda_oom", "energy", "rerun_fork"]
+CUDA_ONLY = ["quickstart_nvml", "max_memory_allocated", "cuda_oom", "energy", "rerun_fork", "gpm"]
 ON_CPU_TOO = [
     "flash_attention",
     "forecast",

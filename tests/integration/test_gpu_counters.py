@@ -55,6 +55,9 @@ def test_the_counters_per_step_in_the_summary_and_the_finding(monkeypatch, runs_
     html = (run.path / "report.html").read_text()
     assert "GPU busy 90 % · SMs active 31 % · warps occupied 18 % · tensor cores 4 %" in html
     assert "not throttled in any step" in html
+    # the GPU section, which a CPU trace alone would not have
+    assert "the GPU&#x27;s own counters (NVML GPM) read: busy 90" in html
+    assert "its SMs were active 31" in html and "Its clocks were not throttled in any step." in html
 
 
 @pytest.mark.parametrize("fault", ["unsupported", "mid-run"])

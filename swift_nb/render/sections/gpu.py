@@ -14,6 +14,7 @@ from swift_nb.render.figure_cache import figure_key
 from swift_nb.render.figures import DEVICE_PARTS, device_figure
 from swift_nb.render.html import frame_table, is_missing, pct1
 from swift_nb.render.sections.base import FigurePart, Part, ReportInputs, SectionKind, has_rows
+from swift_nb.render.tables import throttle_text
 
 KIND_WORDS = {
     "gemm": "matrix multiplication (GEMM)",
@@ -156,12 +157,43 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[Part]:
     ]
 
 
+def _counter_sentences(s: dict, gpu: str) -> str:
+    """What the GPU's own counters say over the steps (``swift_nb.record.counters``); empty
+    on a run that sampled none."""
+    if is_missing(s.get("mean_sm_active_pct")) and is_missing(s.get("throttled_steps_pct")):
+        return ""
+    text = ""
+    if not is_missing(s.get("mean_sm_active_pct")):
+        counted = [f"its SMs were active {pct1(s['mean_sm_active_pct'])} of the time"]
+        for key, words in (
+            ("mean_sm_occupancy_pct", "their warp slots {} occupied"),
+            ("mean_tensor_active_pct", "its tensor cores active {}"),
+            ("mean_dram_bw_pct", "its DRAM bandwidth {} used"),
+        ):
+            if not is_missing(s.get(key)):
+                counted.append(words.format(pct1(s[key])))
+        text = (
+            f"Over the steps, {gpu}'s own counters (NVML GPM) read: busy {pct1(s.get('mean_step_util_pct'))} "
+            "of the time (any kernel running, the figure called utilisation), "
+            + ", ".join(counted[:-1])
+            + (" and " if len(counted) > 1 else "")
+            + counted[-1]
+            + "."
+        )
+    if not is_missing(s.get("throttled_steps_pct")):
+        text += " Its clocks were " + throttle_text(s).replace("held down", "held down by a limit", 1) + "."
+    return f"<p>{escape(text.strip())}</p>"
+
+
 def build(inputs: ReportInputs) -> list[Part] | None:
     device: dict[str, Any] | None = inputs.device
-    if not device or is_missing(device.get("device_idle_pct")):
-        return None
     gpu = "rank 0's GPU" if len(inputs.run.ranks) > 1 else "the GPU"
+    counted = _counter_sentences(inputs.run.summary, gpu)
+    if not device or is_missing(device.get("device_idle_pct")):
+        return [counted] if counted else None
     parts: list[Part] = [_device_sentences(device, gpu)]
+    if counted:
+        parts.append(counted)
     if inputs.idle_causes is not None and has_rows(inputs.idle_causes):
         parts.append(_idle_sentences(inputs.idle_causes, gpu))
     if inputs.kernel_kinds is not None and has_rows(inputs.kernel_kinds):
