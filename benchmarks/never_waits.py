@@ -177,7 +177,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--components", action="store_true", help="what each piece of the capture costs")
     ap.add_argument(
-        "--pieces", nargs="*", default=[], help="with --components: only these (e.g. '- module scopes'), beside 'all'"
+        "--pieces",
+        nargs="*",
+        default=[],
+        help="with --components: only these (e.g. '- module scopes'), beside 'all'",
     )
     args = ap.parse_args()
     threads = max(1, args.threads - 1) if args.free_core else args.threads
