@@ -17,7 +17,7 @@ from swift_nb.analysis.advisor import Thresholds, advise_with_evidence
 from swift_nb.analysis.advisor.findings import Finding, Verdict
 from swift_nb.analysis.breakdown import device_busy
 from swift_nb.analysis.comm import collectives
-from swift_nb.analysis.counters import counter_findings
+from swift_nb.analysis.counters import counter_evidence, counter_findings
 from swift_nb.analysis.device import device_steps, device_summary, idle_by_cause, kernels_by_kind
 from swift_nb.analysis.forecast import Forecast, forecast, measure, parse_forecast_spec
 from swift_nb.analysis.kernels import fill_summary, idle_sms_finding
@@ -122,6 +122,7 @@ def analyze(
     if idle_sms is not None:
         findings.append(idle_sms)
     findings += counter_findings(run.summary, device, findings)
+    verdict.evidence.update(counter_evidence(run.summary))
     return Analysis(
         forecasts=forecasts,
         forecast_problem=forecast_problem,

@@ -49,6 +49,28 @@ def _pct(x: float) -> str:
     return f"{x:.0f} %"
 
 
+#: the summary's counters a verdict carries as evidence, under the verdict's names
+VERDICT_EVIDENCE = {
+    "mean_step_util_pct": "utilisation_pct",
+    "mean_sm_active_pct": "sm_active_pct",
+    "mean_tensor_active_pct": "tensor_active_pct",
+    "mean_dram_bw_pct": "dram_bw_pct",
+    "throttled_steps_pct": "throttled_steps_pct",
+}
+
+
+def counter_evidence(summary: Mapping[str, Any]) -> dict[str, float]:
+    """What the GPU counted, for the verdict's evidence beside the trace's shares: a
+    "compute-bound" step at 31 % SM activity reads differently from one at 95 %."""
+    if summary.get("mean_sm_active_pct") is None and summary.get("throttled_steps_pct") is None:
+        return {}
+    return {
+        name: round(float(summary[key]), 1)
+        for key, name in VERDICT_EVIDENCE.items()
+        if summary.get(key) is not None
+    }
+
+
 def counter_findings(
     summary: Mapping[str, Any], device: Mapping[str, Any], found: list[Finding]
 ) -> list[Finding]:

@@ -52,6 +52,8 @@ def test_the_counters_per_step_in_the_summary_and_the_finding(monkeypatch, runs_
     report = swift_nb.report(run)
     found = {f.id: f for f in report.analysis.findings}
     assert found["idle_sms"].evidence["sm_active_pct"] == pytest.approx(31.0)
+    evidence = report.analysis.verdict.evidence
+    assert evidence["sm_active_pct"] == 31.0 and evidence["tensor_active_pct"] == 4.0
     html = (run.path / "report.html").read_text()
     assert "GPU busy 90 % · SMs active 31 % · warps occupied 18 % · tensor cores 4 %" in html
     assert "not throttled in any step" in html
