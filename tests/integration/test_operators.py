@@ -49,10 +49,14 @@ def test_self_times_fit_in_the_profiled_steps(gpt):
     assert linear["self_time_s"] < 0.5 * linear["total_time_s"]
 
 
-def test_matmuls_lead_and_carry_the_hidden_size(gpt):
+def test_ordered_by_self_time_and_matmuls_carry_the_hidden_size(gpt):
+    """Which operator leads a model this small is the machine's noise (a loaded CI machine
+    put aten::copy_ first): the order is by self time, and every matmul row carries the
+    hidden size in its shapes."""
     run, trace = gpt
-    top = top_operators(run, by="self_time", n=5, trace=trace)
+    top = top_operators(run, by="self_time", n=None, trace=trace)
     assert (top["self_time_s"].diff().dropna() <= 0).all()
+    assert len(top_operators(run, by="self_time", n=5, trace=trace)) == 5
     matmuls = top[top["name"].isin(MATMULS)]
     assert len(matmuls), top["name"].tolist()
     for dims in matmuls["input_shapes"]:
