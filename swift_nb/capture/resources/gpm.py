@@ -147,9 +147,8 @@ def _open_device(nv: Any, index: int, handle: Any) -> tuple[_Device | None, str]
     if _has_nvlink(nv, parent):
         metrics.update({f"gpu{index}_{c}": (int(getattr(nv, m)), s) for c, (m, s) in NVLINK_METRICS.items()})
     pcie = _pcie_bytes_per_s(nv, parent)
-    device = _Device(index, parent, gpu_instance, metrics, nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc())
-    device.pcie_max = pcie
-    return device, ""
+    samples = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
+    return _Device(index, parent, gpu_instance, metrics, *samples, pcie_max=pcie), ""
 
 
 #: PCIe's usable bytes per second per lane, by generation (128b/130b from gen 3 on)
