@@ -30,6 +30,8 @@ STEP_SUFFIXES = (
     "nvlink_rx_bytes_per_s",
     "sm_clock_mhz",
 )
+#: the suffixes GPM reads over a window of its own (``gpu{i}_gpm_window_s`` wide)
+GPM_SUFFIXES = frozenset(STEP_SUFFIXES[1:-1])
 #: summary key of each suffix's mean over the steps (``mean_step_util_pct``: NVML's
 #: utilisation over the same steps as the counters, beside ``mean_util_pct``'s whole run)
 SUMMARY_KEYS = {s: ("mean_step_util_pct" if s == "util_pct" else f"mean_{s}") for s in STEP_SUFFIXES[:-1]}
@@ -74,23 +76,46 @@ def devices(samples: pd.DataFrame) -> list[int]:
     return [i for i in found if used(i)]
 
 
-def _window_means(t: np.ndarray, v: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Each [start, end]'s time-weighted mean of the piecewise-constant signal that is
-    ``v[k]`` over the window from the sample before k with a value (for the first value,
-    the sample just before it: GPM's anchor) to t[k]; NaN outside the sampled span."""
+def _windows(
+    t: np.ndarray, v: np.ndarray, width: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, values) of the windows a column's values stand for: each value's own
+    window where the sampler recorded its width (GPM's, exact even after the samples were
+    thinned), else from the sample before it with a value (for the first value, the sample
+    just before it) to its own time."""
     valid = np.flatnonzero(~np.isnan(v))
+    if width is not None:
+        w = width[valid]
+        keep = ~np.isnan(w)
+        valid = valid[keep]
+        return t[valid] - w[keep], t[valid], v[valid]
     if not len(valid):
+        return np.empty(0), np.empty(0), np.empty(0)
+    if valid[0] > 0:
+        starts = np.concatenate([[t[valid[0] - 1]], t[valid][:-1]])
+        return starts, t[valid], v[valid]
+    return t[valid][:-1], t[valid][1:], v[valid][1:]
+
+
+def _window_means(
+    t: np.ndarray, v: np.ndarray, start: np.ndarray, end: np.ndarray, width: np.ndarray | None = None
+) -> np.ndarray:
+    """Each [start, end]'s time-weighted mean of the values over the parts of it their
+    windows (``_windows``: disjoint, in time order) cover; NaN where none does."""
+    a, b, values = _windows(t, v, width)
+    if not len(a):
         return np.full(len(start), np.nan)
-    first = valid[0] - 1 if valid[0] > 0 else valid[0]
-    knots = np.concatenate([[t[first]], t[valid]]) if first != valid[0] else t[valid]
-    values = v[valid] if first != valid[0] else v[valid][1:]
-    if len(knots) < 2:
-        return np.full(len(start), np.nan)
-    cum = np.concatenate([[0.0], np.cumsum(values * np.diff(knots))])  # the integral from knots[0]
-    s = np.clip(start, knots[0], knots[-1])
-    e = np.clip(end, knots[0], knots[-1])
-    span = e - s
-    out = (np.interp(e, knots, cum) - np.interp(s, knots, cum)) / np.where(span > 0, span, 1.0)
+    # the integral of the values, and of 1, from the first window's start: linear inside
+    # each window, flat in the gaps between them
+    knots = np.empty(2 * len(a))
+    knots[0::2], knots[1::2] = a, np.maximum(b, a)
+    rise = np.zeros(2 * len(a))
+    rise[1::2] = values * (knots[1::2] - knots[0::2])
+    covered = np.zeros(2 * len(a))
+    covered[1::2] = knots[1::2] - knots[0::2]
+    area, cover = np.cumsum(rise), np.cumsum(covered)
+    span = np.interp(end, knots, cover) - np.interp(start, knots, cover)
+    out = (np.interp(end, knots, area) - np.interp(start, knots, area)) / np.where(span > 0, span, 1.0)
     return np.where(span > 0, out, np.nan)
 
 
@@ -107,11 +132,14 @@ def step_counters(steps: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     start = pd.to_numeric(steps["start_s"], errors="coerce").to_numpy(dtype=float)
     end = pd.to_numeric(steps["end_s"], errors="coerce").to_numpy(dtype=float)
     for i in devices(samples):
+        width = None
+        if f"gpu{i}_gpm_window_s" in ordered:
+            width = pd.to_numeric(ordered[f"gpu{i}_gpm_window_s"], errors="coerce").to_numpy(dtype=float)
         for suffix in STEP_SUFFIXES:
             column = f"gpu{i}_{suffix}"
             if column in ordered:
                 v = pd.to_numeric(ordered[column], errors="coerce").to_numpy(dtype=float)
-                out[column] = _window_means(t, v, start, end)
+                out[column] = _window_means(t, v, start, end, width if suffix in GPM_SUFFIXES else None)
         reasons = f"gpu{i}_clock_reasons"
         if reasons in ordered:
             mask = pd.to_numeric(ordered[reasons], errors="coerce")

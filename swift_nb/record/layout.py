@@ -97,7 +97,8 @@ STEP_COLUMNS = [
 # joules since the run's first sample, cumulative (swift_nb.capture.resources.energy);
 # gpu{i}_sm_active_pct, _sm_occupancy_pct, _tensor_active_pct, _dram_bw_pct,
 # _pcie_tx/_rx_bytes_per_s, _nvlink_tx/_rx_bytes_per_s (NVML GPM, Hopper and newer: each the
-# mean over the window ending at the sample, empty where the window was under 100 ms),
+# mean over the window ending at the sample, gpu{i}_gpm_window_s wide; empty where the window
+# would be under 100 ms),
 # gpu{i}_pcie_max_bytes_per_s, gpu{i}_clock_reasons (NVML's clocks-event bitmask) and
 # gpu{i}_sm_clock_max_mhz (swift_nb.capture.resources.gpm).
 SAMPLE_COLUMNS = [

@@ -42,6 +42,20 @@ def test_a_step_mean_weighs_each_window_by_its_overlap():
     assert math.isnan(got[3])  # after the last sample: unknown, not extrapolated
 
 
+def test_gpm_windows_stay_exact_after_the_samples_are_thinned():
+    """GPM's window (``gpu{i}_gpm_window_s``) is its own: a thinned-out row leaves a gap,
+    not a longer window for the value after it."""
+    samples = _samples(
+        [0.0, 0.4, 0.6],  # the reading at t=0.2 was thinned out
+        gpu0_util_pct=[90.0] * 3,
+        gpu0_sm_active_pct=[np.nan, 20.0, 30.0],
+        gpu0_gpm_window_s=[np.nan, 0.2, 0.2],
+    )
+    got = step_counters(_steps([(0.0, 0.2), (0.1, 0.5), (0.3, 0.6)]), samples)["gpu0_sm_active_pct"].tolist()
+    assert math.isnan(got[0])  # no window covers it: unknown, not the 20 measured after it
+    assert got[1:] == pytest.approx([(0.2 * 20 + 0.1 * 30) / 0.3, (0.1 * 20 + 0.2 * 30) / 0.3])
+
+
 def test_the_idle_gpus_of_the_machine_are_left_out():
     samples = _samples(
         [0.0, 1.0, 2.0],

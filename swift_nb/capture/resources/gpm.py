@@ -13,7 +13,7 @@ Columns (``i``: the device's index as the sampler names it): ``gpu{i}_sm_active_
 ``gpu{i}_sm_occupancy_pct``, ``gpu{i}_tensor_active_pct``, ``gpu{i}_dram_bw_pct``,
 ``gpu{i}_pcie_tx_bytes_per_s``, ``gpu{i}_pcie_rx_bytes_per_s`` and, on a device with an
 NVLink, ``gpu{i}_nvlink_tx_bytes_per_s``, ``gpu{i}_nvlink_rx_bytes_per_s``: each the mean
-over the window that ends at the sample; ``gpu{i}_pcie_max_bytes_per_s``, the PCIe link's
+over the window that ends at the sample, ``gpu{i}_gpm_window_s`` wide; ``gpu{i}_pcie_max_bytes_per_s``, the PCIe link's
 bytes per second each way at its generation and width. ``gpu{i}_clock_reasons``: the bitmask of
 ``nvmlDeviceGetCurrentClocksEventReasons`` at the sample (``swift_nb.record.counters`` says
 it in words) and ``gpu{i}_sm_clock_max_mhz``, the clock the SMs could run at.
@@ -98,6 +98,7 @@ class Gpm:
             self._sample(d, d.spare)
             if d.anchor_t is not None:
                 row.update(self._metrics(d, d.anchor, d.spare))
+                row[f"gpu{d.index}_gpm_window_s"] = t_s - d.anchor_t
                 if d.pcie_max:
                     row[f"gpu{d.index}_pcie_max_bytes_per_s"] = d.pcie_max
             d.anchor, d.spare, d.anchor_t = d.spare, d.anchor, t_s
