@@ -145,6 +145,18 @@ def _in_shm() -> int:
     return total
 
 
+def _rss_shmem(pid: int) -> int:
+    """Of a process's RSS, the shared-memory pages it maps (``RssShmem``: /dev/shm files)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssShmem:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _tree(proc: psutil.Process, cpu: dict[int, float]) -> int:
     """RSS summed over ``proc`` and its descendants, with the import's files in /dev/shm;
     ``cpu``: each one's CPU seconds so far, updated (a worker's last reading stays when it
@@ -153,7 +165,7 @@ def _tree(proc: psutil.Process, cpu: dict[int, float]) -> int:
     for p in [proc, *proc.children(recursive=True)]:
         try:
             with p.oneshot():
-                total += p.memory_info().rss
+                total += p.memory_info().rss - _rss_shmem(p.pid)  # mapped tmpfs pages: counted once, above
                 t = p.cpu_times()
                 cpu[p.pid] = t.user + t.system
         except psutil.Error:

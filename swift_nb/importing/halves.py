@@ -4,7 +4,7 @@ in a worker while this process decodes the first.
 Decoding a trace's events into columns is Python work, one core's worth; a trace of a
 million events or more is split at its middle event. The second half's JSON text is
 written to a file in memory (``/dev/shm`` where there is one), its pages in this process
-given back, and a worker (forkserver, as the import's other workers) decodes it into the
+given back, and a worker (reading the file mapped, not copied) (forkserver, as the import's other workers) decodes it into the
 same columns and sends them back; they follow the first half's, so the tables are those
 one process makes. A worker that dies leaves its half to this process; an error in its
 events is the import's, as it would have been here.
@@ -12,6 +12,7 @@ events is the import's, as it would have been here.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import tempfile
@@ -114,11 +115,18 @@ def decode_in_halves(path: Path, events: list[msgspec.Raw], text: bytearray) -> 
 
 
 def _decode_file(path: Path, name: str) -> ColumnBuilder:
-    """The columns of the events in the file ``name`` (a JSON array of them)."""
-    text = bytearray(os.path.getsize(name))
-    with open(name, "rb") as f:
-        f.readinto(text)
-    return decode_events(path, _split.decode(text), text)  # its pages given back as it goes
+    """The columns of the events in the file ``name`` (a JSON array of them), decoded from
+    the file mapped into memory: in /dev/shm its pages are already memory, and a copy
+    would hold them twice."""
+    with open(name, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        events = _split.decode(mapped)
+        try:
+            return decode_events(path, events)
+        except RecordError as e:  # raised below, once its traceback (views of the mapping) is gone
+            problem = e.problem
+        finally:
+            del events  # views of the mapping: gone before it is closed
+    raise RecordError(path, problem)
 
 
 def _decode_half(name: str, path: str, conn: Connection) -> None:
