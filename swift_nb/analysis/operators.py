@@ -170,13 +170,18 @@ def _sorted(table: pd.DataFrame, key: str) -> pd.DataFrame:
     return table.sort_values([key, *others, "name"], ascending=[False, False, True], ignore_index=True)
 
 
+#: the events' columns ``Nesting.ops`` keeps: what the operators table reads of them (the
+#: others would copy most of a large trace's table for nothing)
+NESTING_COLUMNS = ["name", "cat", "ts_us", "dur_us", "pid", "tid", "step", "input_dims", "ext_id"]
+
+
 @dataclass(frozen=True)
 class Nesting:
     """The profiled steps' operator events and how they nest, derived once per events
     table (``op_nesting``; the operators table and the advisor both read it).
 
     ops: the operator events of the profiled steps (``cpu_op`` events in a step, and the
-    kernels they launched), numbered 0..n-1; events_index: each one's index in the events
+    kernels they launched; their ``NESTING_COLUMNS``), numbered 0..n-1; events_index: each one's index in the events
     table; thread: a number per (pid, tid); order: the positions of the events with a
     duration, by (thread, start, longest first); parent: in that order, each one's
     innermost enclosing event on its thread (-1: none); self_us: each op's self time (µs),
@@ -243,7 +248,7 @@ def _profiled_ops(events: pd.DataFrame) -> pd.DataFrame:
     kernel = cat == "kernel"
     launched = events["ext_id"].isin(events.loc[cpu, "ext_id"].dropna())
     keep = cpu | (kernel & ((events["step"] >= 0) | launched))
-    return events.loc[keep]
+    return events.loc[keep, NESTING_COLUMNS]
 
 
 def _nesting(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
