@@ -161,3 +161,27 @@ def test_dram_bound_throttled_and_pcie():
     assert "power cap" in throttled.title and "40 %" in throttled.title and "495 MHz" in throttled.title
     assert "nvidia-smi -pl" in throttled.suggestion
     assert throttled.time_cut == pytest.approx(0.4 * 0.25) and throttled.time_cut_bound
+
+
+def test_the_gpu_sections_per_step_table_shows_each_steps_counters(tmp_path):
+    """A real CUDA trace's run (tests/data/gpu) whose steps.csv carries counters, as a
+    sampled GPU run's does: the GPU section's per-step table shows them beside the trace's
+    figures of the same steps."""
+    from pathlib import Path
+
+    import swift_nb
+    from swift_nb.record import save
+
+    trace = Path(__file__).parents[1] / "data" / "gpu" / "gpu_1rank_5steps.json.gz"
+    run = swift_nb.import_trace(trace, tmp_path / "run", report=False)
+    steps = run.steps
+    steps["gpu0_sm_active_pct"] = 30.0 + steps["step"].astype(float)
+    steps["gpu0_tensor_active_pct"] = 4.0
+    save(run)
+    reported = swift_nb.report(run)
+    table = reported.analysis.device_steps
+    assert len(table)
+    html = (run.path / "report.html").read_text()
+    assert "<th>SMs active</th>" in html and "<th>tensor cores</th>" in html
+    for step in table["step"].astype(int):
+        assert f"{30 + step:.1f} %" in html

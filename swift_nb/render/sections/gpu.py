@@ -4,6 +4,7 @@ has no such section."""
 
 from __future__ import annotations
 
+import re
 from html import escape
 from typing import Any
 
@@ -126,7 +127,34 @@ def _kinds_part(kinds: pd.DataFrame) -> list[Part]:
     return [f"<h3>Device time by kind of kernel</h3><p>{escape(text)}</p>", frame_table(table)]
 
 
-def _device_steps_part(device_steps: pd.DataFrame) -> list[Part]:
+#: the GPU's counters per step (steps.csv, ``swift_nb.record.counters``) beside the trace's
+#: figures of the same steps, where the run sampled them
+STEP_COUNTERS = {
+    "sm_active_pct": "SMs active",
+    "tensor_active_pct": "tensor cores",
+    "dram_bw_pct": "DRAM bandwidth",
+    "throttled_pct": "clocks held down",
+}
+
+
+def _step_counters(device_steps: pd.DataFrame, steps: pd.DataFrame) -> dict[str, list[str]]:
+    """Each counter's per-step mean over the devices, for the rows of ``device_steps``."""
+    out = {}
+    for suffix, head in STEP_COUNTERS.items():
+        cols = [c for c in steps.columns if re.fullmatch(rf"gpu\d+_{suffix}", c)]
+        if not cols or "step" not in steps:
+            continue
+        means = steps[cols].apply(pd.to_numeric, errors="coerce").mean(axis=1)
+        by_step = pd.Series(means.to_numpy(), index=pd.to_numeric(steps["step"], errors="coerce"))
+        by_step = by_step[~by_step.index.duplicated(keep="last")]
+        values = by_step.reindex(device_steps["step"].astype(int)).to_numpy()
+        if pd.notna(values).any():
+            out[head] = [pct1(v) for v in values]
+    return out
+
+
+def _device_steps_part(device_steps: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[Part]:
+    counted = _step_counters(device_steps, steps) if steps is not None and len(steps) else {}
     table = pd.DataFrame(
         {
             "step": device_steps["step"].astype(int),
@@ -142,6 +170,7 @@ def _device_steps_part(device_steps: pd.DataFrame) -> list[Part]:
                 for c in CAUSE_WORDS
                 if c in device_steps
             },
+            **counted,
         }
     )
     return [
@@ -199,7 +228,7 @@ def build(inputs: ReportInputs) -> list[Part] | None:
     if inputs.kernel_kinds is not None and has_rows(inputs.kernel_kinds):
         parts += _kinds_part(inputs.kernel_kinds)
     if inputs.device_steps is not None and has_rows(inputs.device_steps):
-        parts += _device_steps_part(inputs.device_steps)
+        parts += _device_steps_part(inputs.device_steps, inputs.run.steps)
     return parts
 
 
