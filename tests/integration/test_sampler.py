@@ -35,6 +35,7 @@ class _FailingNvml:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.notes: list[str] = []  # what NvmlReader could not read at open: nothing
         self.failed: list[str] = []  # NvmlReader's parts that failed (none: the whole reader fails)
 
     def read(self, t_s):

@@ -34,9 +34,10 @@ DEFAULT_MAX_SAMPLES = 20_000
 class NvmlReader:
     """Per-device GPU metrics through NVML (the ``nvidia-ml-py`` package).
 
-    ``open()`` returns None and a reason when NVML is unavailable (a reader and what to
-    note when a GPU has no energy counter); a reader that fails mid-run is disabled by its
-    owner, with one note.
+    ``open()`` returns None and a reason when NVML is unavailable, else a reader whose
+    ``notes`` say what it cannot read (no energy counter, no GPM, no clock reasons), one
+    note each; a reader that fails mid-run is disabled by its owner, with one note, and a
+    part of it that fails (GPM, the clock reasons) is left in ``failed`` for its owner to say.
     """
 
     def __init__(self, nvml: Any, handles: dict[int, Any]) -> None:
@@ -71,8 +72,7 @@ class NvmlReader:
         if not handles:
             pynvml.nvmlShutdown()
             return None, None
-        reader = cls(pynvml, handles)
-        return reader, "; ".join(reader.notes) or None
+        return cls(pynvml, handles), None  # what it cannot read: its ``notes``
 
     def read(self, t_s: float) -> dict[str, float]:
         """Every device's metrics, and its cumulative energy at ``t_s`` (the sample's time)."""
@@ -200,8 +200,8 @@ class Sampler:
         self._cpu = WindowedRate(cpu_resolution_s, float(cores or allowed_cores()))
         self._cuda = cuda_devices_to_watch() if monitor_gpu else []
         self._nvml, reason = NvmlReader.open(self._cuda) if monitor_gpu else (None, None)
-        if reason:
-            note(reason)
+        for said in [reason] if reason else self._nvml.notes if self._nvml is not None else []:
+            note(said)
         self._rapl, reason = Rapl.open()
         if reason:
             note(reason)
