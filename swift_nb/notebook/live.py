@@ -32,6 +32,7 @@ from swift_nb.core.units import fmt_bytes, fmt_pct
 from swift_nb.record import Run
 
 TICK_S = 0.25  # at most 4 updates a second, whatever the step rate
+SAVING_TICK_S = 1.0  # while the run is saved and analysed: its seconds, once a second
 CHART_PERIOD_S = 1.0  # the charts' SVG is the largest message: redrawn at most once a second
 RATE_WINDOW_S = 3.0  # steps/s over the last few seconds, not since the start
 MAX_POINTS = 240  # chart history; halved (every second point kept) when full
@@ -165,6 +166,10 @@ class LivePanel:
         self._t0 = time.perf_counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._saved = threading.Event()
+        self._saving: threading.Thread | None = None
+        self._saving_since: float | None = None
+        self._frozen: list[str] = []
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -184,17 +189,51 @@ class LivePanel:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread and show that the run is being saved. Safe to call twice."""
+        """Stop the thread and show that the run is being saved and analysed, with the
+        seconds since (a large trace takes a while to digest) until ``close``. Safe to call
+        twice."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            self._update(time.perf_counter(), saving=True)
+            self._saving_since = time.perf_counter()
+            self._update(self._saving_since, saving=True)
+            self._saving = threading.Thread(target=self._saving_loop, name="swift_nb-saving", daemon=True)
+            self._saving.start()
+
+    def _saving_loop(self) -> None:
+        """The phase's line while the run is saved and analysed: its seconds, and the
+        trace's events once they are counted, every ``SAVING_TICK_S``; nothing else changes."""
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while not self._saved.wait(SAVING_TICK_S):
+            try:
+                self._send(self.text, value=self._stats_html([*self._frozen, self._saving_html()]))
+            except Exception:  # a display problem must never touch the run
+                return
+
+    def _saving_html(self) -> str:
+        elapsed = time.perf_counter() - (self._saving_since or time.perf_counter())
+        events = (getattr(getattr(self._session, "run", None), "summary", None) or {}).get("trace_events")
+        text = "saving and analyzing…"
+        if elapsed >= SAVING_TICK_S:
+            text += f" {fmt_duration(elapsed)}"
+        if isinstance(events, int) and events > 0:
+            text += f" (the trace's {events:,} events)"
+        return f"<span class='swift-nb-saving'>profiler: {escape(text)}</span>"
+
+    def end_saving(self) -> None:
+        """Stop the saving line's ticks (``close`` does, with the final state)."""
+        self._saved.set()
+        if self._saving is not None:
+            self._saving.join()
+            self._saving = None
 
     def close(self, run: Run) -> None:
         """The final state, from the saved record: its steps, its whole sample series, its
         status (the bar green when ok, orange when interrupted, red when failed)."""
         self.stop()
+        self.end_saving()
         steps = int(run.summary.get("steps") or 0)
         samples = run.samples
         if samples is not None and not samples.empty:
@@ -248,8 +287,11 @@ class LivePanel:
         if total:
             eta = (total - step) / rate if rate and step < total else None
             stats.append(f"<span>ETA {escape(fmt_duration(eta))}</span>")
-        phase = "saving and analyzing…" if saving else self._phase_text(step)
-        stats.append(f"<span>profiler: {escape(phase)}</span>")
+        if saving:
+            self._frozen = list(stats)  # the numbers as the cell ended, while the saving ticks
+            stats.append(self._saving_html())
+        else:
+            stats.append(f"<span>profiler: {escape(self._phase_text(step))}</span>")
         alerts = getattr(self._session, "alerts", None)
         if alerts:
             stats.append(_alert_html(alerts[-1].message, len(alerts)))

@@ -208,7 +208,12 @@ class SwiftMagics(Magics):
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
             first: list[DisplayHandle | None] = []  # a kernel's frontend replaces it in place
             early = (lambda r, s: first.append(show_first(r, s))) if widgets_available(self.shell) else None
-            reported = finish(session, _cell_status(result, err), err, early, timeline_png=True)
+            try:
+                reported = finish(session, _cell_status(result, err), err, early, timeline_png=True)
+            except BaseException:
+                if live is not None:
+                    live.end_saving()  # its line would tick on for a run that will not be shown
+                raise
             run = reported.run
             actions = None
             if live is not None:
