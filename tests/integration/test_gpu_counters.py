@@ -18,13 +18,16 @@ import swift_nb
 GPM_COLUMNS = ["gpu0_sm_active_pct", "gpu0_sm_occupancy_pct", "gpu0_tensor_active_pct", "gpu0_dram_bw_pct"]
 
 
-def _profile(monkeypatch, runs_dir, nvml, steps: int = 10, step_s: float = 0.06):
-    """``steps`` training steps of ``step_s`` each (GPM reads windows of 100 ms and more)."""
+def _profile(monkeypatch, runs_dir, nvml, steps: int = 10, step_s: float = 0.06, before_step=None):
+    """``steps`` training steps of ``step_s`` each (GPM reads windows of 100 ms and more);
+    ``before_step(i)`` runs before step i."""
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     model = train(1)
     opt = __import__("torch").optim.SGD(model.parameters(), lr=1e-3)
     with swift_nb.profile(out_dir=runs_dir, interval_ms=20, report=False) as run:
-        for _ in range(steps):
+        for i in range(steps):
+            if before_step is not None:
+                before_step(i)
             train(1, model, opt)
             time.sleep(step_s)
     return run
@@ -80,9 +83,11 @@ def test_gpm_that_fails_leaves_one_note_and_every_other_column(monkeypatch, runs
 
 
 def test_throttling_in_words_with_the_share_of_steps_and_the_clock_lost(monkeypatch, runs_dir):
-    """The power cap holds the clocks from 0.3 s on."""
-    nvml = fake_gpm_nvml(reasons=lambda t: 0x4 if t >= 0.3 else 0x0)
-    run = _profile(monkeypatch, runs_dir, nvml, steps=12)
+    """The power cap holds the clocks from the fifth step on (by step, not by time: a slow
+    start on a loaded machine must not put every step after the cap)."""
+    held = {"on": False}
+    nvml = fake_gpm_nvml(reasons=lambda t: 0x4 if held["on"] else 0x0)
+    run = _profile(monkeypatch, runs_dir, nvml, steps=12, before_step=lambda i: held.update(on=i >= 4))
     s = run.summary
     assert 20.0 <= s["throttled_steps_pct"] < 100.0
     # 1 400 MHz while held; a step held only part of its time (the one the cap begins in)
