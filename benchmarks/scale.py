@@ -227,12 +227,26 @@ def decode_case(path: Path) -> list[list[str]]:
     return rows
 
 
-def import_case(folder: Path, report: bool = True) -> tuple[float, int, str]:
+def import_case(folder: Path, report: bool = True, out: Path | None = None) -> tuple[float, int, str]:
+    """``import_trace`` of ``folder`` in a fresh process, into a temporary folder, or into
+    ``out`` where the run stays (its folder ends the output's last line, after ``·``)."""
+    into = "tempfile.TemporaryDirectory()" if out is None else f"contextlib.nullcontext({str(out)!r})"
     code = (
-        "import sys, tempfile, time\nimport swift_nb\n"
-        f"with tempfile.TemporaryDirectory() as out:\n"
+        "import contextlib, sys, tempfile, time\nimport swift_nb\n"
+        f"with {into} as out:\n"
         f"    run = swift_nb.import_trace({str(folder)!r}, out, report={report})\n"
-        "    print(len(run.ranks) or 1, 'ranks;', run.summary.get('steps'), 'steps')"
+        "    print(len(run.ranks) or 1, 'ranks;', run.summary.get('steps'), 'steps ·', run.path)"
+    )
+    return measured(code)
+
+
+def reopen_case(run_folder: str) -> tuple[float, int, str]:
+    """The saved run reopened in a fresh process and its report written again
+    (``swift_nb.report(folder)``, as ``swift-nb report`` does): python's start included."""
+    code = (
+        "import swift_nb\n"
+        f"r = swift_nb.report({run_folder!r})\n"
+        "print('analysed' if r.analysis is not None else 'not analysed', '·', len(r.run.problems), 'problems')"
     )
     return measured(code)
 
@@ -310,7 +324,7 @@ def main() -> int:
                         f"{wall:.1f}",
                         f"{LAST_CPU_S:.1f}",
                         f"{peak / 2**30:.2f}",
-                        line,
+                        line.rpartition(" · ")[0],
                     ]
                 )
                 if n == 16:
@@ -341,23 +355,34 @@ def main() -> int:
             big_dir = tmp / "big"
             big_dir.mkdir()
             size = write_big(big_dir / "big.json", args.big_mb, source)
-            wall, peak, line = import_case(big_dir / "big.json", report=not args.no_report)
+            runs = big_dir / "runs"
+            wall, peak, line = import_case(big_dir / "big.json", report=not args.no_report, out=runs)
             what = "without its report" if args.no_report else "with its report"
-            print(f"\nImporting one large trace, {what} (target: 1 GB of JSON with peak RSS ≤ 2 GiB)")
-            print(
-                table(
+            rows = [
+                [
+                    f"{size / 1e9:.2f} GB JSON",
+                    "import",
+                    f"{wall:.1f}",
+                    f"{LAST_CPU_S:.1f}",
+                    f"{peak / 2**30:.2f}",
+                    line.rpartition(" · ")[0],
+                ]
+            ]
+            if not args.no_report:
+                wall, peak, again = reopen_case(line.rpartition(" · ")[2])
+                rows.append(
                     [
-                        [
-                            f"{size / 1e9:.2f} GB JSON",
-                            f"{wall:.1f}",
-                            f"{LAST_CPU_S:.1f}",
-                            f"{peak / 2**30:.2f}",
-                            line,
-                        ]
-                    ],
-                    ["trace", "wall (s)", "CPU (s)", "peak RSS + shm (GiB)", "imported"],
+                        "",
+                        "reopen: report(folder)",
+                        f"{wall:.1f}",
+                        f"{LAST_CPU_S:.1f}",
+                        f"{peak / 2**30:.2f}",
+                        again,
+                    ]
                 )
-            )
+            print(f"\nImporting one large trace, {what}, then reopening it (targets at 1 GB of JSON:")
+            print("import with its report ≤ 15 s and ≤ 2 GiB; reopen ≤ 3 s; python's start included)")
+            print(table(rows, ["trace", "", "wall (s)", "CPU (s)", "peak RSS + shm (GiB)", "imported"]))
     return 0
 
 

@@ -4,16 +4,18 @@ traces, ``swift-nb report``, ``import_trace``)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from swift_nb.analysis import Analysis, analyze
+from swift_nb.analysis import Analysis, analysis_of, analyze
 from swift_nb.analysis.comparison.variants import compare_runs
 from swift_nb.analysis.cost import price
 from swift_nb.analysis.device import RUN_SUMMARY_KEYS
 from swift_nb.analysis.kernels import SUMMARY_KEYS as FILL_KEYS
 from swift_nb.analysis.ranks import RankAnalysis
+from swift_nb.analysis.stored import Kept, load_analysis, save_analysis
 from swift_nb.analysis.trace.tables import (
     Trace,
     parse_events,
@@ -39,6 +41,8 @@ from swift_nb.render.comparison.page import write_compare
 from swift_nb.render.document import analysis_fields, document_html, report_sections, write_report
 from swift_nb.render.figure_cache import FigureCache
 from swift_nb.render.sections import Section
+from swift_nb.render.sections.timeline import TimelinePart
+from swift_nb.render.timeline.view import embedded_in
 
 
 @dataclass
@@ -121,7 +125,11 @@ def _report(
     on_analysed: Callable[[Run, list[Section]], None] | None,
 ) -> Reported:
     price(run, price_per_hour, price_per_kwh)  # the prices in its context: the verdict's words use them
-    analysis, failure = _analysed(run, trace_events, trace_tables, ranks)
+    kept = load_analysis(run, Analysis) if trace_events is None and trace_tables is None else None
+    if kept is not None:  # analysed before, and nothing it read has changed since
+        analysis, failure = kept.analysis, None
+    else:
+        analysis, failure = _analysed(run, trace_events, trace_tables, ranks)
     if failure is not None and failure not in run.problems:
         run.problems.append(failure)
         if failure not in run.notes:
@@ -149,9 +157,32 @@ def _report(
         _take_drawn(figures, drawing)
     _reuse_earlier_figures(run, figures)
     figures.hand_out(sections)
+    viewer = _earlier_viewer(run, kept, sections)
     write_report(run, document_html(run, sections))
     save_meta(run)
+    if analysis is not None and failure is None:  # a reopen reads it instead of the trace
+        save_analysis(run, analysis, _digest(viewer.viewer) if viewer is not None else None)
     return Reported(run, analysis, sections)
+
+
+def _digest(text: str | None) -> str | None:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest() if text is not None else None
+
+
+def _earlier_viewer(run: Run, kept: Kept | None, sections: list[Section]) -> TimelinePart | None:
+    """The report's timeline part, given the viewer the report it replaces embedded when
+    that report was written with the same analysis (``kept``): the viewer shows the same,
+    and taking it spares reading the trace."""
+    part = next((p for s in sections for p in s.parts if isinstance(p, TimelinePart)), None)
+    if part is None or kept is None or kept.viewer is None or run.path is None:
+        return part
+    try:
+        earlier = embedded_in((Path(run.path) / REPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return part
+    if earlier is not None and _digest(earlier) == kept.viewer:
+        part.embedded = earlier
+    return part
 
 
 def _analysed(
@@ -205,7 +236,7 @@ def findings_of(run: Run | None) -> list:
     if run is None:
         return []
     try:
-        return analyze(run).findings
+        return analysis_of(run).findings
     except Exception:  # predictions are optional; a missing trace must not stop the table
         return []
 

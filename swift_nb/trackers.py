@@ -128,9 +128,9 @@ def payload(run: Run, max_points: int = DEFAULT_MAX_POINTS, analyze: bool = True
     findings: list[dict[str, str]] = []
     if analyze:
         try:
-            from swift_nb.analysis import analyze
+            from swift_nb.analysis import analysis_of
 
-            analysis = analyze(run)
+            analysis = analysis_of(run)
         except Exception:  # sent without findings: the record itself is what matters here
             analysis = None
         if analysis is not None:

@@ -26,6 +26,7 @@ from swift_nb.analysis.module_findings import with_modules
 from swift_nb.analysis.modules import block_ops, module_table, slow_block_finding
 from swift_nb.analysis.operators import by_memory, compiling_steps, top_operators
 from swift_nb.analysis.run_data import run_data
+from swift_nb.analysis.stored import load_analysis
 from swift_nb.analysis.throughput import Throughput, throughput
 from swift_nb.analysis.trace.tables import Trace
 from swift_nb.core.errors import ConfigError
@@ -145,4 +146,11 @@ def analyze(
     )
 
 
-__all__ = ["Analysis", "Finding", "Thresholds", "Verdict", "analyze"]
+def analysis_of(run: Run) -> Analysis:
+    """``run``'s analysis: the one kept beside it (``analysis.stored``) while nothing it read
+    has changed, else ``analyze(run)``."""
+    kept = load_analysis(run, Analysis)
+    return kept.analysis if kept is not None else analyze(run)
+
+
+__all__ = ["Analysis", "Finding", "Thresholds", "Verdict", "analysis_of", "analyze"]

@@ -28,7 +28,17 @@ from swift_nb.capture.dist import RankInfo
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.core.units import fmt_ranks
-from swift_nb.record import RUN_FILE, Run, load_run, rank_folder, rank_trace_file
+from swift_nb.record import (
+    RANK_SAMPLES_FILE,
+    RANK_STEPS_FILE,
+    RANKS_FILE,
+    RUN_FILE,
+    Run,
+    load_run,
+    rank_folder,
+    rank_trace_file,
+    read_back,
+)
 from swift_nb.record.write import energy_summary
 
 MAX_SENT_SAMPLES = 1000  # samples per rank sent to rank 0 (decimated evenly)
@@ -278,11 +288,15 @@ def build_job(run0: Run, job: Path, parts: dict[int, dict[str, Any]], world: int
                 f"rank {r}'s trace is not in this folder: it is on host {row['host']} at "
                 f"{Path(row['record']).parent / row['trace']} (its own record beside it)"
             )
-    job_run.ranks = ranks
+    job_run.ranks = read_back(ranks, RANKS_FILE)  # as a reopened folder reads it
     frames = [p["steps"].assign(rank=r) for r, p in sorted(parts.items()) if len(p["steps"])]
-    job_run.rank_steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    job_run.rank_steps = (
+        read_back(pd.concat(frames, ignore_index=True), RANK_STEPS_FILE) if frames else pd.DataFrame()
+    )
     frames = [p["samples"].assign(rank=r) for r, p in sorted(parts.items()) if len(p["samples"])]
-    job_run.rank_samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    job_run.rank_samples = (
+        read_back(pd.concat(frames, ignore_index=True), RANK_SAMPLES_FILE) if frames else pd.DataFrame()
+    )
     job_run.summary.update(job_energy(parts))
     others = {r: p for r, p in parts.items() if r != 0}
     job_run.notes.extend(_group_notes(others, run0.notes))

@@ -38,6 +38,8 @@ from swift_nb.importing.files import trace_files
 from swift_nb.importing.pool import gather, reduce_in_workers, submit
 from swift_nb.importing.rank import RankRecord, reduce_rank
 from swift_nb.record import (
+    RANK_STEPS_FILE,
+    RANKS_FILE,
     TRACE_FILE,
     Run,
     default_root,
@@ -45,6 +47,7 @@ from swift_nb.record import (
     new_run_id,
     rank_folder,
     rank_trace_file,
+    read_back,
     save,
     tables_path,
 )
@@ -264,8 +267,11 @@ def _job_record(by_rank: dict[int, RankRecord], folder: Path) -> Run:
                 "started_at": rec.started_at,
             }
         )
-    job.ranks = pd.DataFrame(rows, columns=RANK_COLUMNS)
-    job.rank_steps = pd.concat([rec.steps.assign(rank=r) for r, rec in records.items()], ignore_index=True)
+    job.ranks = read_back(pd.DataFrame(rows, columns=RANK_COLUMNS), RANKS_FILE)
+    job.rank_steps = read_back(
+        pd.concat([rec.steps.assign(rank=r) for r, rec in records.items()], ignore_index=True),
+        RANK_STEPS_FILE,
+    )
     job.source["imported_from"] = [str(rt.path.resolve()) for rt in by_rank.values()]
     job.notes[0] = (
         f"imported from the traces of {len(records)} ranks: resource samples, process memory and "

@@ -10,6 +10,8 @@ A run folder holds
   and ``trace.tables.npz``, its parsed tables cached by the analysis (``tables_path``);
 - ``report.html``: the report (``swift_nb.render.document``); ``compare.html``: a
   comparison whose baseline this run is;
+- ``analysis.json``: the analysis the report was written from, with what it was valid for
+  (``swift_nb.analysis.stored``): a reopen takes it instead of analysing the trace again;
 - ``PINNED``: present when the run is exempt from retention.
 
 This package is the whole on-disk contract: every file and folder name of a run folder is
@@ -41,6 +43,7 @@ from swift_nb.record.folders import (
     runs,
 )
 from swift_nb.record.layout import (
+    ANALYSIS_FILE,
     CHECKPOINTING_FIELDS,
     COMPARE_FILE,
     DEFAULT_KEEP,
@@ -75,6 +78,7 @@ from swift_nb.record.read import (
     STEPS_MISSING,
     check_meta,
     load_run,
+    read_back,
     read_meta,
     status_as_found,
     steps_missing,
@@ -99,6 +103,7 @@ from swift_nb.record.write import (
 )
 
 __all__ = [
+    "ANALYSIS_FILE",
     "CHECKPOINTING_FIELDS",
     "COMPARE_FILE",
     "DAMAGED",
@@ -145,6 +150,7 @@ __all__ = [
     "prune",
     "rank_folder",
     "rank_trace_file",
+    "read_back",
     "read_meta",
     "repeated_blocks",
     "runs",

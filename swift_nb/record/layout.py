@@ -20,6 +20,7 @@ RANK_SAMPLES_FILE = "rank_samples.csv"
 PIN_FILE = "PINNED"
 REPORT_FILE = "report.html"
 COMPARE_FILE = "compare.html"
+ANALYSIS_FILE = "analysis.json"
 TABLES_SUFFIX = ".tables.npz"  # a trace's cached tables, beside it (see tables_path)
 
 

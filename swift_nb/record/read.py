@@ -216,7 +216,11 @@ def _read_csv(path: Path, columns: list[str], problems: list[str]) -> pd.DataFra
     are missing values). A last line without its line end is a row whose write was cut
     (the process was killed while appending it): it is dropped and noted in ``problems``.
     Anything else wrong raises ``RecordError``."""
-    text = _read_text(path)
+    return _parse_csv(_read_text(path), path, columns, problems)
+
+
+def _parse_csv(text: str, path: Path, columns: list[str], problems: list[str]) -> pd.DataFrame:
+    """``_read_csv`` of ``text``, the file ``path``'s."""
     if text and not text.endswith("\n"):
         whole, _, cut = text.rpartition("\n")
         text = whole + "\n" if whole else ""
@@ -263,6 +267,15 @@ STEPS_MISSING = _missing_note(STEPS_FILE, "the steps of this run are unknown")
 def steps_missing(run: Run) -> bool:
     """Whether ``run``'s folder has lost its steps.csv (nothing can be said about its steps)."""
     return run.path is not None and not (Path(run.path) / STEPS_FILE).exists()
+
+
+def read_back(table: pd.DataFrame, name: str) -> pd.DataFrame:
+    """``table`` as ``load_run`` reads it back from its file ``name`` (a job's rank tables):
+    an empty text cell missing, a column of numbers and missing values float. A run
+    analysed as it was assembled then reads the table its reopened folder will."""
+    if not len(table.columns):
+        return table
+    return _parse_csv(table.to_csv(index=False), Path(name), [], [])
 
 
 def _read_table(

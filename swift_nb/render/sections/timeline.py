@@ -60,6 +60,11 @@ class TimelinePart:
     alt: str = "The trace's timeline"
     caption: str = CAPTION
     drawn: bytes | None = field(default=None, repr=False)
+    #: the viewer as an earlier report of the same analysis embedded it (``reporting``):
+    #: taken as it is, without reading the trace
+    embedded: str | None = field(default=None, repr=False)
+    #: the viewer ``html`` embedded (None until then, or when it could not be drawn)
+    viewer: str | None = field(default=None, init=False, repr=False)
 
     @cached_property
     def key(self) -> str | None:
@@ -94,12 +99,15 @@ class TimelinePart:
         return figure_outputs(png, self.alt, self.caption)
 
     def html(self) -> str:
-        try:
-            overview = rank_overview(self.run) if len(self.run.rank_trace_paths()) > 1 else None
-            title = self.run.label or self.run.id
-            viewer = embedded_html(self.timeline, self.places, title, overview, own_rank(self.run))
-        except Exception as e:  # the rest of the report stands without its timeline
-            return empty(not_drawn(e))
+        viewer = self.embedded
+        if viewer is None:
+            try:
+                overview = rank_overview(self.run) if len(self.run.rank_trace_paths()) > 1 else None
+                title = self.run.label or self.run.id
+                viewer = embedded_html(self.timeline, self.places, title, overview, own_rank(self.run))
+            except Exception as e:  # the rest of the report stands without its timeline
+                return empty(not_drawn(e))
+        self.viewer = viewer
         return f"{viewer}<p class='caption'>{escape(self.caption)}</p>"
 
 

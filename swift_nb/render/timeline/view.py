@@ -72,6 +72,16 @@ def embedded_html(
     )
 
 
+def embedded_in(html: str) -> str | None:
+    """The viewer ``embedded_html`` made, as it stands in the report ``html`` (None when it
+    has none): its host, its data block and its module, which a report written again from
+    the same analysis takes as it is."""
+    start = html.find(f"<div id='{HOST_ID}'")
+    data_end = html.find("</script>", start) if start >= 0 else -1
+    end = html.find("</script>", data_end + 1) if data_end >= 0 else -1
+    return html[start : end + len("</script>")] if end >= 0 else None
+
+
 def script_sources(html: str) -> str:
     """The Content-Security-Policy's ``script-src`` for the inline module scripts in
     ``html``: each one's sha256, so those run and nothing else does (empty: no scripts)."""
