@@ -99,7 +99,7 @@ def report(
     price_per_hour = check_price("price_per_hour", price_per_hour)
     price_per_kwh = check_price("price_per_kwh", price_per_kwh)
     run = run if isinstance(run, Run) else load_run(run)
-    with shared_traces():  # the analyses, the timeline and the figures read the trace once
+    with shared_traces(run.trace_path):  # the analyses, the timeline and the figures read its trace once
         return _report(
             run,
             trace_events,

@@ -95,6 +95,34 @@ def test_a_given_trace_is_not_read_again(cost_run, monkeypatch):
     assert loads == []
 
 
+def test_a_jobs_report_holds_one_ranks_tables_at_a_time(tmp_path, monkeypatch):
+    """The report shares its own trace's tables between the analyses, the timeline and the
+    places; every other rank is read, reduced and let go, so memory does not grow with the
+    ranks (sharing every rank read held all 16 of a 16-rank job at once: 1.58 GiB against
+    1.08 in benchmarks/scale.py)."""
+    from support.imported_traces import JOB
+
+    import swift_nb
+
+    folder = swift_nb.import_trace(JOB, tmp_path, report=False).path
+    held, reads = [], []
+    real_load, real_share = trace_module._load_trace_file, trace_module.share
+
+    def load(path, max_bytes):
+        reads.append(Path(path).name)
+        return real_load(path, max_bytes)
+
+    def share(path, trace):
+        real_share(path, trace)
+        held.append(len(trace_module._SHARED or {}))
+
+    monkeypatch.setattr(trace_module, "_load_trace_file", load)
+    monkeypatch.setattr(trace_module, "share", share)
+    assert swift_nb.report(folder).analysis is not None
+    assert "trace.rank1.json.gz" in reads and reads.count("trace.json.gz") <= 1
+    assert max(held) <= 1  # rank 0's tables at most, whatever else was read
+
+
 def _allreduce_trace():
     """Two steps, each all-reducing 64·64 floats (16 KiB) issued on the training thread and
     run by gloo on its own."""

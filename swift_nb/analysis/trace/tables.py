@@ -293,6 +293,8 @@ _TEXT_COLUMNS = {
 #: while ``shared_traces()`` is open: trace file (its path, modification time and size) → its
 #: tables, so that the analyses, the figures and the timeline of one report read them once
 _SHARED: dict[tuple[str, int, int], Trace] | None = None
+#: the one trace file whose tables ``shared_traces()`` keeps (None: none is open)
+_SHARED_PATH: str | None = None
 
 
 def _file_key(path: Path) -> tuple[str, int, int]:
@@ -301,26 +303,30 @@ def _file_key(path: Path) -> tuple[str, int, int]:
 
 
 @contextmanager
-def shared_traces() -> Iterator[None]:
-    """Inside it, ``load_trace_file`` reads each trace file once: a report's analyses,
-    timeline and places share the same tables (a large trace's tables take seconds to read
-    and are held only while it lasts)."""
-    global _SHARED
+def shared_traces(path: Path | None) -> Iterator[None]:
+    """Inside it, ``load_trace_file`` reads the trace file ``path`` once: a report's
+    analyses, timeline and places share the same tables (a large trace's tables take
+    seconds to read and are held only while it lasts). Only that one: a job's other ranks
+    are read, reduced and let go one at a time, so memory does not grow with the ranks."""
+    global _SHARED, _SHARED_PATH
     outer = _SHARED is not None
     if not outer:
         _SHARED = {}
+        _SHARED_PATH = str(Path(path).resolve()) if path is not None else None
     try:
         yield
     finally:
         if not outer:
-            _SHARED = None
+            _SHARED, _SHARED_PATH = None, None
 
 
 def share(path: Path | None, trace: Trace) -> None:
     """Hand the tables of the trace file ``path`` to the ``shared_traces()`` open (nothing
-    when none is)."""
+    when none is, or it keeps another file's)."""
     if _SHARED is not None and path is not None and Path(path).exists():
-        _SHARED[_file_key(path)] = trace
+        key = _file_key(path)
+        if key[0] == _SHARED_PATH:
+            _SHARED[key] = trace
 
 
 def load_trace(run: Run) -> Trace:
