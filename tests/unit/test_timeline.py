@@ -16,9 +16,9 @@ from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.timeline.counters import clock_offset_us, downsample
 from swift_nb.analysis.timeline.places import places
 from swift_nb.analysis.timeline.query import ITEM_COLUMNS, Timeline
-from swift_nb.analysis.timeline.ranks import STATES, rank_overview, states_per_rank
+from swift_nb.analysis.timeline.ranks import STATES, rank_overview, rank_states, states_per_rank
 from swift_nb.analysis.timeline.tracks import depths
-from swift_nb.analysis.trace.tables import load_trace_file, parse_events, read_trace
+from swift_nb.analysis.trace.tables import load_trace_file, parse_events, read_trace, spans_trace
 from swift_nb.core import intervals
 from swift_nb.core.errors import ConfigError
 
@@ -313,6 +313,38 @@ def test_the_128_rank_pair_opens_each_rank_and_an_overview(tmp_path):
             intervals.length(steps), rel=1e-9
         )
         assert per_rank.loc[f"rank:{rank}", "communicating"] > 0
+    # its tables, built from columns, are what parse_events makes of one dict per state span
+    raw = [
+        {
+            "ph": "X",
+            "name": state,
+            "cat": "rank_state",
+            "ts": s,
+            "dur": e - s,
+            "pid": "ranks",
+            "tid": f"{r:07d}",
+        }
+        for r, path in sorted(job.rank_trace_paths().items())
+        for state, iv in rank_states(load_trace_file(path))
+        for s, e in iv
+    ]
+    assert len(raw) > 1000
+    spans = spans_trace(
+        np.array([e["name"] for e in raw], dtype=object),
+        "rank_state",
+        np.array([e["ts"] for e in raw]),
+        np.array([e["dur"] for e in raw]),
+        "ranks",
+        np.array([e["tid"] for e in raw], dtype=object),
+    )
+    for table in ("events", "memory", "steps"):
+        pd.testing.assert_frame_equal(
+            getattr(spans, table), getattr(parse_events(raw), table), check_exact=True
+        )
+    items = overview.all_items().sort_values(["track", "start_us"], ignore_index=True)
+    assert len(items) == len(raw) and items["end_us"].sub(items["start_us"]).sum() == pytest.approx(
+        sum(e["dur"] for e in raw), rel=1e-12
+    )
 
 
 def test_counters_move_the_run_clock_onto_the_trace_s():

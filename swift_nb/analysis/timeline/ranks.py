@@ -15,7 +15,14 @@ import pandas as pd
 
 from swift_nb.analysis.device import device_work
 from swift_nb.analysis.timeline.query import Timeline
-from swift_nb.analysis.trace.tables import Trace, load_trace_file, parse_events, per_name, per_value
+from swift_nb.analysis.trace.tables import (
+    Trace,
+    load_trace_file,
+    parse_events,
+    per_name,
+    per_value,
+    spans_trace,
+)
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.core.errors import RecordError
@@ -57,7 +64,7 @@ def rank_overview(run: Run) -> Timeline:
     """One track per rank of a job's folder (``rank:<r>``, labelled ``Rank <r>``, kind
     ``rank``) holding its states (``rank_states``); a rank whose trace cannot be read has
     an empty track and a line in the run's problems."""
-    raw: list[dict] = []
+    names, starts, ends, tids = [], [], [], []
     paths = sorted(run.rank_trace_paths().items())
     for rank, path in paths:
         try:
@@ -66,20 +73,17 @@ def rank_overview(run: Run) -> Timeline:
             run.problems.append(f"rank {rank}: its trace could not be read for the overview ({e})")
             continue
         for state, iv in rank_states(trace):
-            raw += [
-                {
-                    "ph": "X",
-                    "name": state,
-                    "cat": "rank_state",
-                    "ts": s,
-                    "dur": e - s,
-                    "pid": "ranks",
-                    "tid": f"{rank:07d}",
-                }
-                for s, e in iv
-            ]
+            names.append(np.full(len(iv), state, dtype=object))
+            tids.append(np.full(len(iv), f"{rank:07d}", dtype=object))
+            starts.append(iv[:, 0])
+            ends.append(iv[:, 1])
         del trace
-    timeline = Timeline(parse_events(raw))
+    if names:
+        ts, end = np.concatenate(starts), np.concatenate(ends)
+        spans = spans_trace(np.concatenate(names), "rank_state", ts, end - ts, "ranks", np.concatenate(tids))
+    else:
+        spans = parse_events([])
+    timeline = Timeline(spans)
     ranks = [int(t.rsplit(":", 1)[1]) for t in timeline.tracks["track"]]
     timeline.tracks["track"] = [f"rank:{r}" for r in ranks]
     timeline.tracks["label"] = [f"Rank {r}" for r in ranks]

@@ -166,6 +166,37 @@ def _parse_events(raw: list[dict]) -> Trace:
     return _trace_from_columns(events, memory)
 
 
+def spans_trace(
+    name: np.ndarray, cat: str, ts: np.ndarray, dur: np.ndarray, pid: Any, tid: np.ndarray
+) -> Trace:
+    """The Trace of complete events given as columns (``name`` and ``tid`` per event, one
+    ``cat`` and ``pid`` for all), without args: what ``parse_events`` makes of the same
+    events' dicts, without a dict per event (a job's overview has hundreds of thousands)."""
+    n = len(ts)
+    with paused():
+        return _trace_from_columns(
+            {
+                "name": name,
+                "cat": np.full(n, cat, dtype=object),
+                "ts": np.asarray(ts, dtype=float),
+                "dur": np.asarray(dur, dtype=float),
+                "pid": np.full(n, pid, dtype=object),
+                "tid": tid,
+                "input_dims": np.full(n, "", dtype=object),
+                "input_types": np.full(n, "", dtype=object),
+                "ext_id": np.full(n, None, dtype=object),  # as parse_events leaves a missing one
+                "correlation": np.full(n, -1, dtype=np.int64),
+                "msg_nelems": np.full(n, np.nan),
+                "msg_dtype": np.full(n, "", dtype=object),
+                "group_size": np.full(n, np.nan),
+                "seq": np.full(n, -1, dtype=np.int64),
+                "occupancy": np.full(n, np.nan),
+                "blocks_per_sm": np.full(n, np.nan),
+            },
+            {key: [] for key in ("ts", "bytes", "total_allocated", "device_type", "device_id", "addr")},
+        )
+
+
 def text_column(values: Any) -> pd.Series:
     """A text column of the events: an object column of ``str``, a missing value (None)
     as NaN and anything else (a number where a name belongs) as its ``str``, as pandas'
