@@ -11,6 +11,10 @@ run needs). Targets: the Summary within 0.3 s of the last step; report.html is c
 when the cell returns.
 
     python benchmarks/first_results.py [--steps 200] [--rounds 4] [--threads 1]
+    python benchmarks/first_results.py --steps 120 --rounds 1 --flags "--active 100 --with-stack"
+
+``--flags``: the magic's own flags, e.g. more recorded steps for a large trace (its size is
+printed).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ batches = [torch.randint(0, vocab, (8, seq)) for _ in range(4)]
 %load_ext swift_nb
 """
 
-CELL = """%%swift_profile --out {out}
+CELL = """%%swift_profile --out {out} {flags}
 for i in range({steps}):
     x = batches[i % 4]
     logits = model(x)
@@ -77,8 +81,8 @@ def first(messages: list[dict], test) -> float | None:
     return None
 
 
-def one_round(kc, steps: int, out: Path) -> dict[str, float]:
-    messages = execute(kc, CELL.format(out=out, steps=steps))
+def one_round(kc, steps: int, out: Path, flags: str = "") -> dict[str, float]:
+    messages = execute(kc, CELL.format(out=out, steps=steps, flags=flags))
     last = float(execute_value(kc, "print(repr(last_step))"))
     reports = sorted(out.glob("*/report.html"), key=lambda p: p.stat().st_mtime)
     return {
@@ -86,6 +90,7 @@ def one_round(kc, steps: int, out: Path) -> dict[str, float]:
         "figures": first(messages, lambda d: "image/png" in d) - last,
         "report": reports[-1].stat().st_mtime - last,
         "end": sent(messages[-1]) - last,
+        "trace_mb": sum(p.stat().st_size for p in reports[-1].parent.glob("trace*.json.gz")) / 1e6,
     }
 
 
@@ -101,18 +106,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=4, help="later runs, after the first")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--flags", default="", help="the magic's flags, e.g. '--active 100 --with-stack'")
     args = ap.parse_args()
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         execute(kc, textwrap.dedent(SETUP.format(bench=str(Path(__file__).parent), threads=args.threads)))
         with tempfile.TemporaryDirectory() as tmp:
-            rounds = [one_round(kc, args.steps, Path(tmp)) for _ in range(args.rounds + 1)]
+            rounds = [one_round(kc, args.steps, Path(tmp), args.flags) for _ in range(args.rounds + 1)]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     keys = [("summary", "Summary (and verdict) shown", "0.3"), ("figures", "first figure shown", "–")]
     keys += [("report", "report.html written", "before the cell ends"), ("end", "cell ends", "–")]
-    print(f"\n{args.steps} steps, torch on {args.threads} thread(s); seconds after the last step\n")
+    print(
+        f"\n{args.steps} steps {args.flags}, torch on {args.threads} thread(s); the trace "
+        f"{rounds[-1]['trace_mb']:.1f} MB gzipped; seconds after the last step\n"
+    )
     print(f"| from the last step to | first run | later runs (median of {args.rounds}) | max | target |")
     print("|---|---|---|---|---|")
     for key, label, target in keys:
