@@ -31,6 +31,7 @@ from swift_nb.render.sections import Section
 # the reading half of the API, torch-free, named here too: the magic, the monitor and the
 # reruns compose it with capture
 from swift_nb.reporting import Reported, compare, findings_of, report  # noqa: F401
+from swift_nb.reporting import preview as preview_record
 from swift_nb.toggles import Toggle, ToggleReport, build
 from swift_nb.vocabulary.options import ProfileOptions
 
@@ -78,12 +79,19 @@ def finish(
     Run in memory is complete. ``on_analysed``: as ``report`` takes it. ``timeline_png``:
     the trace's timeline will be shown as a PNG (a notebook's static outputs); the helper
     draws it with the other figures."""
+    o = session.options
+    early = None
+    if on_analysed is not None and o.report:
+
+        def early(preview: Run) -> None:  # the Summary while the trace is digested
+            with paused():
+                preview_record(preview, on_analysed, o.price_per_hour, o.price_per_kwh)
+
     try:
-        run = session.stop(status, error)
+        run = session.stop(status, error, before_trace=early)
     except OSError as e:
         return Reported(_write_failed(session.run, e), None, [])
     built = session.take_trace_tables()
-    o = session.options
     # The collector is paused while the run is analysed: its passes over the whole heap
     # (the training's objects, a notebook's) took 0.2 s of a later run's 0.5 s here.
     try:

@@ -137,6 +137,28 @@ def _report(
     if analysis is not None and len(analysis.modules):
         run.modules = analysis.modules
         save_modules(run)
+    sections = _sections(run, analysis, failure, on_analysed)
+    figures = figures if figures is not None else FigureCache()
+    if drawing is not None:
+        _take_drawn(figures, drawing)
+    _reuse_earlier_figures(run, figures)
+    figures.hand_out(sections)
+    viewer = _earlier_viewer(run, kept, sections)
+    write_report(run, document_html(run, sections))
+    save_meta(run)
+    if analysis is not None and failure is None:  # a reopen reads it instead of the trace
+        save_analysis(run, analysis, _digest(viewer.viewer) if viewer is not None else None)
+    return Reported(run, analysis, sections)
+
+
+def _sections(
+    run: Run,
+    analysis: Analysis | None,
+    failure: str | None,
+    on_analysed: Callable[[Run, list[Section]], None] | None,
+) -> list[Section]:
+    """The report's sections of ``analysis``, handed to ``on_analysed`` (whose failure is
+    not the report's), the device's figures and prices joining the run's summary."""
     if analysis is not None:  # the device's figures, where it has some, join the summary
         run.summary.update(
             {
@@ -152,17 +174,25 @@ def _report(
             on_analysed(run, sections)
         except Exception:  # what is shown early is shown again once the figures are drawn
             pass
-    figures = figures if figures is not None else FigureCache()
-    if drawing is not None:
-        _take_drawn(figures, drawing)
-    _reuse_earlier_figures(run, figures)
-    figures.hand_out(sections)
-    viewer = _earlier_viewer(run, kept, sections)
-    write_report(run, document_html(run, sections))
-    save_meta(run)
-    if analysis is not None and failure is None:  # a reopen reads it instead of the trace
-        save_analysis(run, analysis, _digest(viewer.viewer) if viewer is not None else None)
-    return Reported(run, analysis, sections)
+    return sections
+
+
+def preview(
+    run: Run,
+    on_analysed: Callable[[Run, list[Section]], None],
+    price_per_hour: float | None = None,
+    price_per_kwh: float | None = None,
+) -> None:
+    """The analyses of a run's record alone (its steps, samples and summary; no trace),
+    handed to ``on_analysed`` with the report's sections they make: a notebook shows
+    that Summary and verdict while the run's trace is still digested (``api.finish``).
+    Nothing is written; ``run`` is a preview the report replaces."""
+    price(run, price_per_hour, price_per_kwh)
+    try:
+        analysis, failure = analyze(run), None
+    except Exception as e:  # the report, after the trace, says it
+        analysis, failure = None, f"the analysis failed ({type(e).__name__}: {e}); the run's data is intact"
+    _sections(run, analysis, failure, on_analysed)
 
 
 def _digest(text: str | None) -> str | None:

@@ -100,6 +100,10 @@ class Pending:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Whether the job is done within ``timeout`` seconds (``result`` takes it)."""
+        return self._done.wait(timeout)
+
     def _run_here(self, background: bool) -> None:
         def run() -> None:
             try:

@@ -13,7 +13,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,14 @@ from swift_nb.record import (
 from swift_nb.record.counters import step_counters
 from swift_nb.vocabulary.options import ProfileOptions
 
+#: how long a finished run's Summary waits for its trace's digest before it is shown
+#: without it (``Session.stop``'s ``before_trace``)
+PREVIEW_AFTER_S = 0.05
+#: said in the preview ``Session.stop`` hands ``before_trace``
+PREVIEW_NOTE = (
+    "the trace is still being digested: the time breakdown, the operators, memory by "
+    "category and the findings the trace shows follow with the report"
+)
 _RUNNING: list[Session] = []  # the session capturing in this process (one at a time: no nesting)
 
 
@@ -286,16 +295,24 @@ class Session:
         if msg not in self.run.notes:
             self.run.notes.append(msg)
 
-    def stop(self, status: str = "ok", error: BaseException | None = None) -> Run:
+    def stop(
+        self,
+        status: str = "ok",
+        error: BaseException | None = None,
+        before_trace: Callable[[Run], None] | None = None,
+    ) -> Run:
         """Stop everything, write the record and return it. Each part is stopped even if
         another fails, and a second Ctrl-C waits until the record is saved, so nothing
-        already measured is lost."""
+        already measured is lost. ``before_trace``: called with a preview of the record
+        (a copy: its steps, samples and summary, no trace) when the run's trace is still
+        being digested, before waiting for it (a notebook shows its Summary then); its
+        failure is not the run's."""
         if self._finished:
             return self.run
         self._finished = True
         try:
             with signals.deferred():
-                return self._finish(status, error)
+                return self._finish(status, error, before_trace)
         finally:
             self._termination.restore()
 
@@ -307,7 +324,9 @@ class Session:
         )
         self.stop("terminated")
 
-    def _finish(self, status: str, error: BaseException | None) -> Run:
+    def _finish(
+        self, status: str, error: BaseException | None, before_trace: Callable[[Run], None] | None
+    ) -> Run:
         _RUNNING.clear()
         run = self.run
         end_s = time.perf_counter() - self._t0
@@ -317,27 +336,40 @@ class Session:
         if error is not None:
             self.note(f"{status}: {type(error).__name__}: {error}".rstrip(": "))
             run.summary["traceback"] = job.describe_error(error)
-        trace = self._stop_capture()
+        self._stop_capture()
         if run.path is None:  # start() failed before the folder existed
+            self._take_trace()
             run.status = status
             return run
         steps = self._steps_table(end_s)
         self._tokens.add_to(self.run, steps, self.note)
-        if trace is not None and trace.path is not None:
-            self._add_trace(run, steps, trace)
-        elif self.profiler_cfg is not None and not self._trace_lost:
-            self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
-        run.samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
-        run.steps = pd.concat([steps, step_counters(steps, run.samples)], axis=1)
-        run.status = status
-        run.wall_s = end_s
-        run.summary.update(summarize(run.steps, run.samples))
-        run.summary["profiler_overhead_s"] = self._hook_cost
         self.watch_steps()  # the steps after the journal's last flush
         if self.alerts:
             run.summary["alerts"] = [a.to_dict() for a in self.alerts]
         self._compile.add_to(run)
         self._detect_context()
+        samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
+        if before_trace is not None and self._digest_outlasts(PREVIEW_AFTER_S):
+            preview = replace(
+                run,
+                summary=dict(run.summary),
+                context=dict(run.context),
+                notes=[*run.notes, PREVIEW_NOTE],
+                files=dict(run.files),
+                problems=list(run.problems),
+            )
+            self._tabulate(preview, steps.copy(), samples, status, end_s)
+            try:
+                before_trace(preview)
+            except Exception:  # shown again, in full, once the trace is in
+                pass
+        trace = self._take_trace()
+        if trace is not None and trace.path is not None:
+            self._add_trace(run, steps, trace)
+        elif self.profiler_cfg is not None and not self._trace_lost:
+            self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
+        self._tabulate(run, steps, samples, status, end_s)
+        run.summary["profiler_overhead_s"] = self._hook_cost
         if self._job is not None:
             # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
             self.trace_tables = None
@@ -404,9 +436,29 @@ class Session:
         except Exception as e:  # never raised over the user's own error
             self.note(f"what was in memory at the failure could not be read ({type(e).__name__}: {e})")
 
-    def _stop_capture(self) -> TraceResult | None:
-        """Stop every part of the capture (each even if another fails); the finished
-        trace, or None."""
+    @staticmethod
+    def _tabulate(run: Run, steps: pd.DataFrame, samples: pd.DataFrame, status: str, end_s: float) -> None:
+        """The run's steps (with the samples' per-step counters), samples and summary."""
+        run.samples = samples
+        run.steps = pd.concat([steps, step_counters(steps, samples)], axis=1)
+        run.status = status
+        run.wall_s = end_s
+        run.summary.update(summarize(run.steps, run.samples))
+
+    def _digest_outlasts(self, seconds: float) -> bool:
+        """Whether this run's trace (not a rank's of a job) is still being digested
+        ``seconds`` from now (the digest of a trace of several cycles starts here)."""
+        if self._trace is None or self._job is not None or self._trace_lost:
+            return False
+        try:
+            self._trace.digest(self._memory.replay_input())
+            return not self._trace.ready(seconds)
+        except Exception:  # said when the trace is taken
+            return False
+
+    def _stop_capture(self) -> None:
+        """Stop every part of the capture (each even if another fails) but the trace's
+        digest, which ``_take_trace`` waits for."""
         self._watcher.remove()
         self._use.stop()
         self._compile.remove()
@@ -421,20 +473,30 @@ class Session:
             self.run.summary["journal_s"] = self._journal.flush_s
         if self._flops is not None:
             self._flops.stop()
-        trace = None
         if self._trace is not None:
             try:
                 self._trace.stop()
-                trace = self._trace.finish(self._memory.replay_input())
             except Exception as e:
                 self._trace_lost = True
                 self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
-        if self._helper is not None:  # no helper outlives its run
-            self._helper.close()
-        self._stderr.stop()
         if self._sampler is not None:
             self._sampler.stop()
         self._rss.close()  # later reads (the run's last row) go through psutil
+
+    def _take_trace(self) -> TraceResult | None:
+        """The finished trace, once its digest is done (None: none, or it was lost)."""
+        trace = None
+        try:
+            if self._trace is not None and not self._trace_lost:
+                try:
+                    trace = self._trace.finish(self._memory.replay_input())
+                except Exception as e:
+                    self._trace_lost = True
+                    self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
+        finally:
+            if self._helper is not None:  # no helper outlives its run
+                self._helper.close()
+            self._stderr.stop()
         return trace
 
     # -- step boundaries (hot path: keep cheap) -------------------------------------------

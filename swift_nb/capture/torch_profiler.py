@@ -193,6 +193,11 @@ class TraceRecorder:
         )
         self._pending = self._helper.submit(DIGEST, job)
 
+    def ready(self, within: float) -> bool:
+        """Whether the digest given to the helper is done within ``within`` seconds (True:
+        none was given)."""
+        return self._pending is None or self._pending.wait(within)
+
     @property
     def _out(self) -> Path:
         return self._folder / self._name

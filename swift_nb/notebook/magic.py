@@ -29,6 +29,7 @@ from swift_nb.core.errors import ConfigError, MissingDependencyError, RunDirErro
 from swift_nb.notebook.live import LivePanel
 from swift_nb.notebook.panel import show_first, show_run
 from swift_nb.record import Run, load_run, runs
+from swift_nb.render.sections import Section
 from swift_nb.render.tables import runs_html, runs_text
 from swift_nb.vocabulary.options import ProfileOptions, argparse_specs, flag_of
 
@@ -207,9 +208,14 @@ class SwiftMagics(Magics):
                 print(report)
             err = None if result is None else (result.error_before_exec or result.error_in_exec)
             first: list[DisplayHandle | None] = []  # a kernel's frontend replaces it in place
-            early = (lambda r, s: first.append(show_first(r, s))) if widgets_available(self.shell) else None
+
+            def early(r: Run, s: list[Section]) -> None:  # a preview's first, then the run's in its place
+                shown = show_first(r, s, first[0] if first else None)
+                first[:] = [shown]
+
+            shows_early = early if widgets_available(self.shell) else None
             try:
-                reported = finish(session, _cell_status(result, err), err, early, timeline_png=True)
+                reported = finish(session, _cell_status(result, err), err, shows_early, timeline_png=True)
             except BaseException:
                 if live is not None:
                     live.end_saving()  # its line would tick on for a run that will not be shown

@@ -55,14 +55,21 @@ PERFETTO_NOTE = (
 )
 
 
-def show_first(run: Run, sections: Sequence[Section]) -> DisplayHandle | None:
+def show_first(
+    run: Run, sections: Sequence[Section], instead_of: DisplayHandle | None = None
+) -> DisplayHandle | None:
     """The Summary and the verdict (``sections.FIRST``), shown the moment the run is
     analysed, while its figures are still drawn; ``show_run`` puts its first output in
-    their place, so that nothing is shown twice."""
+    their place, so that nothing is shown twice. ``instead_of``: what an earlier call
+    showed (a preview's, before the trace was in), replaced in place and returned."""
     first = [s for s in sections if s.kind in FIRST]
     html = summary_html(run) + "".join(f"<div class='swift-nb-section'>{s.html()}</div>" for s in first)
     text = "\n".join([summary_text(run), *(f"[{s.title}: the figures follow]" for s in first)])
-    return display({"text/html": html, "text/plain": text}, raw=True, display_id=True)
+    bundle = {"text/html": html, "text/plain": text}
+    if instead_of is not None:
+        instead_of.update(bundle, raw=True)
+        return instead_of
+    return display(bundle, raw=True, display_id=True)
 
 
 def show_run(

@@ -15,7 +15,8 @@ import torch
 from support.common import train
 
 import swift_nb
-from swift_nb.capture.session import Session
+from swift_nb.capture.session import PREVIEW_NOTE, Session
+from swift_nb.capture.torch_profiler import TraceRecorder
 from swift_nb.vocabulary.options import ProfileOptions
 
 
@@ -265,3 +266,53 @@ def test_profile_with_run_id_writes_that_folder(tmp_path):
     assert run.path == (tmp_path / "fixed-id").resolve()
     with pytest.raises(OSError, match="exists already"):
         swift_nb.profile(out_dir=tmp_path, run_id="fixed-id")
+
+
+def _finished_with_early_results(runs_dir, digest_ready) -> tuple[list[dict], swift_nb.Run]:
+    """A run finished as a notebook finishes it (``api.finish`` with ``on_analysed``),
+    its trace's digest ``digest_ready`` (``TraceRecorder.ready``); what ``on_analysed``
+    saw each time it was called, and the run."""
+    from swift_nb.api import ReportAhead, finish
+
+    seen: list[dict] = []
+
+    def on_analysed(run, sections):
+        seen.append(
+            {
+                "notes": list(run.notes),
+                "files": dict(run.files),
+                "steps": len(run.steps),
+                "step_time": run.summary.get("step_time_median_s"),
+                "kinds": [s.kind.title for s in sections],
+                "report_written": (run.path / "report.html").exists(),
+            }
+        )
+
+    original = TraceRecorder.ready
+    TraceRecorder.ready = digest_ready
+    try:
+        session = Session(ProfileOptions(out_dir=runs_dir), on_trace=ReportAhead())
+        session.start()
+        train(8)
+        reported = finish(session, on_analysed=on_analysed)
+    finally:
+        TraceRecorder.ready = original
+    return seen, reported.run
+
+
+def test_a_notebooks_summary_comes_from_the_record_while_the_trace_is_still_digested(runs_dir):
+    # a digest that outlasts any wait (a fault injected): the record's own analysis first
+    seen, run = _finished_with_early_results(runs_dir, lambda self, within: False)
+    assert len(seen) == 2, "the preview's Summary, then the run's"
+    preview, full = seen
+    assert PREVIEW_NOTE in preview["notes"] and "trace" not in preview["files"]
+    assert preview["steps"] == 8 and preview["step_time"] == run.summary["step_time_median_s"]
+    assert "Verdict" in preview["kinds"] and not preview["report_written"]
+    assert PREVIEW_NOTE not in full["notes"] and "trace" in full["files"]
+    assert PREVIEW_NOTE not in run.notes and run.trace_path is not None and run.trace_path.exists()
+    assert PREVIEW_NOTE not in swift_nb.load_run(run.path).notes, "the preview is never saved"
+
+
+def test_a_digest_done_in_time_gives_one_summary(runs_dir):
+    seen, run = _finished_with_early_results(runs_dir, lambda self, within: True)
+    assert len(seen) == 1 and "trace" in seen[0]["files"] and PREVIEW_NOTE not in seen[0]["notes"]

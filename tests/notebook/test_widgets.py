@@ -5,11 +5,13 @@ fallback of a terminal IPython."""
 from __future__ import annotations
 
 import queue
+from contextlib import contextmanager
 from datetime import datetime
 
 from support.widgets import _newest
 
 import swift_nb
+from swift_nb.capture.session import PREVIEW_NOTE
 from swift_nb.notebook.live import message_bound
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -151,8 +153,26 @@ def test_interrupt_stops_the_panel_and_shows_the_partial_run(kernel, tmp_path):
     assert kernel.eval("sorted(t.name for t in __import__('threading').enumerate())") == threads_before
 
 
+@contextmanager
+def digest(kernel, how: str):
+    """The trace's digest in the kernel: ``done`` before the Summary is shown (it waits
+    for it), or ``slow`` (it outlasts every wait: a fault injected), for one block."""
+    kernel.execute(
+        "import swift_nb.capture.session as _s\n"
+        "from swift_nb.capture.torch_profiler import TraceRecorder as _T\n"
+        "_kept = _s.PREVIEW_AFTER_S, _T.ready"
+    )
+    patch = {"done": "_s.PREVIEW_AFTER_S = 600", "slow": "_T.ready = lambda self, within: False"}[how]
+    kernel.execute(patch)
+    try:
+        yield
+    finally:
+        kernel.execute("_s.PREVIEW_AFTER_S, _T.ready = _kept")
+
+
 def test_the_summary_and_verdict_come_first_and_the_results_panel_takes_their_place(kernel, tmp_path):
-    ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
+    with digest(kernel, "done"):
+        ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
     assert ex.status == "ok"
     shown = ex.of_type("display_data", "update_display_data")
     first = next(
@@ -183,3 +203,31 @@ def test_steps_hint_must_be_positive(kernel, tmp_path):
     err = "".join(m["content"]["text"] for m in ex.of_type("stream") if m["content"]["name"] == "stderr")
     assert "--steps must be a whole number ≥ 1; got 0" in err
     assert not tmp_path.exists() or swift_nb.runs(tmp_path).empty
+
+
+def test_a_summary_is_shown_while_the_trace_is_digested_then_the_runs_in_its_place(kernel, tmp_path):
+    with digest(kernel, "slow"):
+        ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
+    assert ex.status == "ok"
+    shown = ex.of_type("display_data", "update_display_data")
+    first = next(
+        i for i, m in enumerate(shown) if "swift-nb-summary" in m["content"]["data"].get("text/html", "")
+    )
+    early = shown[first]
+    html = early["content"]["data"]["text/html"]
+    assert early["msg_type"] == "display_data" and "<h2>Verdict</h2>" in html
+    assert PREVIEW_NOTE in html and PREVIEW_NOTE in early["content"]["data"]["text/plain"]
+    assert "Step time" in html, "the steps are measured before the trace is in"
+    assert not any("image/png" in m["content"]["data"] for m in shown[:first]), "before any figure"
+    display_id = early["content"]["transient"]["display_id"]
+    replaced = [m for m in shown if m["content"].get("transient", {}).get("display_id") == display_id][1:]
+    assert [m["msg_type"] for m in replaced] == ["update_display_data", "update_display_data"]
+    full = replaced[0]["content"]["data"]
+    assert "swift-nb-summary" in full["text/html"] and "<h2>Verdict</h2>" in full["text/html"]
+    assert PREVIEW_NOTE not in full["text/html"], "the run's own Summary, once its trace is in"
+    assert WIDGET_VIEW in replaced[1]["content"]["data"], "then the results panel in their place"
+    later = [m["content"]["data"] for m in shown[first + 1 :] if m["msg_type"] == "display_data"]
+    assert sum("swift-nb-summary" in d.get("text/html", "") for d in later) == 1, "the static Summary, once"
+    assert not any(PREVIEW_NOTE in d.get("text/html", "") for d in later)
+    run = swift_nb.load_run(next(p for p in tmp_path.iterdir() if p.is_dir()))
+    assert run.trace_path is not None and PREVIEW_NOTE not in run.notes
