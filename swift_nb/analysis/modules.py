@@ -364,7 +364,8 @@ def block_ops(trace: Trace, table: pd.DataFrame) -> dict[str, pd.Series]:
     spans = on_loop[on_loop["name"].isin(list(wanted)).to_numpy()].sort_values("ts_us").reset_index(drop=True)
     ops = on_loop[(on_loop["cat"] == "cpu_op").to_numpy()]
     where = _innermost(spans, ops["ts_us"].to_numpy(), ops["end_us"].to_numpy())
-    inside = ops[where >= 0].assign(block=[wanted[spans["name"].iloc[w]] for w in where[where >= 0]])
+    span_block = spans["name"].map(wanted).to_numpy()  # each span's block, by position
+    inside = ops[where >= 0].assign(block=span_block[where[where >= 0]])
     # the top-level ops of each block (an op's children are in its time)
     out = {}
     for path, group in inside.groupby("block"):
