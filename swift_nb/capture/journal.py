@@ -16,7 +16,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swift_nb.record import RUN_FILE, SAMPLE_COLUMNS, SAMPLES_FILE, STEPS_FILE, Run, atomic_write_text
+import pandas as pd
+
+from swift_nb.record import (
+    RUN_FILE,
+    SAMPLE_COLUMNS,
+    SAMPLES_FILE,
+    STEP_COLUMNS,
+    STEPS_FILE,
+    Run,
+    atomic_write_text,
+)
 
 #: the longest a killed run's record lags behind the run (s)
 FLUSH_INTERVAL_S = 1.0
@@ -141,3 +151,23 @@ class Journal:
             self._meta_key = (-1, -1)
             return
         atomic_write_text(self.folder / RUN_FILE, text)
+
+
+def steps_table(
+    rows: Sequence[tuple], dropped: int, folder: Path | None, say: Callable[[str], None]
+) -> pd.DataFrame:
+    """steps.csv's table: ``rows`` (the newest, as ``STEP_COLUMNS``) after the ``dropped``
+    older ones a long run keeps only in ``folder``'s steps.csv (``KEEP_STEPS``), read back
+    exactly (repr of each float); where they cannot be, the newest alone, said."""
+    newest = pd.DataFrame(rows, columns=STEP_COLUMNS)
+    if not dropped or folder is None:
+        return newest
+    try:
+        older = pd.read_csv(Path(folder) / STEPS_FILE, nrows=dropped)[STEP_COLUMNS]
+    except (OSError, ValueError, KeyError) as e:  # the folder removed or its file replaced meanwhile
+        say(
+            f"the first {dropped} steps' rows could not be read back from {STEPS_FILE} "
+            f"({type(e).__name__}: {e}); the record holds the later ones"
+        )
+        return newest
+    return pd.concat([older, newest], ignore_index=True)

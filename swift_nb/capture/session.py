@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from swift_nb.capture.environment import environment
 from swift_nb.capture.flops import StepFlops, flop_step
 from swift_nb.capture.helper import Helper
 from swift_nb.capture.job_rank import JobRank
-from swift_nb.capture.journal import Journal
+from swift_nb.capture.journal import Journal, steps_table
 from swift_nb.capture.memory import oom, stale_models
 from swift_nb.capture.memory.modules import ModuleScopes
 from swift_nb.capture.memory.snapshots import MemoryRecorder
@@ -46,9 +45,6 @@ from swift_nb.core.errors import ConfigError, RunDirError
 from swift_nb.core.units import MIN_8BIT_SIZE
 from swift_nb.record import (
     FINETUNE_KEY,
-    STALE_MODELS_KEY,
-    STEP_COLUMNS,
-    STEPS_FILE,
     TRACE_FILE,
     OutOfMemory,
     Run,
@@ -58,10 +54,9 @@ from swift_nb.record import (
     new_run_id,
     prune,
     save,
-    summarize,
+    tabulate,
     utc_now_iso,
 )
-from swift_nb.record.counters import step_counters
 from swift_nb.vocabulary.options import ProfileOptions
 
 #: how long a finished run's Summary waits for its trace's digest before it is shown
@@ -350,15 +345,8 @@ class Session:
         self._detect_context()
         samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
         if before_trace is not None and self._digest_outlasts(PREVIEW_AFTER_S):
-            preview = replace(
-                run,
-                summary=dict(run.summary),
-                context=dict(run.context),
-                notes=[*run.notes, PREVIEW_NOTE],
-                files=dict(run.files),
-                problems=list(run.problems),
-            )
-            self._tabulate(preview, steps.copy(), samples, status, end_s)
+            preview = run.copy(note=PREVIEW_NOTE)
+            tabulate(preview, steps.copy(), samples, status, end_s)
             try:
                 before_trace(preview)
             except Exception:  # shown again, in full, once the trace is in
@@ -368,7 +356,7 @@ class Session:
             self._add_trace(run, steps, trace)
         elif self.profiler_cfg is not None and not self._trace_lost:
             self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
-        self._tabulate(run, steps, samples, status, end_s)
+        tabulate(run, steps, samples, status, end_s)
         run.summary["profiler_overhead_s"] = self._hook_cost
         if self._job is not None:
             # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
@@ -398,21 +386,8 @@ class Session:
                 "no step boundary was seen (no optimizer.step() and no swift_nb.step()); "
                 "the cell is recorded as one span"
             )
-        newest = pd.DataFrame(self._rows, columns=STEP_COLUMNS)
         dropped = self._journal.dropped if self._journal is not None else 0
-        if not dropped:
-            return newest
-        # a long run's older rows live only in steps.csv (journal.KEEP_STEPS); as written
-        # (repr of each float): read back exactly
-        try:
-            older = pd.read_csv(self.run.path / STEPS_FILE, nrows=dropped)[STEP_COLUMNS]
-        except (OSError, ValueError, KeyError) as e:  # the folder removed or its file replaced meanwhile
-            self.note(
-                f"the first {dropped} steps' rows could not be read back from {STEPS_FILE} "
-                f"({type(e).__name__}: {e}); the record holds the later ones"
-            )
-            return newest
-        return pd.concat([older, newest], ignore_index=True)
+        return steps_table(self._rows, dropped, self.run.path, self.note)
 
     def _add_trace(self, run: Run, steps: pd.DataFrame, trace: TraceResult) -> None:
         """The finished trace into the record, with the memory by category it gives."""
@@ -436,25 +411,11 @@ class Session:
         except Exception as e:  # never raised over the user's own error
             self.note(f"what was in memory at the failure could not be read ({type(e).__name__}: {e})")
 
-    @staticmethod
-    def _tabulate(run: Run, steps: pd.DataFrame, samples: pd.DataFrame, status: str, end_s: float) -> None:
-        """The run's steps (with the samples' per-step counters), samples and summary."""
-        run.samples = samples
-        run.steps = pd.concat([steps, step_counters(steps, samples)], axis=1)
-        run.status = status
-        run.wall_s = end_s
-        run.summary.update(summarize(run.steps, run.samples))
-
     def _digest_outlasts(self, seconds: float) -> bool:
         """Whether this run's trace (not a rank's of a job) is still being digested
-        ``seconds`` from now (the digest of a trace of several cycles starts here)."""
-        if self._trace is None or self._job is not None or self._trace_lost:
-            return False
-        try:
-            self._trace.digest(self._memory.replay_input())
-            return not self._trace.ready(seconds)
-        except Exception:  # said when the trace is taken
-            return False
+        ``seconds`` from now."""
+        live = self._trace is not None and self._job is None and not self._trace_lost
+        return live and self._trace.outlasts(seconds, self._memory.replay_input())  # type: ignore[union-attr]
 
     def _stop_capture(self) -> None:
         """Stop every part of the capture (each even if another fails) but the trace's
@@ -577,27 +538,9 @@ class Session:
             self.run.context.setdefault("repeated_blocks", found)
 
     def _name_stale_models(self) -> None:
-        """The models only alive in the kernel: named in the summary and the notes, and
-        left out of the fine-tuning's ``frozen_models``."""
-        try:
-            used, stale = stale_models.split(
-                self._watcher.models, self._watcher.optimizers.values(), self._use
-            )
-            found = stale_models.entries(stale, used, self._watcher.optimizers.values())
-        except Exception as e:  # an odd model must not cost the run its record
-            self.note(f"the models alive in the kernel could not be read ({type(e).__name__}: {e})")
-            return
-        ft = self.run.context.get(FINETUNE_KEY)
-        if stale and isinstance(ft, dict) and isinstance(ft.get("frozen_models"), list):
-            kept = [
-                m for m in ft["frozen_models"] if not (isinstance(m, dict) and m.get("variable") in stale)
-            ]
-            ft.pop("frozen_models")
-            if kept:
-                ft["frozen_models"] = kept
-        if found:
-            self.run.summary[STALE_MODELS_KEY] = found
-            self.note(stale_models.note(found))
+        """The models only alive in the kernel, named in the run (``stale_models.name_in``)."""
+        opts = self._watcher.optimizers.values()
+        stale_models.name_in(self.run, self._watcher.models, opts, self._use, self.note)
 
     def _watch_tokens(self, models: dict[str, torch.nn.Module]) -> None:
         """Count the tokens the models receive from now on; the language models' vocabulary

@@ -198,6 +198,15 @@ class TraceRecorder:
         none was given)."""
         return self._pending is None or self._pending.wait(within)
 
+    def outlasts(self, seconds: float, replay: ReplayInput | None = None) -> bool:
+        """Whether the trace's digest (started now where it was not: a trace of several
+        cycles; ``replay`` as for ``digest``) is still running ``seconds`` from now."""
+        try:
+            self.digest(replay)
+            return not self.ready(seconds)
+        except Exception:  # said when the trace is taken (``finish``)
+            return False
+
     @property
     def _out(self) -> Path:
         return self._folder / self._name

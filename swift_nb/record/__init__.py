@@ -100,6 +100,7 @@ from swift_nb.record.write import (
     save_modules,
     step_durations,
     summarize,
+    tabulate,
 )
 
 __all__ = [
@@ -162,5 +163,6 @@ __all__ = [
     "steps_missing",
     "summarize",
     "tables_path",
+    "tabulate",
     "utc_now_iso",
 ]

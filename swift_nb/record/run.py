@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,18 @@ class Run:
             if key.startswith("trace_rank"):
                 out[int(key.removeprefix("trace_rank"))] = self.path / name
         return dict(sorted(out.items()))
+
+    def copy(self, note: str | None = None) -> Run:
+        """A copy whose summary, context, notes, files and problems are its own (the tables
+        are shared), ``note`` added to its notes."""
+        return replace(
+            self,
+            summary=dict(self.summary),
+            context=dict(self.context),
+            notes=[*self.notes, *([note] if note is not None else [])],
+            files=dict(self.files),
+            problems=list(self.problems),
+        )
 
     @property
     def pinned(self) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.core.errors import ConfigError, RunDirError
-from swift_nb.record.counters import counter_summary
+from swift_nb.record.counters import counter_summary, step_counters
 from swift_nb.record.layout import (
     DEFAULT_KEEP,
     ENV_DIR,
@@ -343,3 +343,13 @@ def energy_summary(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]
         if len(t) >= 2:
             out["cpu_energy_j"] = float(energy[-1])
     return out
+
+
+def tabulate(run: Any, steps: pd.DataFrame, samples: pd.DataFrame, status: str, wall_s: float) -> None:
+    """A finished run's steps (with the samples' per-step counters), samples, status, wall
+    time and summary (``summarize``)."""
+    run.samples = samples
+    run.steps = pd.concat([steps, step_counters(steps, samples)], axis=1)
+    run.status = status
+    run.wall_s = wall_s
+    run.summary.update(summarize(run.steps, run.samples))

@@ -18,7 +18,7 @@ nothing the run uses holds too; the memory by category counts them as ``other``,
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from torch import nn
 
 from swift_nb.capture.memory.categories import quantization_state
 from swift_nb.core.units import fmt_bytes
+from swift_nb.record import FINETUNE_KEY, STALE_MODELS_KEY
 
 
 class ModelUse:
@@ -159,3 +160,31 @@ def note(found: list[dict[str, Any]]) -> str:
         f"{names} {alive} alive in the kernel but the run neither trained nor ran {them}: "
         "counted as other in memory by category, not as frozen_parameters"
     )
+
+
+def name_in(
+    run: Any,
+    models: Mapping[str, nn.Module],
+    optimizers: Iterable[torch.optim.Optimizer],
+    used_in_run: Any,
+    say: Callable[[str], None],
+) -> None:
+    """The models only alive in the kernel (``split``), named in ``run``'s summary
+    (``STALE_MODELS_KEY``) and notes, and left out of its fine-tuning's ``frozen_models``;
+    what could not be read is a note."""
+    optimizers = list(optimizers)
+    try:
+        used, stale = split(models, optimizers, used_in_run)
+        found = entries(stale, used, optimizers)
+    except Exception as e:  # an odd model must not cost the run its record
+        say(f"the models alive in the kernel could not be read ({type(e).__name__}: {e})")
+        return
+    ft = run.context.get(FINETUNE_KEY)
+    if stale and isinstance(ft, dict) and isinstance(ft.get("frozen_models"), list):
+        kept = [m for m in ft["frozen_models"] if not (isinstance(m, dict) and m.get("variable") in stale)]
+        ft.pop("frozen_models")
+        if kept:
+            ft["frozen_models"] = kept
+    if found:
+        run.summary[STALE_MODELS_KEY] = found
+        say(note(found))
