@@ -314,5 +314,5 @@ def test_a_notebooks_summary_comes_from_the_record_while_the_trace_is_still_dige
 
 
 def test_a_digest_done_in_time_gives_one_summary(runs_dir):
-    seen, run = _finished_with_early_results(runs_dir, lambda self, within: True)
+    seen, _ = _finished_with_early_results(runs_dir, lambda self, within: True)
     assert len(seen) == 1 and "trace" in seen[0]["files"] and PREVIEW_NOTE not in seen[0]["notes"]
