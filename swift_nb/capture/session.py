@@ -343,10 +343,9 @@ class Session:
             run.summary["alerts"] = [a.to_dict() for a in self.alerts]
         self._compile.add_to(run)
         self._detect_context()
-        samples = pd.DataFrame(self._sampler.rows() if self._sampler else [])
         if before_trace is not None and self._digest_outlasts(PREVIEW_AFTER_S):
             preview = run.copy(note=PREVIEW_NOTE)
-            tabulate(preview, steps.copy(), samples, status, end_s)
+            tabulate(preview, steps.copy(), self._samples(), status, end_s)
             try:
                 before_trace(preview)
             except Exception:  # shown again, in full, once the trace is in
@@ -356,7 +355,7 @@ class Session:
             self._add_trace(run, steps, trace)
         elif self.profiler_cfg is not None and not self._trace_lost:
             self.note("the profiler recorded no step: the cell ended before the schedule's active steps")
-        tabulate(run, steps, samples, status, end_s)
+        tabulate(run, steps, self._samples(), status, end_s)
         run.summary["profiler_overhead_s"] = self._hook_cost
         if self._job is not None:
             # The analysis reads each rank's trace from its file (trace.rank<R>.tables.npz).
@@ -411,6 +410,9 @@ class Session:
         except Exception as e:  # never raised over the user's own error
             self.note(f"what was in memory at the failure could not be read ({type(e).__name__}: {e})")
 
+    def _samples(self) -> pd.DataFrame:
+        return pd.DataFrame(self._sampler.rows() if self._sampler else [])
+
     def _digest_outlasts(self, seconds: float) -> bool:
         """Whether this run's trace (not a rank's of a job) is still being digested
         ``seconds`` from now."""
@@ -440,9 +442,6 @@ class Session:
             except Exception as e:
                 self._trace_lost = True
                 self.note(f"the profiler trace could not be written ({type(e).__name__}: {e})")
-        if self._sampler is not None:
-            self._sampler.stop()
-        self._rss.close()  # later reads (the run's last row) go through psutil
 
     def _take_trace(self) -> TraceResult | None:
         """The finished trace, once its digest is done (None: none, or it was lost)."""
@@ -458,6 +457,9 @@ class Session:
             if self._helper is not None:  # no helper outlives its run
                 self._helper.close()
             self._stderr.stop()
+            if self._sampler is not None:
+                self._sampler.stop()
+            self._rss.close()  # later reads (the run's last row) go through psutil
         return trace
 
     # -- step boundaries (hot path: keep cheap) -------------------------------------------
