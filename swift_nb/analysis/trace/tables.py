@@ -216,32 +216,47 @@ def text_column(values: Any) -> pd.Series:
 def _trace_from_columns(ev: dict[str, Any], mem: dict[str, Any]) -> Trace:
     """The tables from their columns, as ``_parse_events`` or ``trace_decode`` fill them
     (``ts``, ``dur`` and the args' values of each complete event; ``ts`` and the args'
-    values of each ``[memory]`` event)."""
-    ev = {k: text_column(v) if k in TEXT_COLUMNS else v for k, v in ev.items()}
-    ts, dur = np.asarray(ev["ts"], dtype=float), np.asarray(ev["dur"], dtype=float)
-    events = pd.DataFrame(
-        {
-            "name": ev["name"],
-            "cat": ev["cat"],
-            "ts_us": ts,
-            "dur_us": dur,
-            "end_us": ts + dur,
-            "pid": ev["pid"],
-            "tid": ev["tid"],
-            "step": -1,
-            "input_dims": ev["input_dims"],
-            "input_types": ev["input_types"],
-            "ext_id": ev["ext_id"],
-            "correlation": ev["correlation"],
-            "msg_nelems": ev["msg_nelems"],
-            "msg_dtype": ev["msg_dtype"],
-            "group_size": ev["group_size"],
-            "seq": ev["seq"],
-            "occupancy_pct": ev["occupancy"],
-            "blocks_per_sm": ev["blocks_per_sm"],
-        },
-        columns=EVENT_COLUMNS,
+    values of each ``[memory]`` event). ``ev`` is emptied as its columns are taken: each
+    is typed and cut to the events kept (not the step spans, not the trace's own spans)
+    once, and let go before the next, so the tables are built without a second copy of
+    the events."""
+    name = text_column(ev.pop("name"))
+    cat = text_column(ev.pop("cat")).to_numpy()
+    ts, dur = np.asarray(ev.pop("ts"), dtype=float), np.asarray(ev.pop("dur"), dtype=float)
+    step_no = per_value(name, tn.step_of, float, np.nan)  # None (not a step span) → NaN
+    is_step = ~np.isnan(step_no)
+    keep = ~is_step & (cat != "Trace")
+    tid = _typed(ev.pop("tid"), None)
+    steps = (
+        pd.DataFrame({"ts_us": ts[is_step], "end_us": (ts + dur)[is_step], "dur_us": dur[is_step]})
+        .assign(tid=tid[is_step], step=step_no[is_step].astype(int))
+        .rename(columns={"ts_us": "start_us"})
+        .sort_values("start_us", ignore_index=True)[STEP_COLUMNS]
     )
+    kept = (lambda a: a) if keep.all() else (lambda a: a[keep])
+    columns: dict[str, Any] = {
+        "name": kept(name.to_numpy()),
+        "cat": kept(cat),
+        "ts_us": kept(ts),
+        "dur_us": kept(dur),
+        "end_us": kept(ts + dur),
+        "tid": kept(tid),
+    }
+    del name, cat, tid
+    columns["step"] = steps_of(columns["ts_us"], steps)
+    for column, key in _EVENT_KEYS.items():
+        if column not in columns:
+            values = ev.pop(key)
+            columns[column] = kept(
+                text_column(values).to_numpy()
+                if column in TEXT_COLUMNS
+                else _typed(values, _EVENT_TYPES.get(column))
+            )
+            del values
+    for column, values in columns.items():  # an object array as it is: a DataFrame would infer text
+        if isinstance(values, np.ndarray) and values.dtype == object:
+            columns[column] = pd.Series(values, dtype=object, copy=False)
+    events = pd.DataFrame(columns, columns=EVENT_COLUMNS, copy=False)
     memory = pd.DataFrame(
         {
             "ts_us": mem["ts"],
@@ -254,19 +269,29 @@ def _trace_from_columns(ev: dict[str, Any], mem: dict[str, Any]) -> Trace:
         },
         columns=MEMORY_COLUMNS,
     ).sort_values("ts_us", kind="stable", ignore_index=True)
-    events = events.astype(_EVENT_TYPES)  # typed even when empty
-    step_no = per_value(events["name"], tn.step_of, float, np.nan)  # None (not a step span) → NaN
-    is_step = ~np.isnan(step_no)
-    steps = (
-        events.loc[is_step, ["ts_us", "end_us", "dur_us", "tid"]]
-        .assign(step=step_no[is_step].astype(int))
-        .rename(columns={"ts_us": "start_us"})
-        .sort_values("start_us", ignore_index=True)[STEP_COLUMNS]
-    )
-    events = events.loc[~is_step & (events["cat"] != "Trace")].reset_index(drop=True)
-    events["step"] = steps_of(events["ts_us"].to_numpy(), steps)
     memory["step"] = steps_of(memory["ts_us"].to_numpy(), steps)
     return Trace(events, memory, steps)
+
+
+#: the events table's columns (but ``step`` and ``end_us``, derived) → their key in the
+#: columns ``_trace_from_columns`` is given
+_EVENT_KEYS = {
+    **{c: c for c in EVENT_COLUMNS if c not in ("ts_us", "dur_us", "end_us", "step")},
+    "ts_us": "ts",
+    "dur_us": "dur",
+    "occupancy_pct": "occupancy",
+}
+
+
+def _typed(values: Any, dtype: Any) -> Any:
+    """``values`` as a column of ``dtype``, as a DataFrame built from them and cast with
+    ``astype`` has it (None: the type pandas infers; a list of numbers with None is float)."""
+    if dtype is None and not len(values):
+        return np.array([], dtype=float)  # what a DataFrame makes of no values
+    column = pd.Series(values, copy=False) if isinstance(values, np.ndarray) else pd.Series(values)
+    column = column.astype(dtype) if dtype is not None else column
+    # pandas' own types (its ``str``) kept as they are: a DataFrame built from the values has them
+    return column.array if isinstance(column.dtype, pd.api.extensions.ExtensionDtype) else column.to_numpy()
 
 
 _DERIVED: dict[int, dict[str, object]] = {}
