@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_name
+from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_name, step_rows
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
@@ -58,9 +58,10 @@ def _trace_breakdown(trace: Trace) -> pd.DataFrame:
     flags = pd.DataFrame({k: per_name(trace, _found_by(rx)) for k, rx in kinds.items()})
     flags["host"] = ~ev["cat"].isin(tn.DEVICE_CATEGORIES)
     rows = []
+    of_step, none = step_rows(ev), np.empty(0, dtype=np.int64)
     for step, start, end, tid in trace.steps[["step", "start_us", "end_us", "tid"]].itertuples(index=False):
-        in_step = (ev["step"] == step).to_numpy()
-        rows.append(_one_step(ev[in_step], flags[in_step], start, end, tid, step))
+        at = of_step.get(int(step), none)
+        rows.append(_one_step(ev.take(at), flags.take(at), start, end, tid, step))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -112,10 +113,14 @@ def device_busy(run: Run, trace: Trace | None = None) -> pd.DataFrame:
     memset running (``busy_s``), idle seconds and ``busy_pct``. Empty on CPU runs."""
     trace = trace if trace is not None else load_trace(run)
     ev = trace.events
-    dev = ev[ev["cat"].isin(tn.DEVICE_WORK)]
+    dev = ev[ev["cat"].isin(tn.DEVICE_WORK)].sort_values("ts_us", kind="stable")
+    ts = dev["ts_us"].to_numpy()
+    longest = float((dev["end_us"] - dev["ts_us"]).max()) if len(dev) else 0.0
     rows = []
     for step, start, end in trace.steps[["step", "start_us", "end_us"]].itertuples(index=False):
-        in_step = dev[(dev["ts_us"] < end) & (dev["end_us"] > start)]
+        # the work starting before the step's end and no longer ago than the longest one
+        near = dev.iloc[np.searchsorted(ts, start - longest) : np.searchsorted(ts, end)]
+        in_step = near[(near["ts_us"] < end) & (near["end_us"] > start)]
         span = (end - start) / 1e6
         for stream, g in in_step.groupby("tid"):
             busy = (

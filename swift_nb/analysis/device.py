@@ -93,8 +93,9 @@ def _device_work(trace: Trace) -> pd.DataFrame:
     return (
         pd.DataFrame(
             {
-                "name": work["name"].to_numpy(),
-                "kind": per_name(trace, tn.kernel_kind, object, None)[is_work],
+                # object columns, as the events' (pandas would copy a million names into Arrow strings)
+                "name": pd.Series(work["name"].to_numpy(), dtype=object),
+                "kind": pd.Series(per_name(trace, tn.kernel_kind, object, None)[is_work], dtype=object),
                 "compute": per_name(trace, tn.is_compute)[is_work],
                 "comm": per_name(trace, lambda n: tn.COMM_KERNEL.match(n) is not None)[is_work],
                 "ts_us": start,

@@ -56,7 +56,9 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     pid = per_value(ev["pid"], str, object, "None")
     tid = per_value(ev["tid"], str, object, "None")
     gpu = ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
-    keys = pd.DataFrame({"gpu": gpu, "pid": pid, "tid": tid})
+    keys = pd.DataFrame(
+        {"gpu": gpu, "pid": pd.Series(pid, dtype=object), "tid": pd.Series(tid, dtype=object)}
+    )
     group = keys.groupby(["gpu", "pid", "tid"], sort=False).ngroup().to_numpy()
     firsts = keys.drop_duplicates(ignore_index=True)  # in group order
     loop_tid = str(trace.steps["tid"].iloc[0]) if len(trace.steps) else None

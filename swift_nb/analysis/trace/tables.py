@@ -310,6 +310,22 @@ def derived(table: pd.DataFrame, key: str, compute: Callable[[], object]):
     return slot[key]
 
 
+def step_rows(table: pd.DataFrame) -> dict[int, np.ndarray]:
+    """The positions of each step's rows of ``table`` (by its ``step`` column; -1: outside
+    every step), in table order, found once per table: an analysis that goes step by step
+    takes each step's rows in O(its rows), not a pass over every event per step."""
+
+    def rows() -> dict[int, np.ndarray]:
+        steps = table["step"].to_numpy()
+        order = np.argsort(steps, kind="stable")
+        ordered = steps[order]
+        bounds = np.flatnonzero(np.diff(ordered)) + 1
+        firsts = ordered[np.r_[0, bounds]] if len(ordered) else ordered
+        return {int(k): rows for k, rows in zip(firsts, np.split(order, bounds), strict=True)}
+
+    return derived(table, "step_rows", rows)
+
+
 def per_value(
     column: pd.Series, fn: Callable[[Any], Any], dtype: Any = bool, missing: Any = False
 ) -> np.ndarray:
