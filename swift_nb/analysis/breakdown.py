@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_name, step_rows
+from swift_nb.analysis.trace.tables import Trace, cat_in, derived, load_trace, per_name, step_rows
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
@@ -56,7 +56,7 @@ def _trace_breakdown(trace: Trace) -> pd.DataFrame:
         "own": tn.OWN,
     }
     flags = pd.DataFrame({k: per_name(trace, _found_by(rx)) for k, rx in kinds.items()})
-    flags["host"] = ~ev["cat"].isin(tn.DEVICE_CATEGORIES)
+    flags["host"] = ~cat_in(ev, *tn.DEVICE_CATEGORIES)
     rows = []
     of_step, none = step_rows(ev), np.empty(0, dtype=np.int64)
     for step, start, end, tid in trace.steps[["step", "start_us", "end_us", "tid"]].itertuples(index=False):
@@ -113,7 +113,7 @@ def device_busy(run: Run, trace: Trace | None = None) -> pd.DataFrame:
     memset running (``busy_s``), idle seconds and ``busy_pct``. Empty on CPU runs."""
     trace = trace if trace is not None else load_trace(run)
     ev = trace.events
-    dev = ev[ev["cat"].isin(tn.DEVICE_WORK)].sort_values("ts_us", kind="stable")
+    dev = ev[cat_in(ev, *tn.DEVICE_WORK)].sort_values("ts_us", kind="stable")
     ts = dev["ts_us"].to_numpy()
     longest = float((dev["end_us"] - dev["ts_us"]).max()) if len(dev) else 0.0
     rows = []

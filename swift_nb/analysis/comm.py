@@ -40,7 +40,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, derived, per_name, per_value
+from swift_nb.analysis.trace.tables import Trace, cat_in, derived, per_name, per_value
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
@@ -147,13 +147,13 @@ def _recorded_payload(
     nbytes, group = np.full(n, np.nan), np.full(n, np.nan)
     cols = ["ts_us", "end_us", "tid"]
     params = ev[among & (ev["name"] == tn.PARAM_COMMS).to_numpy() & ev["msg_nelems"].notna().to_numpy()]
-    params = params[params["cat"] == "cpu_op"]
+    params = params[cat_in(params, "cpu_op")]
     if len(params):
         hit = _nested(issued, params[[*cols, "msg_nelems", "msg_dtype", "group_size"]])
         elem = hit["msg_dtype"].map(MSG_DTYPE_BYTES).to_numpy(dtype=float)
         nbytes = hit["msg_nelems"].to_numpy(dtype=float) * elem
         group = hit["group_size"].to_numpy(dtype=float)
-    notes = ev[among & (ev["cat"] == "user_annotation").to_numpy()]
+    notes = ev[among & (cat_in(ev, "user_annotation"))]
     notes = notes[notes["input_dims"] != ""]
     notes = notes[per_value(notes["name"], lambda n: tn.collective_kind(n) in _INPUT_IS_PAYLOAD)]
     if len(notes) and np.isnan(nbytes).any():

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, derived, per_name, steps_of
+from swift_nb.analysis.trace.tables import Trace, cat_in, derived, per_name, steps_of
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
@@ -84,9 +84,9 @@ def device_work(trace: Trace) -> pd.DataFrame:
 def _device_work(trace: Trace) -> pd.DataFrame:
     ev = trace.events
     origin = _origin(trace)
-    is_work = ev["cat"].isin(tn.DEVICE_WORK).to_numpy()
+    is_work = cat_in(ev, *tn.DEVICE_WORK)
     work = ev[is_work]
-    calls = ev[ev["cat"].isin(tn.LAUNCH_CATEGORIES) & (ev["correlation"] >= 0)]
+    calls = ev[cat_in(ev, *tn.LAUNCH_CATEGORIES) & (ev["correlation"] >= 0)]
     launch_at = calls.drop_duplicates("correlation").set_index("correlation")["ts_us"]
     launch = work["correlation"].map(launch_at).to_numpy(dtype=float)
     start, end = _spans(work, origin)
@@ -250,7 +250,7 @@ def _host_spans(trace: Trace) -> dict[str, np.ndarray]:
 
 def _host_spans_of(trace: Trace) -> dict[str, np.ndarray]:
     ev = trace.events
-    is_host = ~ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
+    is_host = ~cat_in(ev, *tn.DEVICE_CATEGORIES)
     # the host's columns this needs, taken as arrays: most of a trace's events are the
     # host's, and a copy of their rows would hold every column of the table again
     host = np.flatnonzero(is_host)

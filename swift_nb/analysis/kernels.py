@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.advisor.findings import Finding
-from swift_nb.analysis.trace.tables import Trace, per_name
+from swift_nb.analysis.trace.tables import Trace, cat_in, per_name
 from swift_nb.core import trace_names as tn
 
 COLUMNS = ["step", "kernel_s", "occupancy_pct", "under_filled_share", "gemm_s", "tensor_core_gemm_share"]
@@ -33,7 +33,7 @@ SUMMARY_KEYS = ("kernel_occupancy_pct", "kernel_under_filled_pct", "tensor_core_
 
 def _kernels(trace: Trace) -> pd.DataFrame:
     ev = trace.events
-    is_kernel = (ev["cat"] == "kernel").to_numpy() & (ev["step"].to_numpy() >= 0)
+    is_kernel = (cat_in(ev, "kernel")) & (ev["step"].to_numpy() >= 0)
     gemm = per_name(trace, lambda n: tn.kernel_kind(str(n)) == "gemm")
     simt = per_name(trace, lambda n: tn.SIMT_SGEMM.search(str(n)) is not None)
     k = ev.loc[is_kernel, ["step", "dur_us", "occupancy_pct", "blocks_per_sm"]].copy()
@@ -103,11 +103,7 @@ BUSY_PCT = 50.0
 def _under_filled_kernels(trace: Trace, n: int = 3) -> list[tuple[str, float]]:
     """The kernels with the most time on fewer blocks than SMs: (short name, seconds)."""
     ev = trace.events
-    k = ev[
-        (ev["cat"] == "kernel").to_numpy()
-        & (ev["step"].to_numpy() >= 0)
-        & (ev["blocks_per_sm"] < 1).to_numpy()
-    ]
+    k = ev[(cat_in(ev, "kernel")) & (ev["step"].to_numpy() >= 0) & (ev["blocks_per_sm"] < 1).to_numpy()]
     top = k.groupby("name")["dur_us"].sum().nlargest(n)
     return [(_short(str(name)), us / 1e6) for name, us in top.items()]
 

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from swift_nb.analysis.advisor.findings import Finding
-from swift_nb.analysis.trace.tables import Trace, per_name
+from swift_nb.analysis.trace.tables import Trace, cat_in, per_name
 from swift_nb.core import trace_names as tn
 from swift_nb.core.units import fmt_bytes
 from swift_nb.record import MODULES_COLUMNS
@@ -110,7 +110,7 @@ def module_table(
     recorded = ev["step"].to_numpy() >= 0
     n_steps = max(1, trace.steps["step"].nunique())
     loop_tid = trace.steps["tid"].mode().iloc[0]
-    is_scope = (ev["cat"] == "user_annotation").to_numpy() & per_name(
+    is_scope = (cat_in(ev, "user_annotation")) & per_name(
         trace, lambda n: str(n).startswith(tn.MODULE_PREFIX)
     )
     is_node = per_name(trace, lambda n: str(n).startswith(_NODE)) & recorded
@@ -362,7 +362,7 @@ def block_ops(trace: Trace, table: pd.DataFrame) -> dict[str, pd.Series]:
     on_loop = ev[(ev["tid"] == loop_tid).to_numpy() & (ev["step"].to_numpy() >= 0)]
     wanted = {tn.MODULE_PREFIX + p: p for p in stack["path"]}
     spans = on_loop[on_loop["name"].isin(list(wanted)).to_numpy()].sort_values("ts_us").reset_index(drop=True)
-    ops = on_loop[(on_loop["cat"] == "cpu_op").to_numpy()]
+    ops = on_loop[(cat_in(on_loop, "cpu_op"))]
     where = _innermost(spans, ops["ts_us"].to_numpy(), ops["end_us"].to_numpy())
     span_block = spans["name"].map(wanted).to_numpy()  # each span's block, by position
     inside = ops[where >= 0].assign(block=span_block[where[where >= 0]])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, derived, load_trace, per_value
+from swift_nb.analysis.trace.tables import Trace, cat_in, derived, load_trace, per_value
 from swift_nb.core import trace_names as tn
 from swift_nb.record import Run
 
@@ -134,7 +134,7 @@ def _compiled(ops: pd.DataFrame, order: np.ndarray, parent: np.ndarray) -> np.nd
         in_order = nested
     out = marker.copy()
     out[order] = in_order
-    kernel = (ops["cat"] == "kernel").to_numpy()
+    kernel = cat_in(ops, "kernel")
     if kernel.any():
         launched = ops.loc[out & ~kernel, "ext_id"].dropna()
         out |= kernel & ops["ext_id"].isin(launched).to_numpy()

@@ -18,7 +18,7 @@ from swift_nb.analysis.device import device_work
 from swift_nb.analysis.memory import memory_footprint
 from swift_nb.analysis.operators import Nesting, op_nesting
 from swift_nb.analysis.throughput import batch_and_seq
-from swift_nb.analysis.trace.tables import Trace, load_trace
+from swift_nb.analysis.trace.tables import Trace, cat_in, load_trace
 from swift_nb.record import Run
 
 
@@ -63,7 +63,7 @@ def run_data(run: Run, trace: Trace | None = None, breakdown: pd.DataFrame | Non
     trace = trace if trace is not None else load_trace(run)
     events = trace.events
     nesting = op_nesting(events)
-    cpu_ops = events[(events["cat"] == "cpu_op") & (events["step"] >= 0)]
+    cpu_ops = events[(cat_in(events, "cpu_op")) & (events["step"] >= 0)]
     world = int(run.context.get("world_size") or run.environment.get("world_size") or 1)
     rank = int(run.environment.get("rank", 0))
     return RunData(

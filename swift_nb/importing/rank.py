@@ -18,7 +18,7 @@ from swift_nb.analysis.device import RUN_SUMMARY_KEYS, device_summary
 from swift_nb.analysis.kernels import fill_summary
 from swift_nb.analysis.ranks import RankAnalysis, analyze_rank
 from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES
-from swift_nb.analysis.trace.tables import Trace, save_tables
+from swift_nb.analysis.trace.tables import Trace, cat_in, save_tables
 from swift_nb.core import trace_names as tn
 from swift_nb.importing.files import RankTrace, copy_gzipped, read_trace_file
 from swift_nb.record import SAMPLE_COLUMNS, STEP_COLUMNS, Run, summarize, tables_path, utc_now_iso
@@ -32,7 +32,7 @@ _CUDA = 1
 def _main_device(trace: Trace) -> int | None:
     """The GPU the rank's kernels ran on (Kineto gives device work the device's index as
     pid), or None for a trace without device work."""
-    dev = trace.events.loc[trace.events["cat"].isin(tn.DEVICE_WORK), "pid"]
+    dev = trace.events.loc[cat_in(trace.events, *tn.DEVICE_WORK), "pid"]
     dev = pd.to_numeric(dev, errors="coerce").dropna()
     return int(dev.mode().iloc[0]) if len(dev) else None
 

@@ -69,6 +69,7 @@ def test_analyze_reads_the_trace_once_and_derives_each_shared_table_once(cost_ru
         "comm_per_step",
         "collectives",
         "device_work",
+        "step_rows",
     }
 
 

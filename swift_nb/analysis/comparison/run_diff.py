@@ -27,7 +27,7 @@ import pandas as pd
 from swift_nb.analysis.cost import MONEY_COLUMNS, fmt_usd, money_columns
 from swift_nb.analysis.device import kernels_by_kind
 from swift_nb.analysis.operators import top_operators
-from swift_nb.analysis.trace.tables import Trace, load_trace
+from swift_nb.analysis.trace.tables import Trace, cat_in, load_trace
 from swift_nb.core.units import fmt_bytes
 from swift_nb.record import Run, load_run
 
@@ -263,7 +263,7 @@ def _per_step(run: Run, trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     per_ms = 1e3 / steps
     ops = top_operators(run, n=None, trace=trace)
-    kernels = set(trace.events.loc[trace.events["cat"] == "kernel", "name"])
+    kernels = set(trace.events.loc[cat_in(trace.events, "kernel"), "name"])
     ops_rows = pd.DataFrame(
         {
             "kind": np.where(ops["name"].isin(kernels), KERNEL, OPERATOR),

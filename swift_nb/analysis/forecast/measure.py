@@ -18,7 +18,7 @@ import pandas as pd
 from swift_nb.analysis.scores import SDPA, ScoreTimeline, eager_attention, first_backward_us
 from swift_nb.analysis.throughput import batch_and_seq
 from swift_nb.analysis.trace.shapes import input_dims
-from swift_nb.analysis.trace.tables import Trace, load_trace, parse_events
+from swift_nb.analysis.trace.tables import Trace, cat_in, load_trace, parse_events
 from swift_nb.core.errors import ConfigError, RecordError
 from swift_nb.record import FINETUNE_KEY, MEMORY_CATEGORIES, Run, repeated_blocks
 from swift_nb.record.write import peak_step
@@ -202,7 +202,7 @@ def measure(run: Run, trace: Trace | None = None) -> Measured:
     recorded_finetune = ctx.get(FINETUNE_KEY)
     finetune = recorded_finetune if isinstance(recorded_finetune, dict) else {}
     frozen_dtype, frozen_params = _frozen(finetune, dtype, categories["frozen_parameters"])
-    ops = trace.events[(trace.events["cat"] == "cpu_op") & (trace.events["step"] >= 0)]
+    ops = trace.events[(cat_in(trace.events, "cpu_op")) & (trace.events["step"] >= 0)]
     blocks, blocks_from = _blocks(ops, trace, ctx)
     if trace.memory.empty and seq:
         notes.append(

@@ -15,7 +15,7 @@ import pandas as pd
 
 from swift_nb.analysis.advisor.findings import Finding
 from swift_nb.analysis.device import device_work
-from swift_nb.analysis.trace.tables import Trace, load_trace, per_name
+from swift_nb.analysis.trace.tables import Trace, cat_in, load_trace, per_name
 from swift_nb.core import intervals
 from swift_nb.core import trace_names as tn
 
@@ -69,7 +69,7 @@ def sync_stall(trace: Trace) -> tuple[float, float] | None:
         return None
     start, end = row["ts_us"], row["end_us"]
     around = ev[
-        (ev["tid"] == row["tid"]) & (ev["cat"] == "cpu_op") & (ev["ts_us"] <= start) & (ev["end_us"] >= end)
+        (ev["tid"] == row["tid"]) & (cat_in(ev, "cpu_op")) & (ev["ts_us"] <= start) & (ev["end_us"] >= end)
     ]
     if len(around):  # the innermost op around it: the user's call
         inner = around.loc[around["dur_us"].idxmin()]
@@ -80,9 +80,7 @@ def sync_stall(trace: Trace) -> tuple[float, float] | None:
 def longest_collective(trace: Trace) -> tuple[float, float] | None:
     """The longest collective the host called (``c10d::…``, ``nccl:…``, ``gloo:…``)."""
     ev = trace.events
-    calls = ev[
-        per_name(trace, tn.is_collective) & (ev["cat"] == "cpu_op").to_numpy() & (ev["step"] >= 0).to_numpy()
-    ]
+    calls = ev[per_name(trace, tn.is_collective) & (cat_in(ev, "cpu_op")) & (ev["step"] >= 0).to_numpy()]
     row = _longest(calls)
     return None if row is None else _window(row["ts_us"], row["end_us"])
 
@@ -110,7 +108,7 @@ def module_forward(trace: Trace, path: str | None = None) -> tuple[float, float]
         is_scope = per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX))
     else:
         is_scope = per_name(trace, lambda n: n == tn.MODULE_PREFIX + path)
-    row = _longest(ev[is_scope & (ev["cat"] == "user_annotation").to_numpy()])
+    row = _longest(ev[is_scope & (cat_in(ev, "user_annotation"))])
     return None if row is None else _window(row["ts_us"], row["end_us"])
 
 

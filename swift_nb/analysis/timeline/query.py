@@ -21,7 +21,7 @@ import pandas as pd
 
 from swift_nb.analysis.timeline.counters import COUNTER_COLUMNS, counter_series, downsample
 from swift_nb.analysis.timeline.tracks import MAX_DEPTH, STEPS_TRACK, assign_tracks, depths
-from swift_nb.analysis.trace.tables import Trace, load_trace_file
+from swift_nb.analysis.trace.tables import Trace, cat_in, load_trace_file
 from swift_nb.core import trace_names as tn
 from swift_nb.core.errors import ConfigError
 from swift_nb.record import Run
@@ -333,9 +333,7 @@ class Timeline:
         ev = self._events
         correlation = ev["correlation"].to_numpy()
         if row["cat"] in tn.DEVICE_CATEGORIES:
-            calls = np.flatnonzero(
-                (correlation == row["correlation"]) & ev["cat"].isin(tn.LAUNCH_CATEGORIES).to_numpy()
-            )
+            calls = np.flatnonzero((correlation == row["correlation"]) & cat_in(ev, *tn.LAUNCH_CATEGORIES))
             return [], (
                 self._item(self._flat(int(calls[0]))) if len(calls) and row["correlation"] >= 0 else None
             )
@@ -347,10 +345,10 @@ class Timeline:
             & (ev["tid"].to_numpy() == row["tid"])
             & (ev["pid"].to_numpy() == row["pid"])
             & (correlation >= 0)
-            & ev["cat"].isin(tn.LAUNCH_CATEGORIES).to_numpy()
+            & cat_in(ev, *tn.LAUNCH_CATEGORIES)
         )
         wanted = np.unique(correlation[inside])
-        device = np.flatnonzero(ev["cat"].isin(tn.DEVICE_WORK).to_numpy() & np.isin(correlation, wanted))
+        device = np.flatnonzero(cat_in(ev, *tn.DEVICE_WORK) & np.isin(correlation, wanted))
         return [self._item(self._flat(int(k))) for k in device[:_MAX_LAUNCHES]], None
 
     def _flat(self, source: int) -> int:

@@ -17,6 +17,7 @@ from swift_nb.analysis.device import device_work
 from swift_nb.analysis.timeline.query import Timeline
 from swift_nb.analysis.trace.tables import (
     Trace,
+    cat_in,
     load_trace_file,
     parse_events,
     per_name,
@@ -51,7 +52,7 @@ def rank_states(trace: Trace) -> list[tuple[str, np.ndarray]]:
         loop_tid = str(trace.steps["tid"].iloc[0])
         loop = per_value(ev["tid"], lambda t: str(t) == loop_tid)
         is_comm = per_name(trace, tn.is_collective) & loop
-        ops = (ev["cat"] == "cpu_op").to_numpy() & loop & ~is_comm
+        ops = (cat_in(ev, "cpu_op")) & loop & ~is_comm
         busy = intervals.union(ev["ts_us"].to_numpy()[ops], ev["end_us"].to_numpy()[ops])
         comm = intervals.union(ev["ts_us"].to_numpy()[is_comm], ev["end_us"].to_numpy()[is_comm])
     busy = intervals.intersect(busy, steps)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from swift_nb.analysis.trace.tables import Trace, per_name, per_value
+from swift_nb.analysis.trace.tables import Trace, cat_in, per_name, per_value
 from swift_nb.core import trace_names as tn
 
 #: a row deeper than this holds every deeper event too (a thread's 40th level of nesting
@@ -55,7 +55,7 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     # as text, once per distinct value (astype(str) copies a million rows into Arrow strings)
     pid = per_value(ev["pid"], str, object, "None")
     tid = per_value(ev["tid"], str, object, "None")
-    gpu = ev["cat"].isin(tn.DEVICE_CATEGORIES).to_numpy()
+    gpu = cat_in(ev, *tn.DEVICE_CATEGORIES)
     keys = pd.DataFrame(
         {"gpu": gpu, "pid": pd.Series(pid, dtype=object), "tid": pd.Series(tid, dtype=object)}
     )
@@ -85,9 +85,7 @@ def assign_tracks(trace: Trace) -> tuple[np.ndarray, pd.DataFrame, pd.DataFrame]
     labelled.sort(key=lambda x: x[0])
     is_data = per_name(trace, lambda n: tn.DATA.match(n) is not None) & ~gpu
     is_module = (
-        per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX))
-        & ~gpu
-        & (ev["cat"] == "user_annotation").to_numpy()
+        per_name(trace, lambda n: n.startswith(tn.MODULE_PREFIX)) & ~gpu & (cat_in(ev, "user_annotation"))
     )
     head = [(STEPS_TRACK, "Steps", "steps")] if len(trace.steps) else []
     if is_module.any():
