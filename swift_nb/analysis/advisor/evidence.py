@@ -417,11 +417,11 @@ def device_time(
     # the same window as the figures above: its kernels, copies and steps
     chosen = window_work(trace, work)
     dur_us = (chosen["end_us"] - chosen["ts_us"]).to_numpy()
-    names = chosen["name"].astype(str)
+    names = chosen["name"]  # as they are: a copy into text would cost more than the questions
     is_kernel = ~chosen["kind"].isin(("memcpy", "memset")).to_numpy()
     # once per distinct name: a job's traces hold 10^5 kernels of a few hundred names
-    pageable = per_value(names, lambda n: tn.PAGEABLE_COPY.search(n) is not None)
-    simt = per_value(names, lambda n: tn.SIMT_SGEMM.search(n) is not None)
+    pageable = per_value(names, lambda n: isinstance(n, str) and tn.PAGEABLE_COPY.search(n) is not None)
+    simt = per_value(names, lambda n: isinstance(n, str) and tn.SIMT_SGEMM.search(n) is not None)
     steps = chosen.loc[chosen["step"] >= 0, "step"].nunique()
     return DeviceTime(
         steps=max(1, steps),
