@@ -9,6 +9,7 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pandas as pd
 import pytest
@@ -21,13 +22,16 @@ import swift_nb
 from swift_nb.analysis.trace import decode as trace_decode
 from swift_nb.analysis.trace.decode import DEFAULT_MAX_BYTES, read_json_bytes
 from swift_nb.analysis.trace.tables import (
+    cat_in,
     load_trace_file,
     parse_document,
     parse_events,
     read_trace,
     read_trace_document,
     read_trace_with_meta,
+    step_rows,
 )
+from swift_nb.core import trace_names as tn
 from swift_nb.core.errors import RecordError
 
 DATA = Path(__file__).parents[1] / "data"
@@ -245,3 +249,23 @@ def test_real_traces_have_no_stretch_near_the_limit(monkeypatch):
     monkeypatch.setattr(trace_decode, "MAX_STRETCH", 64 << 10)  # a thousandth of the limit
     for path in TRACES:
         read_json_bytes(path)
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_cat_in_and_step_rows_answer_as_the_columns_do(path):
+    events = read_trace(path).events
+    cats = set(events["cat"].dropna())
+    for asked in [(c,) for c in cats] + [tuple(tn.DEVICE_WORK), ("cpu_op", "kernel"), ("no such category",)]:
+        np.testing.assert_array_equal(
+            cat_in(events, *asked), events["cat"].isin(asked).to_numpy(), str(asked)
+        )
+    rows = step_rows(events)
+    assert sorted(rows) == sorted(set(events["step"]))
+    for step, at in rows.items():
+        np.testing.assert_array_equal(at, np.flatnonzero(events["step"].to_numpy() == step))
+
+
+def test_cat_in_of_a_category_missing_or_not_text():
+    events = pd.DataFrame({"cat": ["cpu_op", None, 5, "kernel", float("nan")]})
+    np.testing.assert_array_equal(cat_in(events, "cpu_op", "kernel"), [True, False, False, True, False])
+    np.testing.assert_array_equal(cat_in(events, "gpu_memcpy"), [False] * 5)
