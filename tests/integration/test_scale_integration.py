@@ -21,7 +21,7 @@ from support.common import free_port
 
 import swift_nb
 from swift_nb.analysis.scale import basis_of
-from swift_nb.analysis.scale.model import buckets
+from swift_nb.analysis.scale.model import buckets, ddp
 from swift_nb.core.links import wire_bytes
 
 WORKLOADS = Path(__file__).parents[1] / "workloads"
@@ -112,10 +112,14 @@ def test_a_ddp_job_is_set_beside_its_forecast(out, base, link):
     # 50 MB of fp32 gradients over gloo: the job spends a good part of its step reducing them
     assert row["measured_comm_s"] > 0.2 * row["measured_step_s"]
     assert row["efficiency"] < 1 and row["measured_efficiency"] < 1
-    # the reason names DDP's gradient work: the all-reduce, or its bucket copies where the
-    # link's measured overlap hides most of the all-reduce under the backward (a loaded
-    # machine measured it so once)
-    assert "gradient all-reduce" in row["why"] or "bucket copies" in row["why"], row["why"]
+    # the reason names the largest cost the model put beside compute: DDP's gradient work
+    # (the all-reduce, or its bucket copies where the link's measured overlap hides most of
+    # the all-reduce under the backward), or the wait for the slowest rank where a loaded
+    # machine measured the base run's steps that uneven (CI did, once)
+    terms = ddp(basis_of(base), link, 2, 25.0, None).terms
+    assert terms["gradient all-reduce"] + terms["bucket copies"] > 0, terms
+    largest = max((v, k) for k, v in terms.items() if k != "compute")[1]
+    assert largest in row["why"], (row["why"], terms)
     assert t.loc[t["world_size"] == 1, "efficiency"].tolist() == [1.0, 1.0]
     four = t[(t["world_size"] == 4) & (t["layout"] == "ddp")].iloc[0]
     assert four["comm_s"] > row["comm_s"]  # 2(n−1)/n of the gradients on the wire, and more hops
