@@ -76,7 +76,9 @@ def finish(
     Never raises its own failure to write (a full disk, the folder removed while the cell
     ran) into the user's code after the training has run: that is said once, as a
     ``RecordWriteWarning``, with the run's notes; what was written stays readable and the
-    Run in memory is complete. ``on_analysed``: as ``report`` takes it. ``timeline_png``:
+    Run in memory is complete. ``on_analysed``: as ``report`` takes it; where the trace is
+    still being digested when the session stops, it is first called with a preview of the
+    record analysed without its trace (``reporting.preview``). ``timeline_png``:
     the trace's timeline will be shown as a PNG (a notebook's static outputs); the helper
     draws it with the other figures."""
     o = session.options
