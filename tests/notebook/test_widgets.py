@@ -170,22 +170,29 @@ def digest(kernel, how: str):
         kernel.execute("_s.PREVIEW_AFTER_S, _T.ready = _kept")
 
 
-def test_the_summary_and_verdict_come_first_and_the_results_panel_takes_their_place(kernel, tmp_path):
-    with digest(kernel, "done"):
-        ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
-    assert ex.status == "ok"
+def _first_results(ex: Execution) -> tuple[dict, list[dict], list[dict]]:
+    """The first output holding a Summary (checked to come before any figure), the updates
+    that later replaced it in place, and the data of the outputs shown after it."""
     shown = ex.of_type("display_data", "update_display_data")
     first = next(
         i for i, m in enumerate(shown) if "swift-nb-summary" in m["content"]["data"].get("text/html", "")
     )
     early = shown[first]
-    assert early["msg_type"] == "display_data" and "<h2>Verdict</h2>" in early["content"]["data"]["text/html"]
     assert not any("image/png" in m["content"]["data"] for m in shown[:first]), "before any figure"
     display_id = early["content"]["transient"]["display_id"]
     replaced = [m for m in shown if m["content"].get("transient", {}).get("display_id") == display_id][1:]
+    later = [m["content"]["data"] for m in shown[first + 1 :] if m["msg_type"] == "display_data"]
+    return early, replaced, later
+
+
+def test_the_summary_and_verdict_come_first_and_the_results_panel_takes_their_place(kernel, tmp_path):
+    with digest(kernel, "done"):
+        ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
+    assert ex.status == "ok"
+    early, replaced, later = _first_results(ex)
+    assert early["msg_type"] == "display_data" and "<h2>Verdict</h2>" in early["content"]["data"]["text/html"]
     assert [m["msg_type"] for m in replaced] == ["update_display_data"]
     assert WIDGET_VIEW in replaced[0]["content"]["data"], "the results panel in their place"
-    later = [m["content"]["data"] for m in shown[first + 1 :] if m["msg_type"] == "display_data"]
     assert sum("swift-nb-summary" in d.get("text/html", "") for d in later) == 1, "the static Summary, once"
     assert sum("<h4>Verdict</h4>" in d.get("text/html", "") for d in later) == 1, "the static verdict, once"
 
@@ -209,24 +216,16 @@ def test_a_summary_is_shown_while_the_trace_is_digested_then_the_runs_in_its_pla
     with digest(kernel, "slow"):
         ex = Execution(kernel, f"%%swift_profile --out {tmp_path}\nm = train(8)")
     assert ex.status == "ok"
-    shown = ex.of_type("display_data", "update_display_data")
-    first = next(
-        i for i, m in enumerate(shown) if "swift-nb-summary" in m["content"]["data"].get("text/html", "")
-    )
-    early = shown[first]
+    early, replaced, later = _first_results(ex)
     html = early["content"]["data"]["text/html"]
     assert early["msg_type"] == "display_data" and "<h2>Verdict</h2>" in html
     assert PREVIEW_NOTE in html and PREVIEW_NOTE in early["content"]["data"]["text/plain"]
     assert "Step time" in html, "the steps are measured before the trace is in"
-    assert not any("image/png" in m["content"]["data"] for m in shown[:first]), "before any figure"
-    display_id = early["content"]["transient"]["display_id"]
-    replaced = [m for m in shown if m["content"].get("transient", {}).get("display_id") == display_id][1:]
     assert [m["msg_type"] for m in replaced] == ["update_display_data", "update_display_data"]
     full = replaced[0]["content"]["data"]
     assert "swift-nb-summary" in full["text/html"] and "<h2>Verdict</h2>" in full["text/html"]
     assert PREVIEW_NOTE not in full["text/html"], "the run's own Summary, once its trace is in"
     assert WIDGET_VIEW in replaced[1]["content"]["data"], "then the results panel in their place"
-    later = [m["content"]["data"] for m in shown[first + 1 :] if m["msg_type"] == "display_data"]
     assert sum("swift-nb-summary" in d.get("text/html", "") for d in later) == 1, "the static Summary, once"
     assert not any(PREVIEW_NOTE in d.get("text/html", "") for d in later)
     run = swift_nb.load_run(next(p for p in tmp_path.iterdir() if p.is_dir()))
